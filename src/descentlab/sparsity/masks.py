@@ -1,0 +1,298 @@
+"""Which tensors are prunable, and magnitude masks over them (per matrix, global, N:M).
+
+Masks are plain boolean tensors held by whoever prunes (a controller, an optimizer wrapper); the model is
+never re-parametrised, so its state-dict keys stay the same and pruned weights are real zeros. A mask is
+``True`` where the weight is *kept*.
+
+The mask functions are pure: they take score tensors and return masks. Every top-k here is *exact*: the
+number of kept entries is exactly ``n - round(sparsity * n)``, whatever the ties; among tied scores the
+entry with the lowest flat index is kept, so the result is deterministic.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from descentlab.errors import ConfigError, ModelError
+
+__all__ = [
+    "PrunableTensor",
+    "Selection",
+    "compute_masks",
+    "exact_topk_mask",
+    "exact_topk_mask_reference",
+    "find_blocks",
+    "global_masks",
+    "layer_masks",
+    "nm_mask",
+    "nm_mask_reference",
+    "num_pruned",
+    "select_prunable",
+]
+
+
+def _default_module_types() -> tuple[type[nn.Module], ...]:
+    # GPT-2 keeps its block projections in transformers' Conv1D ([in, out] weights), not nn.Linear.
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:  # transformers is a dependency, but the masks must not need it
+        return (nn.Linear,)
+    return (nn.Linear, Conv1D)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which weights are prunable.
+
+    Attributes:
+        module_types: Modules whose ``param_name`` parameter is a candidate. Default: ``nn.Linear`` and
+            transformers' ``Conv1D`` (GPT-2).
+        include: Regular expression the module's qualified name must match (``re.search``); None = all.
+        exclude: Regular expression that removes matching modules; None = nothing removed.
+        blocks_only: Keep only modules inside the transformer blocks (found by :func:`find_blocks`), which
+            leaves out embeddings, patch projections, pooler and classification / LM heads.
+        param_name: The parameter of each module to prune. Biases and norms are never candidates because
+            only ``module_types`` are visited.
+    """
+
+    module_types: tuple[type[nn.Module], ...] = field(default_factory=_default_module_types)
+    include: str | None = None
+    exclude: str | None = None
+    blocks_only: bool = True
+    param_name: str = "weight"
+
+
+@dataclass
+class PrunableTensor:
+    """One prunable weight: its parameter name, the parameter, its block index and its input dimension.
+
+    ``in_dim`` is the dimension along which N:M groups run (the input features): 1 for ``nn.Linear``
+    (weights [out, in]), 0 for ``Conv1D`` (weights [in, out]).
+    """
+
+    name: str
+    param: nn.Parameter
+    block: int | None
+    in_dim: int
+
+
+def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """Find the transformer block list of a model by structure, not by name.
+
+    The blocks are the ``nn.ModuleList`` whose children all share one class, that holds at least one
+    ``nn.Linear``/``Conv1D``, and that has the most parameters among such lists. This finds
+    ``vit.encoder.layer`` (transformers 4.x ViT), ``vit.layers`` (5.x), ``transformer.h`` (GPT-2) and
+    ``model.layers`` (Llama) alike.
+
+    Returns:
+        The qualified name of the list and the list.
+
+    Raises:
+        ModelError: if the model has no such list.
+    """
+    types = _default_module_types()
+    best: tuple[int, str, nn.ModuleList] | None = None
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) == 0:
+            continue
+        if len({type(child) for child in module}) != 1:
+            continue
+        if not any(isinstance(m, types) for m in module.modules()):
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if best is None or size > best[0]:
+            best = (size, name, module)
+    if best is None:
+        raise ModelError(
+            f"{type(model).__name__} has no list of repeated transformer blocks; pass "
+            "Selection(blocks_only=False, include=...) to choose the prunable weights by name."
+        )
+    return best[1], best[2]
+
+
+def select_prunable(model: nn.Module, select: Selection | None = None) -> list[PrunableTensor]:
+    """List the prunable weights of ``model`` in registration order.
+
+    Args:
+        model: Any module; with ``blocks_only`` it must contain a block list (see :func:`find_blocks`).
+        select: The selection; default = the Linear / Conv1D weights inside the transformer blocks.
+
+    Raises:
+        ModelError: if nothing is selected.
+    """
+    select = select or Selection()
+    include = re.compile(select.include) if select.include else None
+    exclude = re.compile(select.exclude) if select.exclude else None
+    block_of: dict[int, int] = {}
+    if select.blocks_only:
+        _, blocks = find_blocks(model)
+        for i, block in enumerate(blocks):
+            for m in block.modules():
+                block_of[id(m)] = i
+    conv1d = _default_module_types()[1:]
+    out: list[PrunableTensor] = []
+    seen: set[int] = set()
+    for mod_name, module in model.named_modules():
+        if not isinstance(module, select.module_types):
+            continue
+        if select.blocks_only and id(module) not in block_of:
+            continue
+        if include is not None and not include.search(mod_name):
+            continue
+        if exclude is not None and exclude.search(mod_name):
+            continue
+        param = getattr(module, select.param_name, None)
+        if not isinstance(param, nn.Parameter) or id(param) in seen:  # tied weights count once
+            continue
+        seen.add(id(param))
+        in_dim = 0 if conv1d and isinstance(module, conv1d) else param.dim() - 1
+        full = f"{mod_name}.{select.param_name}" if mod_name else select.param_name
+        out.append(PrunableTensor(full, param, block_of.get(id(module)), in_dim))
+    if not out:
+        raise ModelError(
+            f"no prunable weights selected in {type(model).__name__} with {select}; widen module_types or "
+            "the include pattern."
+        )
+    return out
+
+
+def num_pruned(numel: int, sparsity: float) -> int:
+    """Number of entries to zero for a requested sparsity: ``round(sparsity * numel)``."""
+    if not 0.0 <= sparsity < 1.0:
+        raise ConfigError(f"sparsity must lie in [0, 1), got {sparsity}; e.g. use 0.9 for 90 % zeros.")
+    return round(sparsity * numel)
+
+
+def exact_topk_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Boolean mask of the ``k`` largest entries of a flat score tensor, ties to the lowest index.
+
+    Fast path: one ``kthvalue`` gives the threshold t; entries > t are kept, then the first
+    ``k - #(scores > t)`` entries equal to t (in index order) fill up to exactly k.
+    """
+    n = scores.numel()
+    if k >= n:
+        return torch.ones(n, dtype=torch.bool, device=scores.device)
+    if k <= 0:
+        return torch.zeros(n, dtype=torch.bool, device=scores.device)
+    threshold = torch.kthvalue(scores.float().cpu() if scores.is_cuda else scores, n - k + 1).values
+    threshold = threshold.to(scores.device)
+    keep = scores > threshold
+    missing = k - int(keep.sum())
+    if missing > 0:
+        ties = torch.nonzero(scores == threshold).flatten()[:missing]
+        keep[ties] = True
+    return keep
+
+
+def exact_topk_mask_reference(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Slow twin of :func:`exact_topk_mask`: a full lexicographic sort by (-score, index) in numpy."""
+    s = scores.detach().double().cpu().numpy()
+    order = np.lexsort((np.arange(s.size), -s))
+    keep = np.zeros(s.size, dtype=bool)
+    keep[order[: max(k, 0)]] = True
+    return torch.from_numpy(keep).to(scores.device)
+
+
+def layer_masks(weights: Mapping[str, torch.Tensor], sparsity: float) -> dict[str, torch.Tensor]:
+    """One magnitude threshold per tensor: each tensor keeps its ``n - round(sparsity n)`` largest |w|."""
+    masks = {}
+    for name, w in weights.items():
+        n = w.numel()
+        keep = exact_topk_mask(w.detach().abs().flatten(), n - num_pruned(n, sparsity))
+        masks[name] = keep.view_as(w)
+    return masks
+
+
+def global_masks(weights: Mapping[str, torch.Tensor], sparsity: float) -> dict[str, torch.Tensor]:
+    """One magnitude threshold over all tensors together (global top-k of |w|).
+
+    If ``torch.distributed`` is initialised, rank 0's masks are broadcast so that every data-parallel rank
+    prunes exactly the same entries even when replicas differ by float noise.
+    """
+    names = list(weights)
+    if not names:
+        return {}
+    scores = torch.cat([weights[n].detach().abs().flatten() for n in names])
+    total = scores.numel()
+    keep = exact_topk_mask(scores, total - num_pruned(total, sparsity))
+    keep = _broadcast_from_rank0(keep)
+    masks, offset = {}, 0
+    for n in names:
+        w = weights[n]
+        masks[n] = keep[offset : offset + w.numel()].view_as(w)
+        offset += w.numel()
+    return masks
+
+
+def nm_mask(weight: torch.Tensor, n: int = 2, m: int = 4, in_dim: int = -1) -> torch.Tensor:
+    """N:M mask: in every group of ``m`` consecutive entries along ``in_dim``, keep the ``n`` largest |w|.
+
+    Raises:
+        ConfigError: if ``0 < n < m`` fails or the size along ``in_dim`` is not a multiple of ``m``.
+    """
+    if not 0 < n < m:
+        raise ConfigError(f"N:M sparsity needs 0 < N < M, got {n}:{m}; the usual choice is 2:4.")
+    w = weight.detach().abs().movedim(in_dim, -1)
+    if w.shape[-1] % m:
+        raise ConfigError(
+            f"N:M sparsity needs the input size {w.shape[-1]} to be a multiple of M={m}; exclude this "
+            "tensor from the selection or pick another M."
+        )
+    groups = w.reshape(-1, m)
+    # Stable descending sort keeps the earliest entry among ties, matching the reference.
+    order = torch.sort(groups, dim=1, descending=True, stable=True).indices[:, :n]
+    keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(1, order, True)
+    return keep.reshape(w.shape).movedim(-1, in_dim)
+
+
+def nm_mask_reference(weight: torch.Tensor, n: int = 2, m: int = 4, in_dim: int = -1) -> torch.Tensor:
+    """Slow twin of :func:`nm_mask`: a Python loop over groups with :func:`exact_topk_mask_reference`."""
+    w = weight.detach().abs().movedim(in_dim, -1).contiguous()
+    flat = w.reshape(-1, m)
+    keep = torch.zeros_like(flat, dtype=torch.bool)
+    for g in range(flat.shape[0]):
+        keep[g] = exact_topk_mask_reference(flat[g], n)
+    return keep.reshape(w.shape).movedim(-1, in_dim)
+
+
+def compute_masks(
+    tensors: Sequence[PrunableTensor],
+    sparsity: float,
+    scope: str = "global",
+    nm: tuple[int, int] = (2, 4),
+) -> dict[str, torch.Tensor]:
+    """Masks for ``tensors`` by magnitude under ``scope`` in {"layer", "global", "nm"}.
+
+    For ``scope="nm"`` the sparsity must equal ``1 - N/M``.
+    """
+    weights = {t.name: t.param for t in tensors}
+    if scope == "layer":
+        return layer_masks(weights, sparsity)
+    if scope == "global":
+        return global_masks(weights, sparsity)
+    if scope == "nm":
+        n, m = nm
+        if abs(sparsity - (1 - n / m)) > 1e-9:
+            raise ConfigError(
+                f"scope='nm' with {n}:{m} gives sparsity {1 - n / m}, not {sparsity}; pass that."
+            )
+        return {t.name: nm_mask(t.param, n, m, t.in_dim) for t in tensors}
+    raise ConfigError(f"unknown pruning scope {scope!r}; use 'layer', 'global' or 'nm'.")
+
+
+def _broadcast_from_rank0(mask: torch.Tensor) -> torch.Tensor:
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return mask
+    if torch.distributed.get_world_size() == 1:
+        return mask
+    payload = mask.to(torch.uint8)
+    if torch.distributed.get_backend() == "nccl" and not payload.is_cuda:
+        payload = payload.cuda()
+    torch.distributed.broadcast(payload, src=0)
+    return payload.to(mask.device).bool()

@@ -1,0 +1,137 @@
+"""Exact-zero counts of the prunable weights: per tensor, per transformer block, and global.
+
+The report counts ``weight == 0`` in the tensors themselves (never a mask), so it measures what a
+checkpoint really holds. It reads either a model (tensors chosen by a :class:`~.masks.Selection`) or a
+plain state dict such as one loaded from a safetensors file (tensors chosen by name).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from descentlab.sparsity.masks import Selection, select_prunable
+
+__all__ = ["SparsityReport", "TensorCount", "sparsity_report"]
+
+
+@dataclass
+class TensorCount:
+    """Zeros out of ``numel`` entries."""
+
+    numel: int
+    zeros: int
+
+    @property
+    def sparsity(self) -> float:
+        return self.zeros / self.numel if self.numel else 0.0
+
+
+@dataclass
+class SparsityReport:
+    """Exact zeros per tensor, per block and in total over the prunable weights.
+
+    Attributes:
+        tensors: Parameter name -> count, in model order.
+        blocks: Block index (as a string, "other" outside blocks) -> count.
+        total: The count over every reported tensor.
+        block_of: Parameter name -> its block key.
+    """
+
+    tensors: dict[str, TensorCount] = field(default_factory=dict)
+    blocks: dict[str, TensorCount] = field(default_factory=dict)
+    total: TensorCount = field(default_factory=lambda: TensorCount(0, 0))
+    block_of: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def global_sparsity(self) -> float:
+        return self.total.sparsity
+
+    def to_dict(self) -> dict:
+        """JSON-ready: ``{"global": s, "numel": n, "zeros": z, "blocks": {...}, "tensors": {...}}``."""
+
+        def one(c: TensorCount) -> dict:
+            return {"numel": c.numel, "zeros": c.zeros, "sparsity": c.sparsity}
+
+        return {
+            "global": self.total.sparsity,
+            "numel": self.total.numel,
+            "zeros": self.total.zeros,
+            "blocks": {k: one(v) for k, v in self.blocks.items()},
+            "tensors": {k: one(v) for k, v in self.tensors.items()},
+        }
+
+    def to_markdown(self, per_tensor: bool = True) -> str:
+        """A Markdown table: one row per tensor (optional), per block, and a global row."""
+        lines = ["| tensor | block | entries | zeros | sparsity |", "|---|---|---:|---:|---:|"]
+        if per_tensor:
+            for name, c in self.tensors.items():
+                lines.append(
+                    f"| `{name}` | {self.block_of.get(name, 'other')} | {c.numel} | {c.zeros} | {c.sparsity:.4f} |"
+                )
+        for block, c in self.blocks.items():
+            lines.append(f"| (block total) | {block} | {c.numel} | {c.zeros} | {c.sparsity:.4f} |")
+        c = self.total
+        lines.append(f"| **global** | all | {c.numel} | {c.zeros} | {c.sparsity:.4f} |")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.to_markdown(per_tensor=False)
+
+
+_BLOCK_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def sparsity_report(
+    source: nn.Module | Mapping[str, torch.Tensor],
+    select: Selection | None = None,
+    names: Iterable[str] | None = None,
+) -> SparsityReport:
+    """Count exact zeros in the prunable weights.
+
+    Args:
+        source: A model, or a state dict (e.g. ``safetensors.torch.load_file(path)``).
+        select: For a model: which tensors (default: Linear weights inside the transformer blocks).
+        names: For a state dict: the tensor names to count; default = every tensor of dimension >= 2 whose
+            name has a block index (``.N.``) and ends in ``weight``. For a model, restricts the selection.
+
+    Returns:
+        The report; blocks are keyed by the block index found in the name.
+    """
+    entries: list[tuple[str, torch.Tensor, str]] = []
+    if isinstance(source, nn.Module):
+        wanted = set(names) if names is not None else None
+        for t in select_prunable(source, select):
+            if wanted is None or t.name in wanted:
+                entries.append((t.name, t.param.detach(), "other" if t.block is None else str(t.block)))
+    else:
+        chosen = (
+            list(names)
+            if names is not None
+            else [
+                k
+                for k, v in source.items()
+                if v.dim() >= 2 and k.endswith("weight") and _BLOCK_INDEX.search(k)
+            ]
+        )
+        for k in chosen:
+            match = _BLOCK_INDEX.search(k)
+            entries.append((k, source[k].detach(), match.group(1) if match else "other"))
+
+    report = SparsityReport()
+    zeros_total = numel_total = 0
+    for name, tensor, block in entries:
+        numel, zeros = tensor.numel(), int((tensor == 0).sum())
+        report.tensors[name] = TensorCount(numel, zeros)
+        b = report.blocks.setdefault(block, TensorCount(0, 0))
+        b.numel += numel
+        b.zeros += zeros
+        report.block_of[name] = block
+        numel_total += numel
+        zeros_total += zeros
+    report.total = TensorCount(numel_total, zeros_total)
+    return report
