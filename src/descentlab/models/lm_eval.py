@@ -1,0 +1,113 @@
+"""Perplexity of any Hugging Face causal LM over fixed-length blocks of token ids.
+
+    PPL = exp( Σ_blocks Σ_{t=1}^{T-1} -log p(x_t | x_<t)  /  N_tokens ),   N_tokens = Σ_blocks (T - 1)
+
+Token-weighted over the whole set (not a mean of per-batch means), so the result does not depend on the
+batch size. Logits of a batch are turned into per-token losses chunk by chunk along time, so a
+``[batch, T, vocab]`` float32 copy for the log-softmax never has to exist for a large vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from descentlab.errors import DataError, NumericalError
+
+
+@dataclass(frozen=True)
+class LMEval:
+    """Result of :func:`evaluate_lm`.
+
+    Attributes:
+        nll: mean next-token negative log-likelihood (nats per token).
+        perplexity: ``exp(nll)``.
+        tokens: number of predicted tokens.
+    """
+
+    nll: float
+    perplexity: float
+    tokens: int
+
+
+def _as_blocks(data) -> torch.Tensor:
+    blocks = getattr(data, "blocks", data)
+    if isinstance(blocks, dict):
+        blocks = blocks["input_ids"]
+    if not isinstance(blocks, torch.Tensor) or blocks.ndim != 2:
+        raise DataError("evaluate_lm expects an int64 tensor [N, T] of input ids (or an LMBlocks dataset)")
+    if blocks.shape[1] < 2:
+        raise DataError(f"blocks of length {blocks.shape[1]} have no next token to predict; use T >= 2")
+    return blocks.long()
+
+
+def token_nll_sum(logits: torch.Tensor, input_ids: torch.Tensor, *, chunk: int = 256) -> torch.Tensor:
+    """Sum over the batch of ``-log p(x_t | x_<t)`` for t = 1..T-1, in float64.
+
+    Args:
+        logits: ``[B, T, V]`` next-token logits (position t predicts token t+1).
+        input_ids: ``[B, T]`` the tokens.
+        chunk: time steps per log-softmax call (bounds the float32 upcast of half-precision logits).
+    """
+    total = torch.zeros((), dtype=torch.float64, device=logits.device)
+    pred, target = logits[:, :-1], input_ids[:, 1:]
+    for s in range(0, pred.shape[1], chunk):
+        lg = pred[:, s : s + chunk]
+        if lg.dtype in (torch.float16, torch.bfloat16):
+            lg = lg.float()
+        tg = target[:, s : s + chunk]
+        total += F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.reshape(-1), reduction="sum").double()
+    return total
+
+
+@torch.no_grad()
+def evaluate_lm(
+    model: nn.Module, data, *, batch_size: int = 8, device: torch.device | str | None = None
+) -> LMEval:
+    """Next-token NLL and perplexity of ``model`` on ``data``, with no gradients and the model in eval mode.
+
+    Args:
+        model: any causal LM whose forward takes ``input_ids`` and returns ``.logits`` (Hugging Face style).
+        data: an int64 tensor ``[N, T]`` of blocks, or an object with a ``.blocks`` tensor (``LMBlocks``).
+        batch_size: blocks per forward pass.
+        device: where to run; defaults to the device of the model's first parameter.
+
+    Returns:
+        :class:`LMEval` with the token-weighted mean NLL, its exponential and the token count.
+    """
+    blocks = _as_blocks(data)
+    if blocks.shape[0] == 0:
+        raise DataError("no blocks to evaluate: the evaluation split is shorter than one block")
+    if device is None:
+        device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        total = torch.zeros((), dtype=torch.float64)
+        for s in range(0, blocks.shape[0], batch_size):
+            x = blocks[s : s + batch_size].to(device)
+            logits = model(input_ids=x).logits
+            total += token_nll_sum(logits, x).cpu()
+    finally:
+        model.train(was_training)
+    tokens = blocks.shape[0] * (blocks.shape[1] - 1)
+    nll = float(total) / tokens
+    if not math.isfinite(nll):
+        raise NumericalError("the evaluation loss is not finite: the model produced NaN/Inf logits")
+    # exp overflows float for nll > ~709; a diverged model then reports inf, which is still an honest number
+    ppl = math.exp(nll) if nll < 700 else math.inf
+    return LMEval(nll=nll, perplexity=ppl, tokens=tokens)
+
+
+def perplexity(
+    model: nn.Module, data, *, batch_size: int = 8, device: torch.device | str | None = None
+) -> float:
+    """``exp`` of the token-weighted mean next-token NLL; see :func:`evaluate_lm`."""
+    return evaluate_lm(model, data, batch_size=batch_size, device=device).perplexity
+
+
+__all__ = ["LMEval", "evaluate_lm", "perplexity", "token_nll_sum"]
