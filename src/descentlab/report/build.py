@@ -1,0 +1,118 @@
+"""``report.md`` for one run, and one combined report over several runs.
+
+The report is a pure function of ``results.json``: ``descentlab report RUN_DIR`` rebuilds it at any time.
+Tables are also written as CSV under ``tables/`` for people who want to re-plot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from descentlab.errors import ConfigError
+from descentlab.report.figures import plot_curves, plot_layer_loss
+from descentlab.report.tables import (
+    csv_table,
+    curve_names,
+    curve_table,
+    layer_loss_table,
+    markdown_table,
+    metrics_table,
+)
+from descentlab.train.rundir import atomic_write_text
+
+
+def load_results(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "results.json"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} has no results.json (the run did not finish); nothing to report")
+    return json.loads(path.read_text())
+
+
+def _section(results: dict[str, Any], run_dir: Path, heading: str, link_prefix: str = "") -> list[str]:
+    """Markdown lines for one run; figures are made in the run directory, linked relative to the report."""
+    methods = results.get("methods", {})
+    name = results.get("experiment", run_dir.name)
+    lines = [f"{heading} {name}", ""]
+    if results.get("protocol"):
+        lines += ["**Protocol.** " + "; ".join(f"{k}: {v}" for k, v in results["protocol"].items()), ""]
+    tables_dir = run_dir / "tables"
+    tables_dir.mkdir(exist_ok=True)
+
+    def table(title: str, columns: list[str], rows: list[list[Any]], slug: str) -> None:
+        if not rows:
+            return
+        atomic_write_text(tables_dir / f"{slug}.csv", csv_table(columns, rows))
+        lines.extend([f"**{title}**", "", markdown_table(columns, rows), ""])
+
+    table("Metrics", *metrics_table(methods), "metrics")
+    for curve in curve_names(methods):
+        columns, rows, caption = curve_table(methods, curve)
+        table(f"{curve}: {caption}", columns, rows, f"curve-{curve.replace('@', '-')}")
+    table("Loss read out at each layer (test set)", *layer_loss_table(methods), "layer-loss")
+    sparsity_rows = [
+        [m, *[f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in b["sparsity"].items()]]
+        for m, b in methods.items()
+        if b.get("sparsity")
+    ]
+    if sparsity_rows:
+        width = max(len(r) for r in sparsity_rows)
+        table(
+            "Sparsity",
+            ["method", *[""] * (width - 1)],
+            [r + [""] * (width - len(r)) for r in sparsity_rows],
+            "sparsity",
+        )
+    for i, extra in enumerate(results.get("tables", [])):
+        table(extra["title"], list(extra["columns"]), [list(r) for r in extra["rows"]], f"extra-{i}")
+
+    figures: list[tuple[str, str]] = []
+    (run_dir / "figures").mkdir(exist_ok=True)
+    if plot_curves(methods, run_dir / "figures" / "curves.png", title=name):
+        figures.append(("figures/curves.png", "Metric against perturbation level or sparsity, mean ± std"))
+    if plot_layer_loss(methods, run_dir / "figures" / "layer-loss.png", title=name):
+        figures.append(("figures/layer-loss.png", "Loss read out at each layer"))
+    figures.extend((f["path"], f.get("caption", "")) for f in results.get("figures", []))
+    for path, caption in figures:
+        lines.extend([f"![{caption}]({link_prefix}{path})", f"*{caption}*", ""])
+    for note in results.get("notes", []):
+        lines.append(f"- {note}")
+    if results.get("notes"):
+        lines.append("")
+    return lines
+
+
+def write_report(run_dir: Path | str) -> Path:
+    """(Re)build ``<run_dir>/report.md`` from its ``results.json``."""
+    run_dir = Path(run_dir)
+    results = load_results(run_dir)
+    lines = _section(results, run_dir, "#")
+    lines += [
+        "",
+        "Resolved config: `config.yaml`. Raw numbers: `results.json`. Training log: `metrics.jsonl`.",
+        "",
+    ]
+    path = run_dir / "report.md"
+    atomic_write_text(path, "\n".join(lines))
+    return path
+
+
+def write_combined_report(
+    path: Path | str, run_dirs: Sequence[Path], title: str = "descentlab report"
+) -> Path:
+    """One Markdown file gathering several runs' sections, with figure links relative to it."""
+    path = Path(path)
+    lines = [f"# {title}", ""]
+    for run_dir in run_dirs:
+        run_dir = Path(run_dir)
+        prefix = (
+            f"{run_dir.resolve().relative_to(path.parent.resolve())}/"
+            if run_dir.resolve().is_relative_to(path.parent.resolve())
+            else f"{run_dir.resolve()}/"
+        )
+        lines += _section(load_results(run_dir), run_dir, "##", link_prefix=prefix)
+        lines += [f"Run directory: `{run_dir}`", ""]
+    atomic_write_text(path, "\n".join(lines))
+    return path

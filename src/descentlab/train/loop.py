@@ -1,0 +1,271 @@
+"""The one training loop: objective x optimizer x sparsity controller, on Accelerate, resumable.
+
+``fit`` trains for ``max_steps`` (or ``epochs`` passes) over a map-style dataset. The data order is a
+function of ``(seed, epoch)`` only, so a run resumed from a checkpoint (weights, optimizer state with its
+duals or masks, sparsity controller, RNG states, loop position) continues exactly as the uninterrupted run
+would have: bit for bit on CPU.
+
+Under data parallelism (``accelerate launch`` / ``torchrun``) every step draws one *global* batch of
+``batch_size`` examples and each rank takes its contiguous share, so gradients averaged by DDP equal the
+single-process gradient on the same global batch.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import default_collate
+from tqdm.auto import tqdm
+
+from descentlab.errors import ConfigError, DataError, NumericalError
+from descentlab.train.checkpoint import load_latest, save_checkpoint, set_rng_state
+from descentlab.train.rundir import RunDir
+
+
+@dataclass
+class TrainConfig:
+    """Loop settings shared by every experiment."""
+
+    epochs: int = 1
+    max_steps: int | None = None  # overrides epochs when set
+    batch_size: int = 32
+    grad_clip: float | None = 1.0
+    log_every: int = 10
+    checkpoint_every: int | None = None  # steps; a final checkpoint is always written when a run dir is given
+    seed: int = 0
+    max_bad_steps: int = 10  # non-finite losses tolerated (skipped and counted) before the run stops
+    mixed_precision: str = "no"  # "no" | "bf16" | "fp16"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 and self.max_steps is None:
+            raise ConfigError(f"train.epochs must be >= 1, got {self.epochs}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"train.max_steps must be >= 1, got {self.max_steps}")
+        if self.batch_size < 1:
+            raise ConfigError(f"train.batch_size must be >= 1, got {self.batch_size}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ConfigError(f"train.grad_clip must be > 0 or null, got {self.grad_clip}")
+        if self.mixed_precision not in ("no", "bf16", "fp16"):
+            raise ConfigError(f"train.mixed_precision must be no, bf16 or fp16, got {self.mixed_precision!r}")
+
+
+@dataclass
+class FitResult:
+    steps: int
+    skipped_steps: int
+    last_logs: dict[str, float] = field(default_factory=dict)
+    resumed_from: int | None = None
+
+
+class TrainingInterrupted(Exception):
+    """SIGTERM/SIGINT arrived; a checkpoint was written and the run can be resumed."""
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The example order of one epoch: a permutation that depends on ``(seed, epoch)`` only."""
+    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
+    return torch.randperm(n, generator=gen)
+
+
+def global_batches(n: int, batch_size: int, seed: int, epoch: int, start: int = 0) -> Iterator[torch.Tensor]:
+    order = epoch_order(n, seed, epoch)
+    for b in range(start, math.ceil(n / batch_size)):
+        yield order[b * batch_size : (b + 1) * batch_size]
+
+
+def rank_share(indices: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """This rank's contiguous share of a global batch (equal shares when the size divides)."""
+    return indices.tensor_split(world)[rank]
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(_to_device(v, device) for v in batch)
+    return batch
+
+
+def check_finite_batch(batch: Any) -> None:
+    """Raise DataError when a floating tensor of the batch holds NaN or Inf."""
+    tensors = (
+        batch.items()
+        if isinstance(batch, Mapping)
+        else enumerate(batch if isinstance(batch, list | tuple) else [batch])
+    )
+    for key, value in tensors:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
+            raise DataError(f"batch field {key!r} contains NaN or Inf; clean the data before training")
+
+
+class _SignalGuard:
+    """Turn SIGTERM/SIGINT into a flag the loop checks between steps (main thread only)."""
+
+    def __init__(self) -> None:
+        self.caught: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _SignalGuard:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.caught = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def fit(
+    model: torch.nn.Module,
+    train_data: Sequence[Any],
+    *,
+    objective: Callable[[torch.nn.Module, Any], tuple[torch.Tensor, dict[str, float]]],
+    optimizer: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    sparsity: Any = None,
+    scheduler: Any = None,
+    run: RunDir | None = None,
+    tag: str = "",
+    callbacks: Sequence[Callable[[int, torch.nn.Module, dict[str, float]], None]] = (),
+    resume: bool = True,
+) -> FitResult:
+    """Train ``model`` and return the number of steps taken.
+
+    Each step: ``loss, logs = objective(model, batch)``; backward; ``sparsity.before_optimizer_step()``
+    (gradient masking) if present; gradient clipping; ``optimizer.step()``; ``scheduler.step()``;
+    ``sparsity.step()``. A non-finite loss skips the step and is counted; more than ``cfg.max_bad_steps`` of
+    them stop the run with :class:`NumericalError`. With a ``run`` directory, checkpoints go to
+    ``run.checkpoint_dir(tag)`` every ``cfg.checkpoint_every`` steps, at the end, and when SIGTERM/SIGINT
+    arrives (then :class:`TrainingInterrupted` is raised); with ``resume`` the newest good checkpoint there
+    is loaded first.
+    """
+    from accelerate import Accelerator
+
+    n = len(train_data)
+    if n == 0:
+        raise DataError("the training set is empty; check the dataset name, path and split sizes")
+    collate = collate_fn or default_collate
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=cfg.mixed_precision)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    if cfg.batch_size < world:
+        raise ConfigError(f"train.batch_size={cfg.batch_size} is smaller than the {world} processes")
+    steps_per_epoch = math.ceil(n / cfg.batch_size)
+    total = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * steps_per_epoch
+    raw_model, raw_optimizer = model, optimizer
+    model, optimizer = accelerator.prepare(model, optimizer)
+
+    step, skipped, resumed_from = 0, 0, None
+    ckpt_dir = run.checkpoint_dir(tag) if run is not None else None
+    if ckpt_dir is not None and resume:
+        ckpt = load_latest(ckpt_dir)
+        if ckpt is not None:
+            ckpt.load_model_(raw_model)
+            raw_optimizer.load_state_dict(ckpt.optimizer_state())
+            extra = ckpt.extra_state()
+            for name, obj in (("sparsity", sparsity), ("scheduler", scheduler), ("objective", objective)):
+                if name in extra and obj is not None and hasattr(obj, "load_state_dict"):
+                    obj.load_state_dict(extra[name])
+            set_rng_state(ckpt.rng_state())
+            step, skipped, resumed_from = ckpt.step, int(ckpt.state.get("skipped", 0)), ckpt.step
+
+    def checkpoint() -> None:
+        if ckpt_dir is None or not accelerator.is_main_process:
+            return
+        extra = {
+            name: obj.state_dict()
+            for name, obj in (("sparsity", sparsity), ("scheduler", scheduler), ("objective", objective))
+            if obj is not None and hasattr(obj, "state_dict")
+        }
+        save_checkpoint(
+            ckpt_dir,
+            step=step,
+            model=accelerator.unwrap_model(model),
+            optimizer=raw_optimizer,
+            extra=extra,
+            state={"skipped": skipped, "total": total},
+        )
+
+    model.train()
+    last: dict[str, float] = {}
+    bar = tqdm(
+        total=total,
+        initial=step,
+        desc=tag or "train",
+        disable=not (cfg.progress and accelerator.is_main_process),
+        dynamic_ncols=True,
+        leave=False,
+    )
+    with _SignalGuard() as guard:
+        while step < total:
+            epoch, start = divmod(step, steps_per_epoch)
+            for indices in global_batches(n, cfg.batch_size, cfg.seed, epoch, start):
+                batch = _to_device(
+                    collate([train_data[int(i)] for i in rank_share(indices, rank, world)]),
+                    accelerator.device,
+                )
+                check_finite_batch(batch)
+                with accelerator.autocast():
+                    loss, logs = objective(model, batch)
+                if not torch.isfinite(loss.detach()).all():
+                    skipped += 1
+                    optimizer.zero_grad(set_to_none=True)
+                    if skipped > cfg.max_bad_steps:
+                        checkpoint()
+                        raise NumericalError(
+                            f"{skipped} non-finite losses (last at step {step}); lower the learning rate, enable "
+                            "grad_clip, or check the data. The last good state is checkpointed."
+                        )
+                else:
+                    accelerator.backward(loss)
+                    if sparsity is not None and hasattr(sparsity, "before_optimizer_step"):
+                        sparsity.before_optimizer_step()
+                    if cfg.grad_clip is not None:
+                        accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                    optimizer.step()
+                    if scheduler is not None:
+                        scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    if sparsity is not None:
+                        sparsity.step()
+                    last = logs
+                step += 1
+                bar.update(1)
+                if step % steps_per_epoch == 0 and hasattr(objective, "end_epoch"):
+                    objective.end_epoch()
+                if (
+                    run is not None
+                    and accelerator.is_main_process
+                    and (step % cfg.log_every == 0 or step == total)
+                ):
+                    run.log(step=step, tag=tag, skipped=skipped, **last)
+                for callback in callbacks:
+                    callback(step, model, last)
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
+                    checkpoint()
+                if guard.caught is not None:
+                    checkpoint()
+                    bar.close()
+                    raise TrainingInterrupted(
+                        f"signal {guard.caught} at step {step}: checkpoint written; resume with resume=<run dir>"
+                    )
+                if step >= total:
+                    break
+    bar.close()
+    if resumed_from != step or resumed_from is None:
+        checkpoint()
+    accelerator.wait_for_everyone()
+    return FitResult(steps=step, skipped_steps=skipped, last_logs=last, resumed_from=resumed_from)

@@ -1,0 +1,73 @@
+"""Training objectives: ``objective(model, batch) -> (loss, logs)``.
+
+* :class:`ERM` minimises the model's final loss.
+* :class:`Constrained` reads the loss out at every layer and minimises the Lagrangian of
+  :class:`~descentlab.constrained.descent.LayerwiseDescent`,
+  ``L(θ, λ) = f_L + Σ_l λ_l ĝ_l``; pair it with :class:`~descentlab.constrained.primal_dual.PrimalDual`,
+  whose ``step()`` takes the dual step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from descentlab.errors import ModelError
+
+LossFn = Callable[[torch.nn.Module, Mapping[str, Any]], torch.Tensor]
+
+
+def model_loss(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+    """The loss a Hugging Face model computes itself when the batch carries ``labels``."""
+    out = model(**batch)
+    loss = getattr(out, "loss", None)
+    if loss is None:
+        raise ModelError(
+            f"{type(model).__name__} returned no loss; put `labels` in the batch or pass ERM(loss_fn=...)"
+        )
+    return loss
+
+
+class ERM:
+    """Empirical risk minimisation: the final-layer loss only."""
+
+    def __init__(self, loss_fn: LossFn | None = None) -> None:
+        self.loss_fn = loss_fn or model_loss
+
+    def __call__(
+        self, model: torch.nn.Module, batch: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        loss = self.loss_fn(model, batch)
+        return loss, {"loss": float(loss.detach())}
+
+
+class Constrained:
+    """Layer-wise descent constraints: loss = the Lagrangian of the per-layer losses.
+
+    Args:
+        constraint: a ``LayerwiseDescent``.
+        readout: passed to ``dl.layer_losses`` (None: dispatch by model family).
+    """
+
+    def __init__(self, constraint: Any, readout: Any = None) -> None:
+        self.constraint = constraint
+        self.readout = readout
+
+    def __call__(
+        self, model: torch.nn.Module, batch: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        from descentlab.readout import layer_losses
+
+        f = layer_losses(model, batch, readout=self.readout)
+        loss = self.constraint.lagrangian(f)
+        logs = {"loss": float(f[-1].detach()), "lagrangian": float(loss.detach())}
+        logs.update({k: float(v) for k, v in self.constraint.log_dict().items()})
+        return loss, logs
+
+    def end_epoch(self) -> None:
+        """Forwarded to the constraint, for the once-per-epoch dual cadence."""
+        hook = getattr(self.constraint, "end_epoch", None)
+        if callable(hook):
+            hook()

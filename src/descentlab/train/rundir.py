@@ -1,0 +1,126 @@
+"""Run directories: ``<root>/<name>-<timestamp>[-k]``, never shared between two runs.
+
+Creation relies on ``mkdir`` being atomic: two runs that start in the same second race for the same name,
+one wins, the other takes the next free suffix. Every file is written atomically (temporary file, fsync,
+rename), so a killed run leaves either the old or the new version of a file, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from descentlab.errors import ConfigError
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else (1e308 if value > 0 else -1e308)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
+        return _jsonable(value.item())
+    if hasattr(value, "tolist"):
+        return _jsonable(value.tolist())
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def dumps_json(obj: Any) -> str:
+    """JSON text with tensors/arrays turned into lists and NaN written as null."""
+    return json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n"
+
+
+class RunDir:
+    """One run's folder: config, ``metrics.jsonl``, checkpoints, ``results.json``, ``report.md``, figures."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, root: Path | str, name: str) -> RunDir:
+        """Make a fresh directory ``<root>/<name>-<YYYYmmdd-HHMMSS>``, adding ``-2``, ``-3``... on collision."""
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for k in range(1, 10_000):
+            path = root / (f"{name}-{stamp}" if k == 1 else f"{name}-{stamp}-{k}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return cls(path)
+        raise RuntimeError(f"could not find a free run directory name under {root}")
+
+    @classmethod
+    def open(cls, path: Path | str) -> RunDir:
+        """An existing run directory (to resume it or rebuild its report)."""
+        path = Path(path)
+        if not (path / "config.yaml").is_file():
+            raise ConfigError(
+                f"{path} is not a descentlab run directory (no config.yaml); pass a folder made by `descentlab run`"
+            )
+        return cls(path)
+
+    def log(self, step: int | None = None, **metrics: Any) -> None:
+        """Append one JSON line to ``metrics.jsonl``; lines are small, so an append is effectively atomic."""
+        record = {"time": round(time.time(), 3), **({"step": step} if step is not None else {}), **metrics}
+        with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(_jsonable(record), allow_nan=False) + "\n")
+
+    def metrics(self) -> list[dict[str, Any]]:
+        path = self.path / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def figure(self, name: str) -> Path:
+        """Path for a PNG figure, ``figures/<name>.png`` (the folder is created)."""
+        folder = self.path / "figures"
+        folder.mkdir(exist_ok=True)
+        return folder / f"{name}.png"
+
+    def save_json(self, name: str, obj: Any) -> Path:
+        path = self.path / name
+        atomic_write_text(path, dumps_json(obj))
+        return path
+
+    def load_json(self, name: str) -> Any:
+        return json.loads((self.path / name).read_text())
+
+    def checkpoint_dir(self, tag: str = "") -> Path:
+        """Folder holding the checkpoints of one training job of this run (one per method/seed ``tag``)."""
+        folder = self.path / "checkpoints" / (tag or "main")
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
