@@ -47,7 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # key=value overrides may come before or after --preset/--out, which argparse's positionals do not allow
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if args.command != "run" or any(item.startswith("-") for item in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     try:
         if args.command == "list":
             from descentlab.experiments import available
