@@ -71,8 +71,8 @@ def acdc_phases(total: int, warmup: int, phase: int, last_decompressed: int, fin
     end_alt = total - last_decompressed - final
     if warmup > end_alt:
         raise ConfigError(
-            f"AC/DC warm-up {warmup} + last decompressed {last_decompressed} + final {final} steps exceed the "
-            f"run of {total} steps; shorten them or train longer."
+            f"AC/DC warm-up {warmup} + last decompressed {last_decompressed} + final {final} steps exceed "
+            f"the run of {total} steps; shorten them or train longer."
         )
     raw: list[Phase] = []
     if warmup:

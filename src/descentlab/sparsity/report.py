@@ -70,9 +70,8 @@ class SparsityReport:
         lines = ["| tensor | block | entries | zeros | sparsity |", "|---|---|---:|---:|---:|"]
         if per_tensor:
             for name, c in self.tensors.items():
-                lines.append(
-                    f"| `{name}` | {self.block_of.get(name, 'other')} | {c.numel} | {c.zeros} | {c.sparsity:.4f} |"
-                )
+                block = self.block_of.get(name, "other")
+                lines.append(f"| `{name}` | {block} | {c.numel} | {c.zeros} | {c.sparsity:.4f} |")
         for block, c in self.blocks.items():
             lines.append(f"| (block total) | {block} | {c.numel} | {c.zeros} | {c.sparsity:.4f} |")
         c = self.total

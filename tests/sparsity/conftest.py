@@ -1,0 +1,28 @@
+"""Tiny real transformers models for the sparsity tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from torch import nn
+
+
+@pytest.fixture
+def make_vit() -> Callable[..., nn.Module]:
+    from descentlab.models.vit import ViTSpec, build_vit
+
+    def make(hidden: int = 16, layers: int = 2, seed: int = 0) -> nn.Module:
+        return build_vit(ViTSpec(hidden_size=hidden, num_layers=layers, num_heads=2, mlp_ratio=2), seed=seed)
+
+    return make
+
+
+@pytest.fixture
+def make_gpt2() -> Callable[[], nn.Module]:
+    def make() -> nn.Module:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        return GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=2, n_head=2))
+
+    return make

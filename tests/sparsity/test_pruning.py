@@ -1,0 +1,104 @@
+"""prune_magnitude and sparsity_report on real transformers models; global masks agree across ranks."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_model
+
+from descentlab.errors import ConfigError
+from descentlab.sparsity import prune_magnitude, select_prunable, sparsity_report
+from descentlab.sparsity.masks import global_masks
+
+
+def test_layer_scope_exact_per_matrix_and_rest_untouched(make_vit) -> None:
+    model = make_vit()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = prune_magnitude(model, 0.8, scope="layer")
+    prunable = {t.name for t in select_prunable(model)}
+    for name, count in report.tensors.items():
+        assert count.zeros == round(0.8 * count.numel), name
+    after = model.state_dict()
+    assert list(after) == list(before)  # no re-parametrisation: same keys, same order
+    for k, v in after.items():
+        if k not in prunable:
+            assert torch.equal(v, before[k]), k  # embeddings, head, biases, norms untouched
+        else:
+            kept = v != 0
+            assert torch.equal(v[kept], before[k][kept])  # survivors keep their exact value
+
+
+def test_global_scope_exact_and_one_threshold(make_gpt2) -> None:
+    model = make_gpt2()
+    report = prune_magnitude(model, 0.65, scope="global")
+    assert report.total.zeros == round(0.65 * report.total.numel)
+    weights = [t.param.detach() for t in select_prunable(model)]
+    kept_min = min(w[w != 0].abs().min() for w in weights)
+    assert report.global_sparsity == pytest.approx(0.65, abs=1e-4)
+    # per-tensor sparsities differ (one shared threshold), and no kept weight is below the threshold
+    assert len({round(c.sparsity, 3) for c in report.tensors.values()}) > 1
+    assert kept_min > 0
+
+
+def test_nm_scope(make_vit) -> None:
+    model = make_vit()
+    report = prune_magnitude(model, 0.5, scope="nm", nm=(2, 4))
+    for t in select_prunable(model):
+        groups = (t.param.detach() != 0).reshape(-1, 4)
+        assert torch.all(groups.sum(1) == 2), t.name
+    assert report.global_sparsity == 0.5
+
+
+def test_bad_arguments(make_vit) -> None:
+    model = make_vit()
+    for bad in (1.0, -0.01, 2):
+        with pytest.raises(ConfigError):
+            prune_magnitude(model, bad)
+    with pytest.raises(ConfigError, match="scope"):
+        prune_magnitude(model, 0.5, scope="rows")
+
+
+def test_report_from_safetensors_matches_model(tmp_path, make_vit) -> None:
+    model = make_vit()
+    report = prune_magnitude(model, 0.9, scope="global")
+    save_model(model, str(tmp_path / "model.safetensors"))
+    back = sparsity_report(load_file(str(tmp_path / "model.safetensors")))
+    assert back.to_dict() == report.to_dict()
+    table = back.to_markdown()
+    assert "**global**" in table and "| (block total) | 1 |" in table
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_masks(rank: int, world: int, port: int, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    w = {"a": torch.randn(50, 20), "b": torch.randn(20, 30)}
+    # replicas that disagree slightly (as float noise would make them) must still prune the same entries
+    w = {
+        k: v + rank * 1e-3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(rank))
+        for k, v in w.items()
+    }
+    masks = global_masks(w, 0.7)
+    out[rank] = {k: v.clone() for k, v in masks.items()}
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_global_masks_agree_across_ranks() -> None:
+    manager = mp.Manager()
+    out = manager.dict()
+    mp.start_processes(_rank_masks, args=(2, _free_port(), out), nprocs=2, start_method="fork")
+    m0, m1 = out[0], out[1]
+    for k in m0:
+        assert torch.equal(m0[k], m1[k])
+    assert sum(int((~m).sum()) for m in m0.values()) == round(0.7 * 1600)
