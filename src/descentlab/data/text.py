@@ -88,7 +88,7 @@ def _rotten_tomatoes(seed: int, val_frac: float, test_frac: float) -> datasets.D
     texts, labels = _read_rotten_tomatoes(str(asset_path("rotten_tomatoes")))
     train, val, test = stratified_split(labels, (val_frac, test_frac), seed)
     features = datasets.Features(
-        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=RT_LABELS)}
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=list(RT_LABELS))}
     )
     text_arr, label_arr = np.asarray(texts, dtype=object), np.asarray(labels)
 
