@@ -30,6 +30,7 @@ from descentlab import experiments
 from descentlab.config import config_to_dict, config_to_yaml, load_config_yaml, resolve_config
 from descentlab.errors import ConfigError, DescentlabError
 from descentlab.report.build import write_combined_report, write_report
+from descentlab.train.loop import TrainingInterrupted
 from descentlab.train.rundir import RunDir, atomic_write_text
 
 
@@ -87,6 +88,9 @@ def run_experiment(
     _status(run, "running", resumed=resume is not None)
     try:
         body = exp.module.run(cfg, run)
+    except TrainingInterrupted as exc:
+        _status(run, "interrupted", error=str(exc))
+        raise
     except DescentlabError as exc:
         _status(run, "failed", error=str(exc))
         raise
