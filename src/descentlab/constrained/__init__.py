@@ -1,0 +1,25 @@
+"""Layer-wise descent constraints solved primal-dual (METHODS.md Part 1)."""
+
+from descentlab.constrained.descent import LayerwiseDescent, descent_violations, resolve_alpha
+from descentlab.constrained.dual import (
+    DualVariables,
+    Resilience,
+    decay_dual_step,
+    dual_ascent,
+    rank_mean,
+    slack_dual_step,
+)
+from descentlab.constrained.primal_dual import PrimalDual
+
+__all__ = [
+    "DualVariables",
+    "LayerwiseDescent",
+    "PrimalDual",
+    "Resilience",
+    "decay_dual_step",
+    "descent_violations",
+    "dual_ascent",
+    "rank_mean",
+    "resolve_alpha",
+    "slack_dual_step",
+]

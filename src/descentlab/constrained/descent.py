@@ -1,0 +1,328 @@
+"""Layer-wise descent constraints (METHODS.md §1.1-1.3).
+
+A model with layers 1..L is trained as
+
+    min  f_L     s.t.   f_l <= (1 - α_l) f_{l-1},   l = 1..L
+
+where f_l is the batch-mean loss read out at layer l (f_0 at the embedding output). The Lagrangian is
+L̂(θ, λ) = f_L + Σ_l λ_l ĝ_l; the primal optimizer descends it, the dual step ascends it in λ (see
+:mod:`descentlab.constrained.dual` and :class:`~descentlab.constrained.primal_dual.PrimalDual`).
+
+The violation math is the pure function :func:`descent_violations`; :class:`LayerwiseDescent` keeps the
+options, remembers ĝ between ``lagrangian`` and the dual step, and runs the dual cadence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from descentlab.constrained.dual import DualVariables, Resilience
+from descentlab.errors import CheckpointError, ConfigError, ModelError
+
+AlphaSpec = float | Sequence[float] | Callable[[int], float]
+ConstraintForm = Literal["difference", "ratio"]
+
+
+def resolve_alpha(alpha: AlphaSpec, num_layers: int) -> Tensor:
+    """The step-size schedule α_1..α_L as a float64 tensor [L].
+
+    Args:
+        alpha: a constant, one value per layer (L values, layer 1 first), or a callable l -> α_l (l = 1..L).
+        num_layers: L.
+
+    Raises:
+        ConfigError: a value outside [0, 1) or a list of the wrong length.
+    """
+    if callable(alpha):
+        values = [float(alpha(layer)) for layer in range(1, num_layers + 1)]
+    elif isinstance(alpha, (int, float)):
+        values = [float(alpha)] * num_layers
+    else:
+        values = [float(a) for a in alpha]
+        if len(values) != num_layers:
+            raise ConfigError(
+                f"alpha has {len(values)} values for num_layers={num_layers}; give one per layer (layer 1 "
+                "first), a constant, or a callable l -> alpha_l"
+            )
+    bad = [(i + 1, a) for i, a in enumerate(values) if not 0.0 <= a < 1.0]
+    if bad:
+        raise ConfigError(f"alpha must lie in [0, 1) at every layer; got (layer, alpha) = {bad[:4]}")
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def descent_violations(
+    f: Tensor,
+    alpha: Tensor,
+    *,
+    form: ConstraintForm = "difference",
+    detach_prev: bool = False,
+    eps: float = 1e-12,
+) -> Tensor:
+    """Violations ĝ_1..ĝ_L of the descent constraints from the losses f_0..f_L (<= 0 means met).
+
+    difference (default):  ĝ_l = f_l - (1 - α_l) f_{l-1}
+    ratio:                 ĝ_l = f_l / f_{l-1} - (1 - α_l)      (f_{l-1} clamped below at ``eps``)
+
+    Args:
+        f: batch-mean losses [L+1], layer 0 first.
+        alpha: α_1..α_L [L].
+        form: "difference" or "ratio".
+        detach_prev: stop gradients through f_{l-1} (the constraint then only pushes layer l down).
+        eps: floor of the ratio's denominator.
+
+    Returns:
+        ĝ [L], differentiable unless f is not.
+    """
+    cur, prev = f[1:], f[:-1]
+    if detach_prev:
+        prev = prev.detach()
+    keep = 1.0 - alpha.to(device=f.device, dtype=f.dtype)
+    if form == "difference":
+        return cur - keep * prev
+    return cur / prev.clamp_min(eps) - keep
+
+
+def constraint_mask(num_layers: int, constrain_first: bool, layers: Iterable[int] | None) -> Tensor:
+    """Bool [L]: which of the constraints l = 1..L are enforced.
+
+    Args:
+        num_layers: L.
+        constrain_first: whether layer 1 is held to descend from layer 0.
+        layers: the constrained layers (1-based); None for all.
+    """
+    mask = torch.ones(num_layers, dtype=torch.bool)
+    if layers is not None:
+        chosen = sorted({int(layer) for layer in layers})
+        outside = [layer for layer in chosen if not 1 <= layer <= num_layers]
+        if outside:
+            raise ConfigError(
+                f"layers {outside} are outside 1..{num_layers}; constraint l compares layer l to l-1"
+            )
+        mask[:] = False
+        mask[[layer - 1 for layer in chosen]] = True
+    if not constrain_first:
+        mask[0] = False
+    return mask
+
+
+class LayerwiseDescent:
+    """Constraints f_l <= (1 - α_l) f_{l-1} on the per-layer losses, with their multipliers.
+
+    Usage (any loop)::
+
+        constraint = LayerwiseDescent(num_layers=L, alpha=0.1, dual_lr=1e-2)
+        opt = PrimalDual(torch.optim.AdamW(model.parameters(), lr=2e-5), constraint)
+        loss = constraint.lagrangian(layer_losses(model, batch))   # f_L + Σ λ_l ĝ_l
+        loss.backward(); opt.step(); opt.zero_grad()                # primal step, then dual step
+
+    Args:
+        num_layers: L; ``lagrangian`` expects L+1 losses.
+        alpha: α, a constant, a per-layer list or a callable l -> α_l, each in [0, 1).
+        dual_lr: dual step η_λ > 0.
+        resilience: a :class:`Resilience` to relax the constraints, or None for hard constraints.
+        form: "difference" (default) or "ratio" (f_l / f_{l-1} <= 1 - α_l, of the predecessor papers).
+        detach_prev: stop gradients through f_{l-1} in ĝ_l.
+        constrain_first: constrain layer 1 against layer 0 (the embedding readout).
+        layers: the constrained layers (1-based); None for all.
+        dual_every: with ``dual_cadence="step"``, one dual step every k optimizer steps, from the mean ĝ of
+            the ``lagrangian`` calls since the last dual step.
+        dual_cadence: "step", or "epoch": dual steps only when :meth:`end_epoch` is called.
+        max_multiplier: raise ``InfeasibleConstraintError`` once a λ_l exceeds this (None: never).
+        divergence_patience: raise once a λ_l has grown for this many dual steps in a row (None: never).
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        alpha: AlphaSpec,
+        dual_lr: float,
+        resilience: Resilience | None = None,
+        *,
+        form: ConstraintForm = "difference",
+        detach_prev: bool = False,
+        constrain_first: bool = True,
+        layers: Iterable[int] | None = None,
+        dual_every: int = 1,
+        dual_cadence: Literal["step", "epoch"] = "step",
+        max_multiplier: float | None = 1e3,
+        divergence_patience: int | None = None,
+    ) -> None:
+        if not isinstance(num_layers, int) or num_layers < 1:
+            raise ConfigError(f"num_layers must be a positive int (got {num_layers!r})")
+        if not float(dual_lr) > 0:
+            raise ConfigError(f"dual_lr must be > 0 (got {dual_lr}); typical values are 1e-3 to 1e-1")
+        if form not in ("difference", "ratio"):
+            raise ConfigError(f"form must be 'difference' or 'ratio' (got {form!r})")
+        if dual_cadence not in ("step", "epoch"):
+            raise ConfigError(f"dual_cadence must be 'step' or 'epoch' (got {dual_cadence!r})")
+        if not isinstance(dual_every, int) or dual_every < 1:
+            raise ConfigError(f"dual_every must be an int >= 1 (got {dual_every!r})")
+        if resilience is not None and not isinstance(resilience, Resilience):
+            raise ConfigError(f"resilience must be a Resilience or None (got {type(resilience).__name__})")
+        if max_multiplier is not None and not max_multiplier > 0:
+            raise ConfigError(f"max_multiplier must be > 0 or None (got {max_multiplier})")
+        self.num_layers = num_layers
+        self.alpha = resolve_alpha(alpha, num_layers)
+        self.dual_lr = float(dual_lr)
+        self.resilience = resilience
+        self.form: ConstraintForm = form
+        self.detach_prev = detach_prev
+        self.dual_every = dual_every
+        self.dual_cadence = dual_cadence
+        self.mask = constraint_mask(num_layers, constrain_first, layers)
+        if not bool(self.mask.any()):
+            raise ConfigError("no layer is constrained; check `layers` and `constrain_first`")
+        self.duals = DualVariables(
+            num_layers, self.dual_lr, resilience, self.mask, max_multiplier, divergence_patience
+        )
+        self._index = torch.nonzero(self.mask).flatten()
+        self._g_sum = torch.zeros(num_layers, dtype=torch.float64)
+        self._g_count = 0
+        self._steps = 0
+        self._last_f: Tensor | None = None
+        self._last_g: Tensor | None = None
+
+    # -- primal side -------------------------------------------------------------------------------------
+    def lagrangian(self, f: Tensor, *, record: bool | None = None) -> Tensor:
+        """L̂ = f_L + Σ_l λ_l ĝ_l over the constrained layers; remembers ĝ (detached) for the dual step.
+
+        Args:
+            f: the L+1 batch-mean losses f_0..f_L as one tensor; f_0 may carry no gradient.
+            record: add this ĝ to the dual step's estimate. None: only when gradients are on and f has a
+                graph, so evaluation passes under ``torch.no_grad()`` never move λ.
+
+        Returns:
+            The scalar Lagrangian, with λ held constant.
+        """
+        if not isinstance(f, Tensor) or f.dim() != 1 or f.numel() != self.num_layers + 1:
+            got = tuple(f.shape) if isinstance(f, Tensor) else type(f).__name__
+            raise ModelError(
+                f"lagrangian expects the {self.num_layers + 1} losses f_0..f_L of a model with "
+                f"num_layers={self.num_layers}, got shape {got}; build LayerwiseDescent with num_layers = "
+                "len(f) - 1"
+            )
+        self._to(f.device)
+        g = descent_violations(f, self.alpha, form=self.form, detach_prev=self.detach_prev)
+        lam = self.duals.lam.to(f.dtype)
+        loss = f[-1] + (lam[self._index] * g[self._index]).sum()
+        g_det = g.detach()
+        self._last_f, self._last_g = f.detach(), g_det
+        if record is None:
+            record = torch.is_grad_enabled() and f.requires_grad
+        if record:
+            self._g_sum += g_det.to(torch.float64)
+            self._g_count += 1
+        return loss
+
+    # -- dual side ---------------------------------------------------------------------------------------
+    def dual_step_(self) -> bool:
+        """Called once per optimizer step (by ``PrimalDual.step``). Returns whether λ moved.
+
+        With ``dual_cadence="step"`` every ``dual_every``-th call updates λ from the mean ĝ recorded since the
+        last update (steps without a recorded ĝ leave λ alone); with "epoch" it only counts steps.
+        """
+        self._steps += 1
+        if self.dual_cadence == "epoch" or self._steps % self.dual_every != 0:
+            return False
+        return self._flush()
+
+    def end_epoch(self, f: Tensor | None = None) -> bool:
+        """Dual step of the "epoch" cadence (also flushes a partial window of the "step" cadence).
+
+        Args:
+            f: optional L+1 losses measured on a full pass (e.g. a held-out or training evaluation); when
+                given, ĝ is computed from them and the accumulated batch estimates are dropped. Otherwise ĝ is
+                the mean over the batches recorded since the last dual step.
+
+        Returns:
+            Whether λ moved.
+        """
+        if f is not None:
+            f = f.detach()
+            if f.dim() != 1 or f.numel() != self.num_layers + 1:
+                raise ModelError(
+                    f"end_epoch expects {self.num_layers + 1} losses, got shape {tuple(f.shape)}"
+                )
+            self._to(f.device)
+            g = descent_violations(f, self.alpha, form=self.form)
+            self._g_sum = g.to(torch.float64).clone()
+            self._g_count = 1
+            self._last_f, self._last_g = f, g
+        return self._flush()
+
+    def _flush(self) -> bool:
+        if self._g_count == 0:
+            return False
+        self.duals.update_(self._g_sum / self._g_count)
+        self._g_sum = torch.zeros_like(self._g_sum)
+        self._g_count = 0
+        return True
+
+    def _to(self, device: torch.device) -> None:
+        if self._g_sum.device != device:
+            self.duals.to_(device)
+            self._g_sum = self._g_sum.to(device)
+            self._index = self._index.to(device)
+
+    # -- inspection --------------------------------------------------------------------------------------
+    @property
+    def multipliers(self) -> Tensor:
+        """λ_1..λ_L (float64 [L]; 0 on unconstrained layers)."""
+        return self.duals.lam
+
+    @property
+    def slacks(self) -> Tensor | None:
+        """u_1..u_L of the resilient relaxation (λ/a for the decay form), or None for hard constraints."""
+        return self.duals.slacks
+
+    @property
+    def violations(self) -> Tensor | None:
+        """ĝ of the last ``lagrangian`` call (detached), or None before the first."""
+        return self._last_g
+
+    def log_dict(self) -> dict[str, float]:
+        """Per-layer f̂, ĝ, λ (and u) of the last ``lagrangian`` call: {"f/0": .., "g/1": .., "lambda/1": ..}."""
+        out: dict[str, float] = {}
+        if self._last_f is not None:
+            out.update({f"f/{i}": v for i, v in enumerate(self._last_f.float().tolist())})
+            out.update({f"g/{i + 1}": v for i, v in enumerate(self._last_g.float().tolist())})
+        out.update({f"lambda/{i + 1}": v for i, v in enumerate(self.duals.lam.tolist())})
+        slacks = self.slacks
+        if slacks is not None:
+            out.update({f"u/{i + 1}": v for i, v in enumerate(slacks.tolist())})
+        return out
+
+    # -- checkpointing -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, object]:
+        """λ, u, the pending ĝ window and the counters (tensors on CPU; safe for ``weights_only`` loads)."""
+        return {
+            "num_layers": self.num_layers,
+            "duals": self.duals.state_dict(),
+            "g_sum": self._g_sum.cpu().clone(),
+            "g_count": self._g_count,
+            "steps": self._steps,
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore what :meth:`state_dict` saved; the next dual step is the one the saved run would take."""
+        if int(state.get("num_layers", -1)) != self.num_layers:
+            raise CheckpointError(
+                f"constraint state is for num_layers={state.get('num_layers')}, this one has {self.num_layers}; "
+                "build LayerwiseDescent with the checkpoint's num_layers"
+            )
+        self.duals.load_state_dict(state["duals"])
+        self._g_sum = state["g_sum"].to(device=self._g_sum.device, dtype=torch.float64).clone()
+        self._g_count = int(state["g_count"])
+        self._steps = int(state["steps"])
+
+    def __repr__(self) -> str:
+        layers = (torch.nonzero(self.mask.cpu()).flatten() + 1).tolist()
+        return (
+            f"LayerwiseDescent(num_layers={self.num_layers}, form={self.form!r}, dual_lr={self.dual_lr}, "
+            f"constrained={layers}, resilience={self.resilience}, cadence={self.dual_cadence!r}"
+            f"x{self.dual_every})"
+        )

@@ -1,0 +1,75 @@
+"""Per-layer losses f(X, Φ_l), l = 0..L, read out with the model's own head (METHODS.md §1.4).
+
+``layer_losses(model, batch)`` dispatches by model family:
+
+* Hugging Face encoder sequence classifiers (BERT, ALBERT, DistilBERT, RoBERTa, XLM-R, ELECTRA):
+  :class:`~descentlab.readout.encoder.EncoderClassifierReadout`;
+* Hugging Face causal LMs (Llama, GPT-2, ...): :class:`~descentlab.readout.causal_lm.CausalLMReadout`
+  (chunked CE, optional unbiased token subsample);
+* Hugging Face ViT image classifiers: :class:`~descentlab.readout.vit.ViTReadout`;
+* descentlab's unrolled models (UT, DUST): :class:`~descentlab.readout.unrolled.UnrolledReadout`;
+* anything else: a head callable ``readout=fn(hidden_state, batch) -> loss``, or a registered Readout.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from descentlab.errors import ConfigError
+from descentlab.readout.base import Batch, Readout
+from descentlab.readout.causal_lm import CausalLMReadout, chunked_token_ce
+from descentlab.readout.custom import HeadReadout, find_readout, register_readout, registered
+from descentlab.readout.encoder import EncoderClassifierReadout
+from descentlab.readout.unrolled import UnrolledReadout, estimate_losses
+from descentlab.readout.vit import ViTReadout
+
+for _builtin in (EncoderClassifierReadout(), CausalLMReadout(), ViTReadout(), UnrolledReadout()):
+    register_readout(_builtin, first=False)
+
+BUILTIN = {r.name: type(r) for r in registered()}
+
+
+def layer_losses(model: nn.Module, batch: Batch, readout: Readout | str | object | None = None) -> Tensor:
+    """The batch-mean loss read out at layers 0..L, from one forward pass, as a tensor [L+1].
+
+    Args:
+        model: the model, in the mode (train/eval) the caller wants.
+        batch: the batch as the model takes it, with the targets (``labels``, or ``target`` for unrolled).
+        readout: None to dispatch by family; a Readout (e.g. ``CausalLMReadout(sample_tokens=64)``); a
+            built-in name ("encoder", "causal_lm", "vit", "unrolled"); or a head callable
+            ``fn(hidden_state, batch) -> scalar loss`` applied to each of the L+1 hidden states.
+
+    Returns:
+        f [L+1], differentiable in the model's parameters; f[-1] is the model's own loss.
+    """
+    if readout is None:
+        chosen: Readout = find_readout(model)
+    elif isinstance(readout, Readout):
+        chosen = readout
+    elif isinstance(readout, str):
+        if readout not in BUILTIN:
+            raise ConfigError(
+                f"unknown readout {readout!r}; choose one of {sorted(BUILTIN)} or pass a callable"
+            )
+        chosen = BUILTIN[readout]()
+    elif callable(readout):
+        chosen = HeadReadout(readout)
+    else:
+        raise ConfigError(
+            f"readout must be None, a Readout, a name or a callable, got {type(readout).__name__}"
+        )
+    return chosen(model, batch)
+
+
+__all__ = [
+    "CausalLMReadout",
+    "EncoderClassifierReadout",
+    "HeadReadout",
+    "Readout",
+    "UnrolledReadout",
+    "ViTReadout",
+    "chunked_token_ce",
+    "estimate_losses",
+    "layer_losses",
+    "register_readout",
+]

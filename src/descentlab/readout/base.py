@@ -1,0 +1,106 @@
+"""What every readout shares: the interface, input filtering, hidden-state checks and the task losses."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from descentlab.errors import DataError, ModelError
+
+Batch = Mapping[str, Any]
+
+
+class Readout:
+    """Reads a model's task loss out at each of its L+1 representations, from one forward pass.
+
+    Subclasses implement :meth:`supports` (may this readout handle the model?) and :meth:`__call__`
+    (the losses f_0..f_L as one tensor [L+1], differentiable in the model's parameters).
+    """
+
+    name = "readout"
+
+    def supports(self, model: nn.Module) -> bool:
+        raise NotImplementedError
+
+    def __call__(self, model: nn.Module, batch: Batch) -> Tensor:
+        raise NotImplementedError
+
+
+@lru_cache(maxsize=64)
+def _named_parameters(forward_owner: type) -> frozenset[str]:
+    params = inspect.signature(forward_owner.forward).parameters.values()
+    return frozenset(
+        p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+    )
+
+
+def accepts(module: nn.Module, name: str) -> bool:
+    """Whether ``module.forward`` has a parameter called ``name``."""
+    return name in _named_parameters(type(module))
+
+
+def model_inputs(module: nn.Module, batch: Batch, drop: Sequence[str] = ("labels",)) -> dict[str, Tensor]:
+    """The tensors of ``batch`` that ``module.forward`` names, minus ``drop`` (labels are read out by us)."""
+    if not isinstance(batch, Mapping):
+        raise DataError(
+            f"expected a dict batch (input_ids, attention_mask, labels, ...), got {type(batch).__name__}"
+        )
+    names = _named_parameters(type(module))
+    return {k: v for k, v in batch.items() if k in names and k not in drop and isinstance(v, Tensor)}
+
+
+def hidden_states_of(output: Any, num_layers: int | None, model: nn.Module) -> tuple[Tensor, ...]:
+    """``output.hidden_states`` checked to hold L+1 states (the embedding output and one per layer)."""
+    states = getattr(output, "hidden_states", None)
+    if states is None:
+        raise ModelError(
+            f"{type(model).__name__} returned no hidden states with output_hidden_states=True; per-layer "
+            "losses need every layer's representation: use a model that returns them, or pass "
+            "layer_losses(model, batch, readout=fn) with fn returning the [L+1] losses"
+        )
+    if num_layers is not None and len(states) != num_layers + 1:
+        raise ModelError(
+            f"{type(model).__name__} returned {len(states)} hidden states for num_hidden_layers={num_layers}; "
+            f"expected {num_layers + 1} (embeddings + one per layer)"
+        )
+    return tuple(states)
+
+
+def require_labels(batch: Batch, key: str = "labels") -> Tensor:
+    labels = batch.get(key) if isinstance(batch, Mapping) else None
+    if not isinstance(labels, Tensor):
+        raise DataError(
+            f"the batch has no '{key}' tensor; per-layer losses need the targets in batch['{key}']"
+        )
+    return labels
+
+
+def classification_loss(logits: Tensor, labels: Tensor, config: Any) -> Tensor:
+    """The loss a Hugging Face sequence/image classifier computes from its logits.
+
+    Same rule as transformers: ``config.problem_type``, else regression when num_labels == 1,
+    single-label CE for integer labels, multi-label BCE otherwise. The config is not mutated.
+    """
+    num_labels = int(config.num_labels)
+    problem = config.problem_type
+    if problem is None:
+        if num_labels == 1:
+            problem = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            problem = "single_label_classification"
+        else:
+            problem = "multi_label_classification"
+    labels = labels.to(logits.device)
+    if problem == "regression":
+        if num_labels == 1:
+            return F.mse_loss(logits.squeeze(), labels.squeeze().to(logits.dtype))
+        return F.mse_loss(logits, labels.to(logits.dtype))
+    if problem == "single_label_classification":
+        return F.cross_entropy(logits.view(-1, num_labels), labels.view(-1))
+    return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))

@@ -1,0 +1,213 @@
+"""Causal LMs (Llama, GPT-2, ...): the logit lens, final norm + LM head on every layer, with chunked CE.
+
+f_l = (1/N) Σ_{t valid} CE(head(norm(Φ_l[t])), y_{t+1})       l = 0..L
+
+over the N next-token targets that are not -100 (the model's own loss is the same mean, so f_L equals it).
+Hugging Face returns the last hidden state *after* the final norm; it is read out without a second norm.
+
+Cost. Naively the L+1 layers give (L+1)·N·V logits at once, and autograd keeps them for the backward pass.
+Here the rows of all layers are concatenated and cut into chunks of ``chunk_size`` tokens; each chunk's
+logits exist only inside a checkpointed function, so peak memory holds one chunk's logits and the backward
+recomputes them (one extra head matmul per token). ``sample_tokens`` reads the intermediate layers on a
+uniform random subset of the N targets, drawn without replacement and shared by layers 0..L-1: each f_l is
+then an unbiased estimate of its full-batch value, and the shared subset keeps ĝ_l = f_l - (1-α) f_{l-1}
+low-variance. Layer L always uses every token, so the objective is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint as grad_checkpoint
+
+from descentlab.errors import ConfigError, DataError, ModelError
+from descentlab.readout.base import Batch, Readout, accepts, hidden_states_of, model_inputs
+
+IGNORE_INDEX = -100
+NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "final_norm")
+
+
+def final_norm(base: nn.Module) -> nn.Module | None:
+    """The base model's final normalisation module, if it has one under a known name."""
+    for name in NORM_NAMES:
+        module = getattr(base, name, None)
+        if isinstance(module, nn.Module):
+            return module
+    return None
+
+
+def next_token_targets(batch: Batch) -> Tensor:
+    """``labels`` (or ``input_ids`` with padding set to -100), shifted: position t predicts token t+1."""
+    labels = batch.get("labels")
+    if not isinstance(labels, Tensor):
+        labels = batch.get("input_ids")
+        if not isinstance(labels, Tensor):
+            raise DataError(
+                "a causal-LM batch needs 'input_ids' (and optionally 'labels' with -100 to ignore)"
+            )
+        mask = batch.get("attention_mask")
+        if isinstance(mask, Tensor):
+            labels = labels.masked_fill(mask == 0, IGNORE_INDEX)
+    return labels[:, 1:]
+
+
+def token_ce(x: Tensor, targets: Tensor, logits_fn: Callable[[Tensor], Tensor]) -> Tensor:
+    """Per-token CE of ``logits_fn(x)`` against ``targets``, in float32 at least (as transformers does)."""
+    logits = logits_fn(x)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits, targets, reduction="none")
+
+
+def chunked_token_ce(
+    x: Tensor,
+    targets: Tensor,
+    logits_fn: Callable[[Tensor], Tensor],
+    chunk_size: int | None,
+    checkpoint: bool = True,
+) -> Tensor:
+    """Per-token CE, computed ``chunk_size`` rows at a time: ce_i = -log softmax(logits_fn(x_i))[y_i].
+
+    With ``checkpoint`` and gradients on, a chunk's [chunk, V] logits are freed after its forward and
+    recomputed in the backward pass. ``chunk_size=None`` is the slow reference: all logits at once.
+
+    Args:
+        x: representations [N, H].
+        targets: token ids [N].
+        logits_fn: [n, H] -> [n, V].
+        chunk_size: rows per chunk, or None for one chunk.
+        checkpoint: recompute each chunk in the backward pass instead of storing its logits.
+
+    Returns:
+        ce [N].
+    """
+    if chunk_size is None or (x.shape[0] <= chunk_size and not checkpoint):
+        return token_ce(x, targets, logits_fn)
+    use_ckpt = checkpoint and torch.is_grad_enabled()
+    pieces = []
+    for start in range(0, x.shape[0], chunk_size):
+        xs, ys = x[start : start + chunk_size], targets[start : start + chunk_size]
+        if use_ckpt:
+            pieces.append(grad_checkpoint(token_ce, xs, ys, logits_fn, use_reentrant=False))
+        else:
+            pieces.append(token_ce(xs, ys, logits_fn))
+    return torch.cat(pieces)
+
+
+class CausalLMReadout(Readout):
+    """Logit-lens per-layer loss of a Hugging Face ``*ForCausalLM`` / ``*LMHeadModel``.
+
+    Args:
+        chunk_size: tokens per CE chunk (None: all logits at once, the slow reference).
+        sample_tokens: None reads every layer on all N targets; an int k (or a fraction in (0, 1)) reads
+            layers 0..L-1 on k uniformly drawn targets shared by those layers (an unbiased estimate).
+        checkpoint: recompute chunk logits in the backward pass (memory O(chunk·V) instead of O(L·N·V)).
+        generator: torch.Generator for the token subsample (None: the global RNG).
+    """
+
+    name = "causal_lm"
+
+    def __init__(
+        self,
+        chunk_size: int | None = 1024,
+        sample_tokens: int | float | None = None,
+        *,
+        checkpoint: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+            raise ConfigError(f"chunk_size must be a positive int or None (got {chunk_size!r})")
+        if sample_tokens is not None:
+            ok_int = isinstance(sample_tokens, int) and sample_tokens >= 1
+            ok_frac = isinstance(sample_tokens, float) and 0.0 < sample_tokens <= 1.0
+            if not (ok_int or ok_frac):
+                raise ConfigError(
+                    f"sample_tokens must be an int >= 1, a fraction in (0, 1], or None ({sample_tokens!r})"
+                )
+        self.chunk_size = chunk_size
+        self.sample_tokens = sample_tokens
+        self.checkpoint = checkpoint
+        self.generator = generator
+
+    def supports(self, model: nn.Module) -> bool:
+        cls = type(model).__name__
+        if not (cls.endswith("ForCausalLM") or cls.endswith("LMHeadModel")):
+            return False
+        base = getattr(model, "base_model", None)
+        return base is not None and base is not model and final_norm(base) is not None
+
+    def _logits_fn(self, model: nn.Module, norm: nn.Module | None) -> Callable[[Tensor], Tensor]:
+        head = model.get_output_embeddings()
+        if head is None:
+            raise ModelError(
+                f"{type(model).__name__} has no output embeddings (LM head) to read layers out with"
+            )
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        scale = getattr(model, "logit_scale", None)
+
+        def logits_fn(x: Tensor) -> Tensor:
+            logits = head(norm(x) if norm is not None else x)
+            if isinstance(scale, (int, float)):
+                logits = logits * scale
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            return logits
+
+        return logits_fn
+
+    def _sample(self, n: int, device: torch.device) -> Tensor | None:
+        if self.sample_tokens is None:
+            return None
+        k = (
+            self.sample_tokens
+            if isinstance(self.sample_tokens, int)
+            else max(1, round(self.sample_tokens * n))
+        )
+        if k >= n:
+            return None
+        gen_device = self.generator.device if self.generator is not None else "cpu"
+        return torch.randperm(n, generator=self.generator, device=gen_device)[:k].to(device)
+
+    def __call__(self, model: nn.Module, batch: Batch) -> Tensor:
+        if not isinstance(batch, Mapping):
+            raise DataError(f"expected a dict batch with input_ids, got {type(batch).__name__}")
+        base = model.base_model
+        norm = final_norm(base)
+        inputs = model_inputs(base, batch)
+        if accepts(base, "use_cache"):
+            inputs["use_cache"] = False  # a KV cache is useless here and costs memory
+        out = base(**inputs, output_hidden_states=True, return_dict=True)
+        states = hidden_states_of(out, getattr(model.config, "num_hidden_layers", None), model)
+        targets = next_token_targets(batch).to(states[0].device)
+        valid = targets != IGNORE_INDEX
+        n = int(valid.sum())
+        if n == 0:
+            raise DataError(
+                "no target token in the batch (all labels are -100); per-layer LM losses need targets"
+            )
+        y = targets[valid]
+
+        def rows(h: Tensor) -> Tensor:
+            return h[:, :-1][valid]
+
+        last_normed = out.last_hidden_state is states[-1]
+        sample = self._sample(n, y.device)
+        inner = list(states[:-1]) if last_normed else list(states)
+        x_inner = [rows(h) if sample is None else rows(h)[sample] for h in inner]
+        if not last_normed and sample is not None:
+            x_inner[-1] = rows(states[-1])
+        y_inner = [y if sample is None else y[sample] for _ in x_inner]
+        if not last_normed and sample is not None:
+            y_inner[-1] = y
+        with_norm = self._logits_fn(model, norm)
+        ce = chunked_token_ce(
+            torch.cat(x_inner), torch.cat(y_inner), with_norm, self.chunk_size, self.checkpoint
+        )
+        losses = [seg.mean() for seg in torch.split(ce, [len(t) for t in y_inner])]
+        if last_normed:
+            no_norm = self._logits_fn(model, None)
+            ce_last = chunked_token_ce(rows(states[-1]), y, no_norm, self.chunk_size, self.checkpoint)
+            losses.append(ce_last.mean())
+        return torch.stack(losses)
