@@ -1,0 +1,255 @@
+"""Robustness curves: a metric against the noise level γ, per perturbation kind, over noise draws and models.
+
+Protocol (METHODS.md §1.5): a γ grid (default 0, 0.25, 0.5, 1, 1.5, 2, 3); for every model (one per training
+seed), every kind and every γ > 0, ``draws`` independent noise realisations; mean ± std over all
+(model, draw) pairs, and one summary number per kind (the mean over the grid). Noise is keyed by example
+content, so every model sees the *same* noisy inputs: differences between methods are paired.
+
+Cost is forward passes only, under ``torch.inference_mode``. The fast path stacks the ``draws`` copies of a
+batch into one forward pass (``replicas``); ``stack_draws=False`` is its slow twin, one pass per draw.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from descentlab.errors import ConfigError, ModelError
+from descentlab.robustness.perturb import perturb_embeddings
+
+DEFAULT_GAMMAS: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0)
+DEFAULT_KINDS: tuple[str, ...] = ("gaussian", "uniform", "discrete")
+
+# metric(model, batch) -> (numerator [B], denominator [B]); value = transform(Σ num / Σ den)
+MetricFn = Callable[[nn.Module, Any], tuple[Tensor, Tensor]]
+
+
+def _model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
+def accuracy_metric(model: nn.Module, batch: Mapping[str, Any]) -> tuple[Tensor, Tensor]:
+    """Per-example correctness of a classifier: ``argmax logits == labels``; batch is a dict with ``labels``."""
+    logits = model(**_model_inputs(batch)).logits
+    correct = (logits.argmax(dim=-1) == batch["labels"]).to(torch.float64)
+    return correct, torch.ones_like(correct)
+
+
+def token_nll_metric(model: nn.Module, batch: Mapping[str, Any]) -> tuple[Tensor, Tensor]:
+    """Per-example summed next-token NLL and token count of a causal LM (exp of the ratio is perplexity).
+
+    Targets are ``batch["labels"]`` if present (-100 ignored), else ``input_ids`` with padding masked out.
+    """
+    logits = model(**_model_inputs(batch)).logits[:, :-1].double()
+    labels = batch.get("labels")
+    if labels is None:
+        labels = batch["input_ids"].masked_fill(batch.get("attention_mask", 1) == 0, -100)
+    targets = labels[:, 1:]
+    nll = torch.nn.functional.cross_entropy(
+        logits.transpose(1, 2), targets.clamp(min=0), reduction="none"
+    ) * (targets != -100)
+    return nll.sum(dim=1), (targets != -100).sum(dim=1).to(torch.float64)
+
+
+METRICS: dict[str, tuple[MetricFn, Callable[[float], float]]] = {
+    "accuracy": (accuracy_metric, lambda v: v),
+    "perplexity": (token_nll_metric, math.exp),
+}
+
+
+@dataclass
+class RobustnessCurves:
+    """Metric values ``values[kind][model, draw, gamma]`` and the protocol that produced them."""
+
+    metric: str
+    gammas: tuple[float, ...]
+    values: dict[str, np.ndarray]
+    protocol: dict[str, Any] = field(default_factory=dict)
+
+    def curves(self) -> dict[str, dict[str, Any]]:
+        """The results.json ``curves`` block: per kind, x = γ grid, mean and std over (model, draw) pairs.
+
+        Extra keys: ``per_model`` (each model's draw-mean), ``summary`` (mean over the grid).
+        """
+        block = {}
+        for kind, vals in self.values.items():
+            pairs = vals.reshape(-1, vals.shape[-1])
+            block[kind] = {
+                "x_name": "gamma",
+                "x": list(self.gammas),
+                "metric": self.metric,
+                "mean": pairs.mean(axis=0).tolist(),
+                "std": pairs.std(axis=0).tolist(),
+                "per_model": vals.mean(axis=1).tolist(),
+                "summary": float(pairs.mean()),
+            }
+        return block
+
+    def summary(self) -> dict[str, float]:
+        """Mean over the γ grid (and over models and draws), per kind: one number per curve."""
+        return {kind: float(v.mean()) for kind, v in self.values.items()}
+
+
+def _rows(batch: Any) -> int:
+    if isinstance(batch, Tensor):
+        return batch.shape[0]
+    if isinstance(batch, Mapping):
+        return next(_rows(v) for v in batch.values() if isinstance(v, (Tensor, Mapping, list, tuple)))
+    return _rows(batch[0])
+
+
+def _map_tensors(batch: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    if isinstance(batch, Tensor):
+        return fn(batch)
+    if isinstance(batch, Mapping):
+        return {k: _map_tensors(v, fn) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_map_tensors(v, fn) for v in batch)
+    return batch
+
+
+def replicate_batch(batch: Any, copies: int) -> Any:
+    """Stack ``copies`` copies of every tensor along dim 0: the layout ``perturb_*(replicas=copies)`` expects."""
+    rows = _rows(batch)
+    return _map_tensors(batch, lambda t: torch.cat([t] * copies) if t.dim() and t.shape[0] == rows else t)
+
+
+def _device(model: nn.Module) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def _evaluate(
+    model: nn.Module,
+    data: Iterable[Any],
+    metric: MetricFn,
+    context: Callable[[int, int], Any],
+    draws: int,
+    stack: bool,
+) -> tuple[np.ndarray, float]:
+    """(Σnum/Σden per draw [draws], Σden of one draw); ``context(draw, replicas)`` opens the perturbation."""
+    num = np.zeros(draws)
+    den = np.zeros(draws)
+    device = _device(model)
+    for batch in data:
+        batch = _map_tensors(batch, lambda t: t.to(device))
+        groups = [(0, draws)] if stack else [(d, 1) for d in range(draws)]
+        for first, copies in groups:
+            with context(first, copies) as record:
+                n, d = metric(model, replicate_batch(batch, copies) if copies > 1 else batch)
+            if record.calls == 0:
+                raise ModelError(
+                    "the perturbation hook never ran: the model bypassed the hooked module "
+                    "(inputs_embeds?); pass module=... or use perturb_inputs."
+                )
+            n = n.double().reshape(copies, -1).sum(dim=1).cpu().numpy()
+            d = d.double().reshape(copies, -1).sum(dim=1).cpu().numpy()
+            num[first : first + copies] += n
+            den[first : first + copies] += d
+    if not (den > 0).all():
+        raise ConfigError("the evaluation data is empty: robustness_curve needs at least one batch.")
+    return num / den, float(den[0])
+
+
+def _open(
+    perturb: Callable[..., Any],
+    model: nn.Module,
+    kind: str,
+    gamma: float,
+    seed: int,
+    extra: Mapping[str, Any],
+    first: int,
+    copies: int,
+) -> Any:
+    return perturb(model, kind, gamma, seed, draw=first, replicas=copies, **extra)
+
+
+def robustness_curve(
+    models: nn.Module | Sequence[nn.Module],
+    data: Iterable[Any],
+    *,
+    metric: str | MetricFn = "accuracy",
+    transform: Callable[[float], float] | None = None,
+    kinds: Sequence[str] = DEFAULT_KINDS,
+    gammas: Sequence[float] = DEFAULT_GAMMAS,
+    draws: int = 3,
+    seed: int = 0,
+    perturb: Callable[..., Any] = perturb_embeddings,
+    perturb_kwargs: Mapping[str, Any] | None = None,
+    stack_draws: bool = True,
+    model_seeds: Sequence[int] | None = None,
+) -> RobustnessCurves:
+    """Evaluate ``metric`` against γ for every kind, over ``draws`` noise draws and every model.
+
+    Args:
+        models: one model, or one per training seed (their spread enters the std).
+        data: a re-iterable of batches (a list or a DataLoader), e.g. dicts with ``labels``.
+        metric: ``"accuracy"``, ``"perplexity"`` or ``fn(model, batch) -> (num [B], den [B])``.
+        transform: applied to Σnum/Σden (default: identity, ``exp`` for perplexity).
+        kinds: perturbation kinds, passed to ``perturb``.
+        gammas: the γ grid; γ = 0 is evaluated once per model (it is deterministic).
+        draws: noise realisations per (model, kind, γ > 0); draw d uses ``perturb(..., seed, draw=d)``.
+        seed: the noise seed, shared by all models so that comparisons are paired.
+        perturb: :func:`perturb_embeddings` or :func:`perturb_inputs` (or the same signature).
+        perturb_kwargs: extra keywords for ``perturb`` (``sigma=...`` for inputs).
+        stack_draws: one forward pass carries all draws of a batch (fast); False: one pass per draw.
+        model_seeds: training seeds of ``models``, recorded in the protocol.
+
+    Returns:
+        :class:`RobustnessCurves`; ``.curves()`` is the results.json block, ``.protocol`` the protocol.
+    """
+    model_list = [models] if isinstance(models, nn.Module) else list(models)
+    if not model_list or draws < 1 or not gammas:
+        raise ConfigError("robustness_curve needs at least one model, one draw and one gamma.")
+    if any(g < 0 for g in gammas):
+        raise ConfigError(f"gammas must be >= 0, got {list(gammas)}.")
+    metric_name = metric if isinstance(metric, str) else getattr(metric, "__name__", "metric")
+    if isinstance(metric, str):
+        if metric not in METRICS:
+            raise ConfigError(f"unknown metric {metric!r}; use one of {sorted(METRICS)} or a callable.")
+        metric, default_transform = METRICS[metric]
+        transform = transform or default_transform
+    transform = transform or (lambda v: v)
+    extra = dict(perturb_kwargs or {})
+    values = {kind: np.zeros((len(model_list), draws, len(gammas))) for kind in kinds}
+    n_eval = 0.0
+    for m, model in enumerate(model_list):
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                clean = None
+                for kind in kinds:
+                    for g, gamma in enumerate(gammas):
+                        if gamma == 0 and clean is not None:
+                            values[kind][m, :, g] = clean
+                            continue
+                        context = functools.partial(_open, perturb, model, kind, gamma, seed, extra)
+                        n_draws = 1 if gamma == 0 else draws
+                        ratio, n_eval = _evaluate(model, data, metric, context, n_draws, stack_draws)
+                        values[kind][m, :, g] = [transform(float(r)) for r in ratio]
+                        if gamma == 0:
+                            clean = values[kind][m, 0, g]
+        finally:
+            model.train(was_training)
+    protocol = {
+        "metric": metric_name,
+        "kinds": list(kinds),
+        "gammas": list(gammas),
+        "draws": draws,
+        "noise_seed": seed,
+        "n_eval": n_eval,
+        "n_models": len(model_list),
+        "model_seeds": list(model_seeds) if model_seeds is not None else list(range(len(model_list))),
+        "perturbation": getattr(perturb, "__name__", str(perturb)),
+        "noise_keying": extra.get("key", "content"),
+        "aggregate": "mean and std over (model, draw) pairs; gamma=0 evaluated once per model",
+    }
+    return RobustnessCurves(metric=metric_name, gammas=tuple(gammas), values=values, protocol=protocol)
