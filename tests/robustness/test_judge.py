@@ -26,7 +26,16 @@ PAD = 0
 
 def tiny_gpt2(seed: int, vocab: int = VOCAB) -> GPT2LMHeadModel:
     torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=vocab, n_positions=64, n_embd=32, n_layer=2, n_head=2, pad_token_id=PAD)
+    cfg = GPT2Config(
+        vocab_size=vocab,
+        n_positions=256,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
