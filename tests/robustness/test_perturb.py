@@ -135,7 +135,10 @@ def test_errors_are_clear(tiny_bert) -> None:
         pass
     with pytest.raises(ConfigError, match="gamma"), perturb_embeddings(tiny_bert, "gaussian", -1.0):
         pass
-    with pytest.raises(ModelError, match="perturb_inputs"), perturb_embeddings(nn.Linear(3, 3), "gaussian", 1.0):
+    with (
+        pytest.raises(ModelError, match="perturb_inputs"),
+        perturb_embeddings(nn.Linear(3, 3), "gaussian", 1.0),
+    ):
         pass
     with pytest.raises(ConfigError), perturb_inputs(nn.Linear(3, 3), "substitute", 1.0, sigma=1.0):
         pass
