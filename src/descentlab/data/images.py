@@ -72,7 +72,13 @@ def _mnist_5k(seed: int = 0) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 def _hf_images(name: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     import datasets
 
-    ds = datasets.load_dataset(name)
+    try:
+        ds = datasets.load_dataset(name)
+    except (OSError, ValueError) as e:  # ConnectionError and DatasetNotFoundError are OSErrors
+        raise DataError(
+            f"cannot load image dataset {name!r}: {e}. Offline, pass a local image folder "
+            "(train/<class>/*.png, test/<class>/*.png) or use 'fashion_mnist'"
+        ) from e
     if not isinstance(ds, datasets.DatasetDict):
         ds = datasets.DatasetDict(train=ds)
     out = {}

