@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -14,13 +14,17 @@ from torch import Tensor, nn
 from descentlab.errors import DataError, ModelError
 
 Batch = Mapping[str, Any]
+InnerCall = Callable[..., Any]
+_MISSING = object()
 
 
 class Readout:
     """Reads a model's task loss out at each of its L+1 representations, from one forward pass.
 
-    Subclasses implement :meth:`supports` (may this readout handle the model?) and :meth:`__call__`
-    (the losses f_0..f_L as one tensor [L+1], differentiable in the model's parameters).
+    Subclasses implement :meth:`supports` (may this readout handle the model?) and :meth:`compute` (the
+    losses f_0..f_L as one tensor [L+1], differentiable in the model's parameters). Calling the readout
+    unwraps DistributedDataParallel and runs ``compute`` inside the wrapper's forward (see
+    :func:`run_in_forward`).
     """
 
     name = "readout"
@@ -28,8 +32,50 @@ class Readout:
     def supports(self, model: nn.Module) -> bool:
         raise NotImplementedError
 
-    def __call__(self, model: nn.Module, batch: Batch) -> Tensor:
+    def compute(self, model: nn.Module, batch: Batch, call_model: InnerCall) -> Tensor:
+        """The [L+1] losses of the unwrapped ``model``; ``call_model(...)`` runs its full forward."""
         raise NotImplementedError
+
+    def __call__(self, model: nn.Module, batch: Batch) -> Tensor:
+        return run_in_forward(model, lambda inner, call_inner: self.compute(inner, batch, call_inner))
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # older torch: no FSDP2
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DistributedDataParallel wrapper (the model itself otherwise)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def run_in_forward(model: nn.Module, compute: Callable[[nn.Module, InnerCall], Tensor]) -> Tensor:
+    """Run ``compute(inner, call_inner)`` so that data-parallel machinery sees it as the model's forward.
+
+    A readout calls sub-modules (the body, then the head on every layer) rather than ``model(...)``. Under
+    DistributedDataParallel the gradients are only all-reduced after a forward through the wrapper, and
+    under FSDP2 the root's parameters are only gathered by the root's forward hook. So for those models
+    the computation runs *as* the inner module's forward for one call (the instance attribute ``forward``
+    is swapped and restored); ``call_inner`` then is the inner module's original forward. For any other
+    model it runs directly and ``call_inner`` is ``model`` itself (hooks and autocast wrappers included).
+    """
+    inner = unwrap(model)
+    if inner is model and not _is_fsdp(model):
+        return compute(model, model)
+    saved = inner.__dict__.get("forward", _MISSING)
+    original = saved if saved is not _MISSING else type(inner).forward.__get__(inner)
+    inner.forward = lambda *args, **kwargs: compute(inner, original)
+    try:
+        return model()
+    finally:
+        if saved is _MISSING:
+            del inner.forward
+        else:
+            inner.forward = saved
 
 
 @lru_cache(maxsize=64)

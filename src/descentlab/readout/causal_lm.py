@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint as grad_checkpoint
 
 from descentlab.errors import ConfigError, DataError, ModelError
-from descentlab.readout.base import Batch, Readout, accepts, hidden_states_of, model_inputs
+from descentlab.readout.base import Batch, InnerCall, Readout, accepts, hidden_states_of, model_inputs
 
 IGNORE_INDEX = -100
 NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "final_norm")
@@ -170,7 +170,7 @@ class CausalLMReadout(Readout):
         gen_device = self.generator.device if self.generator is not None else "cpu"
         return torch.randperm(n, generator=self.generator, device=gen_device)[:k].to(device)
 
-    def __call__(self, model: nn.Module, batch: Batch) -> Tensor:
+    def compute(self, model: nn.Module, batch: Batch, call_model: InnerCall) -> Tensor:
         if not isinstance(batch, Mapping):
             raise DataError(f"expected a dict batch with input_ids, got {type(batch).__name__}")
         base = model.base_model

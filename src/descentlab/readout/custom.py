@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from descentlab.errors import ConfigError, ModelError
-from descentlab.readout.base import Batch, Readout, hidden_states_of, model_inputs
+from descentlab.readout.base import Batch, InnerCall, Readout, hidden_states_of, model_inputs, unwrap
 
 Head = Callable[[Tensor, Batch], Tensor]
 
@@ -37,9 +37,9 @@ class HeadReadout(Readout):
     def supports(self, model: nn.Module) -> bool:
         return True
 
-    def __call__(self, model: nn.Module, batch: Batch) -> Tensor:
+    def compute(self, model: nn.Module, batch: Batch, call_model: InnerCall) -> Tensor:
         inputs = model_inputs(model, batch) if isinstance(batch, Mapping) else {}
-        out = model(**inputs, output_hidden_states=True)
+        out = call_model(**inputs, output_hidden_states=True)
         states = hidden_states_of(out, self.num_layers, model)
         losses = [self.head(h, batch) for h in states]
         bad = [i for i, v in enumerate(losses) if not isinstance(v, Tensor) or v.numel() != 1]
@@ -71,6 +71,7 @@ def registered() -> list[Readout]:
 
 def find_readout(model: nn.Module) -> Readout:
     """The first registered readout that supports ``model``; a ModelError that says how to pass one otherwise."""
+    model = unwrap(model)
     for readout in _REGISTRY:
         if readout.supports(model):
             return readout

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from descentlab.errors import ModelError
 from descentlab.readout.base import (
     Batch,
+    InnerCall,
     Readout,
     classification_loss,
     hidden_states_of,
@@ -65,7 +66,7 @@ class EncoderClassifierReadout(Readout):
             return model.classifier(model.dropout(pooled))
         return model.classifier(first_tokens.unsqueeze(1))
 
-    def __call__(self, model: nn.Module, batch: Batch) -> Tensor:
+    def compute(self, model: nn.Module, batch: Batch, call_model: InnerCall) -> Tensor:
         labels = require_labels(batch)
         base = model.base_model
         out = base(**model_inputs(base, batch), output_hidden_states=True, return_dict=True)

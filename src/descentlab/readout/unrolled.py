@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from descentlab.errors import DataError, ModelError
-from descentlab.readout.base import Batch, Readout
+from descentlab.readout.base import Batch, InnerCall, Readout
 
 INPUT_KEYS = ("noisy", "input", "inputs", "x")
 TARGET_KEYS = ("target", "clean", "labels")
@@ -59,14 +59,14 @@ class UnrolledReadout(Readout):
             classes += [getattr(mod, n) for n in names if hasattr(mod, n)]
         return bool(classes) and isinstance(model, tuple(classes))
 
-    def __call__(self, model: nn.Module, batch: Batch) -> Tensor:
+    def compute(self, model: nn.Module, batch: Batch, call_model: InnerCall) -> Tensor:
         if isinstance(batch, Mapping):
             inputs, target = _pick(batch, INPUT_KEYS, "input"), _pick(batch, TARGET_KEYS, "target")
         elif isinstance(batch, Sequence) and len(batch) == 2:
             inputs, target = batch
         else:
             raise DataError("an unrolled-model batch is {'noisy': x, 'target': clean} or a pair (x, clean)")
-        out = model(inputs)
+        out = call_model(inputs)
         estimates = getattr(out, "layer_estimates", None)
         if estimates is None:
             raise ModelError(

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from descentlab.readout.base import (
     Batch,
+    InnerCall,
     Readout,
     classification_loss,
     hidden_states_of,
@@ -31,7 +32,7 @@ class ViTReadout(Readout):
         model_type = getattr(getattr(model, "config", None), "model_type", None)
         return type(model).__name__.endswith("ForImageClassification") and model_type in VIT_FAMILIES
 
-    def __call__(self, model: nn.Module, batch: Batch) -> Tensor:
+    def compute(self, model: nn.Module, batch: Batch, call_model: InnerCall) -> Tensor:
         labels = require_labels(batch)
         base = model.base_model
         out = base(**model_inputs(base, batch), output_hidden_states=True, return_dict=True)
