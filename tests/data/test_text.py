@@ -133,3 +133,18 @@ def test_unreachable_dataset_is_a_data_error_with_advice(tmp_path):
         load_text_classification("imdb")
     with pytest.raises(DataError, match="cannot load dataset"):
         load_text_classification(str(tmp_path / "absent"))
+
+
+def test_string_labels_share_one_class_list_across_splits(rt, tmp_path):
+    def named(split: datasets.Dataset) -> datasets.Dataset:
+        words = ["fresh" if y == 1 else "rotten" for y in split["label"]]
+        return datasets.Dataset.from_dict({"text": split["text"], "label": words})
+
+    named(rt["train"].select(range(200))).to_csv(tmp_path / "train.csv")
+    only_fresh = rt["test"].filter(lambda e: e["label"] == 1).select(range(40))
+    named(only_fresh).to_csv(tmp_path / "test.csv")
+    ds = load_text_classification(str(tmp_path), seed=0)
+    assert ds["train"].features["label"].names == ["fresh", "rotten"]
+    assert set(ds["test"]["label"]) == {0}  # "fresh" keeps id 0 though the test split has one class
+    truth = dict(zip(rt["train"]["text"][:200], rt["train"]["label"][:200], strict=True))
+    assert all(truth[t] == 1 - y for t, y in zip(ds["train"]["text"], ds["train"]["label"], strict=True))

@@ -132,8 +132,21 @@ def _standardize(ds: datasets.Dataset, fields: Sequence[str]) -> datasets.Datase
     ds = ds.rename_columns(
         {old: new for old, new in zip([*fields, label], new_names, strict=True) if old != new}
     )
-    # GLUE-style test splits carry label -1 (hidden); they cannot be evaluated.
-    return ds.filter(lambda b: [y >= 0 for y in b["label"]], batched=True)
+    return ds
+
+
+def _integer_labels(splits: dict[str, datasets.Dataset]) -> dict[str, datasets.Dataset]:
+    """Encode string labels with one shared sorted class list; drop hidden labels (GLUE test: -1)."""
+    import datasets
+
+    if any(v.features["label"].dtype in ("string", "large_string") for v in splits.values()):
+        names = sorted({str(y) for v in splits.values() for y in v.unique("label")})
+        feature = datasets.ClassLabel(names=names)
+        splits = {
+            k: v.cast_column("label", datasets.Value("string")).cast_column("label", feature)
+            for k, v in splits.items()
+        }
+    return {k: v.filter(lambda b: [y >= 0 for y in b["label"]], batched=True) for k, v in splits.items()}
 
 
 def _pick_fields(ds: datasets.DatasetDict, fields: Sequence[str] | None) -> tuple[str, ...]:
@@ -157,7 +170,7 @@ def _hub_or_local(
     if isinstance(text_fields, str):
         text_fields = (text_fields,)
     fields = _pick_fields(raw, text_fields or known_fields)
-    splits = {k: _standardize(v, fields) for k, v in raw.items() if k != "unsupervised"}
+    splits = _integer_labels({k: _standardize(v, fields) for k, v in raw.items() if k != "unsupervised"})
     if "train" not in splits:
         raise DataError(f"dataset {name!r} has no train split (splits: {sorted(splits)})")
     train = splits["train"]
