@@ -130,6 +130,10 @@ def test_smollm2_cache_equals_direct_gguf_load(monkeypatch, tmp_path):
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv("DESCENTLAB_HOME", str(tmp_path))
+    stale = tmp_path / "smollm2"
+    stale.mkdir()
+    (stale / "descentlab_source.json").write_text(json.dumps({"gguf": "older.gguf"}))
+    assert not smollm2_cache_ready()
     target = convert_smollm2()
     assert target == tmp_path / "smollm2" and smollm2_cache_ready()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left behind

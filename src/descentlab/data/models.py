@@ -115,11 +115,16 @@ def convert_smollm2(target: Path | None = None) -> Path:
     model.is_quantized = False
     tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
     tmp.chmod(0o755)  # mkdtemp's 0700 would hide the shared cache from other users
+    fingerprint = _gguf_fingerprint(gguf)
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / _SOURCE_FILE).write_text(json.dumps(_gguf_fingerprint(gguf), indent=1))
-        if target.exists():
+        (tmp / _SOURCE_FILE).write_text(json.dumps(fingerprint, indent=1))
+        if _cache_is_current(target, fingerprint):
+            # A concurrent converter finished first; keep its copy, which readers may already be using.
+            shutil.rmtree(tmp, ignore_errors=True)
+            return target
+        if target.exists():  # a stale copy from another GGUF or a broken earlier write
             old = target.with_name(f".{target.name}-old-{os.getpid()}")
             os.replace(target, old)
             shutil.rmtree(old, ignore_errors=True)
@@ -127,7 +132,7 @@ def convert_smollm2(target: Path | None = None) -> Path:
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         # A concurrent converter may have renamed its equal copy into place first; that copy is fine.
-        if not _cache_is_current(target, _gguf_fingerprint(gguf)):
+        if not _cache_is_current(target, fingerprint):
             raise
     return target
 
