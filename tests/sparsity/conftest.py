@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
+import torch
 from torch import nn
 
 
@@ -26,3 +27,12 @@ def make_gpt2() -> Callable[[], nn.Module]:
         return GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=2, n_head=2))
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    # These models are tiny: a second intra-op thread only adds spin-waiting on a shared 2-core machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -161,7 +161,7 @@ class ACDC:
     Args:
         model: The model whose prunable weights are controlled.
         optimizer: The optimizer stepping ``model`` (any ``torch.optim.Optimizer``; wrappers exposing the
-            wrapped one as ``.optimizer`` are searched too when moments are reset).
+            wrapped one as ``.optimizer`` / ``.base_optimizer`` are searched too when moments are reset).
         sparsity: Target fraction of zeros over the selected weights in compressed phases, in [0, 1).
         schedule: Phase lengths; default = the reference schedule scaled to ``total_steps``.
         total_steps: Run length in optimizer steps, when ``schedule.total`` is None.
@@ -325,12 +325,17 @@ class ACDC:
 
 
 def _states_of(optimizer: Any, param: torch.Tensor) -> list[dict]:
-    """Per-parameter state dicts of ``optimizer`` and of any optimizer it wraps (``.optimizer``)."""
-    found, seen, current = [], set(), optimizer
-    while current is not None and id(current) not in seen:
+    """Per-parameter state dicts of ``optimizer`` and of optimizers it wraps (``.optimizer`` or
+    ``.base_optimizer``), each state dict once (wrappers often share their base's state)."""
+    found: dict[int, dict] = {}
+    todo, seen = [optimizer], set()
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
         seen.add(id(current))
         state = getattr(current, "state", None)
         if isinstance(state, dict) and param in state:
-            found.append(state[param])
-        current = getattr(current, "optimizer", None)
-    return found
+            found.setdefault(id(state[param]), state[param])
+        todo += [getattr(current, "optimizer", None), getattr(current, "base_optimizer", None)]
+    return list(found.values())

