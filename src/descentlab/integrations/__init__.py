@@ -1,0 +1,1 @@
+"""Adapters for other training engines (Hugging Face Trainer)."""

@@ -1,0 +1,139 @@
+"""Hugging Face ``Trainer`` adapter: layer-wise descent constraints, our optimizers, sparsity controllers.
+
+Swap ``Trainer`` for :class:`DescentTrainer`; nothing else in a Trainer script changes::
+
+    trainer = DescentTrainer(
+        model=model, args=args, train_dataset=train, eval_dataset=val,
+        constraint=dl.LayerwiseDescent(num_layers=model.config.num_hidden_layers, alpha=0.05, dual_lr=1e-2),
+        optimizer_cls_and_kwargs=(dl.HORST, {"lr": 3e-5, "alpha": 1.0}),      # optional: any optimizer
+        sparsity=lambda model, opt: dl.ACDC(model, opt, sparsity=0.9),       # optional: a controller factory
+    )
+    trainer.train()                       # trainer.train(resume_from_checkpoint=True) resumes λ, u and masks
+
+What the adapter does, and where:
+
+* ``create_optimizer``: builds the optimizer as Trainer would (``optimizers=``, ``optimizer_cls_and_kwargs=``
+  or ``args.optim``) and wraps it in :class:`~descentlab.constrained.primal_dual.PrimalDual` when a
+  constraint is given, so Trainer's ``optimizer.pt`` carries λ and u and its scheduler sees the same groups.
+* ``compute_loss`` (training only): ``dl.layer_losses`` then ``constraint.lagrangian``; evaluation keeps the
+  model's own loss.
+* per-layer f, ĝ, λ, u and the global sparsity are added to Trainer's own ``log`` calls;
+* the sparsity controller's masks go into each checkpoint folder as ``descentlab_sparsity.pt`` (tensors only,
+  loaded with ``weights_only=True``) and come back on resume.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+from descentlab.constrained.primal_dual import PrimalDual
+from descentlab.errors import ConfigError
+
+SPARSITY_FILE = "descentlab_sparsity.pt"
+
+
+class _SparsityHooks(TrainerCallback):
+    """Mask gradients before, and re-zero pruned weights after, every optimizer step."""
+
+    def __init__(self, trainer: DescentTrainer) -> None:
+        self.trainer = trainer
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        controller = self.trainer.sparsity_controller
+        if controller is not None and hasattr(controller, "before_optimizer_step"):
+            controller.before_optimizer_step()
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.trainer.sparsity_controller is not None:
+            self.trainer.sparsity_controller.step()
+
+
+class DescentTrainer(Trainer):
+    """A ``transformers.Trainer`` that trains with layer-wise descent constraints and sparsity controllers.
+
+    Args:
+        constraint: a ``LayerwiseDescent`` (None: plain ERM, e.g. to train with HORST or AC/DC only).
+        readout: passed to ``dl.layer_losses`` (None: dispatch by model family).
+        sparsity: a factory ``(model, optimizer) -> controller`` (e.g. ``ACDC``), called once the optimizer
+            exists; the controller needs ``step()``, ``state_dict()``, ``load_state_dict()`` and may have
+            ``before_optimizer_step()`` and ``report()``.
+        *args, **kwargs: everything ``Trainer`` takes.
+    """
+
+    # The Lagrangian is a per-batch mean: Trainer divides it by the gradient-accumulation steps.
+    loss_is_scaled_for_ga = False
+
+    def __init__(
+        self,
+        *args: Any,
+        constraint: Any = None,
+        readout: Any = None,
+        sparsity: Callable[[torch.nn.Module, torch.optim.Optimizer], Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if sparsity is not None and not callable(sparsity):
+            raise ConfigError(
+                "sparsity must be a factory (model, optimizer) -> controller, e.g. lambda m, o: dl.ACDC(m, o)"
+            )
+        self.constraint = constraint
+        self.readout = readout
+        self._sparsity_factory = sparsity
+        self.sparsity_controller: Any = None
+        super().__init__(*args, **kwargs)
+        if sparsity is not None:
+            self.add_callback(_SparsityHooks(self))
+
+    def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
+        if self.constraint is not None and not isinstance(optimizer, PrimalDual):
+            optimizer = PrimalDual(optimizer, self.constraint)
+            self.optimizer = optimizer
+        if self._sparsity_factory is not None and self.sparsity_controller is None:
+            self.sparsity_controller = self._sparsity_factory(self.model, optimizer)
+        return optimizer
+
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> Any:
+        if self.constraint is None or not model.training:
+            return super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
+        from descentlab.readout import layer_losses
+
+        f = layer_losses(model, inputs, readout=self.readout)
+        loss = self.constraint.lagrangian(f)
+        return (loss, None) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "loss" in logs:  # a training log line, not an evaluation one
+            if self.constraint is not None:
+                logs.update({f"descent/{k}": float(v) for k, v in self.constraint.log_dict().items()})
+            controller = self.sparsity_controller
+            if controller is not None and hasattr(controller, "report"):
+                logs["sparsity/global"] = float(controller.report().global_sparsity)
+        super().log(logs, *args, **kwargs)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.sparsity_controller is not None and self.args.should_save:
+            tmp = os.path.join(output_dir, SPARSITY_FILE + ".tmp")
+            torch.save(self.sparsity_controller.state_dict(), tmp)
+            os.replace(tmp, os.path.join(output_dir, SPARSITY_FILE))
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or self.sparsity_controller is None:
+            return
+        path = os.path.join(checkpoint, SPARSITY_FILE)
+        if os.path.isfile(path):
+            self.sparsity_controller.load_state_dict(torch.load(path, weights_only=True, map_location="cpu"))
