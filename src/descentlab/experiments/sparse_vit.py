@@ -10,7 +10,10 @@ from the saved safetensors checkpoint of each run, not from the masks.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +69,7 @@ class SparseViTConfig:
     )
     acdc: ACDCPhases = field(default_factory=ACDCPhases)
     histogram_bins: int = 80
+    workers: int = 1  # training jobs run in this many processes (spawned); results do not depend on it
     threads: int = 1  # torch intra-op threads (0: torch default); more threads only spin on a shared CPU
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(
@@ -88,28 +92,30 @@ class SparseViTConfig:
 
 PRESETS = {
     "quick": {
-        "n_train": 3000,
+        "n_train": 4000,
         "n_val": 500,
-        "n_test": 1000,
+        "n_test": 2000,
         "vit.hidden_size": 64,
         "vit.num_layers": 2,
         "sparsities": [0.9],
         "seeds": [0],
-        "train.epochs": 4,
+        "train.epochs": 5,
         "lr": {"adamw": 2e-3, "horst": 2e-3, "ham": 2e-3},
         "alpha": {"horst": 10.0, "ham": 200.0},
         "threads": 1,
+        "workers": 1,
     },
     "full": {
-        "n_train": 12000,
+        "n_train": 10000,
         "n_val": 2000,
         "n_test": 10000,
         "vit.hidden_size": 64,
         "vit.num_layers": 3,
         "seeds": [0, 1, 2],
-        "train.epochs": 10,
+        "train.epochs": 8,
         "tune": True,
         "threads": 1,
+        "workers": 3,
     },
 }
 
@@ -164,6 +170,7 @@ def train_one(
     lr: float,
     alpha: float,
     seed: int,
+    *,
     tag: str,
     capture: bool = False,
 ) -> dict:
@@ -250,47 +257,96 @@ def _fmt(values: list[float]) -> str:
     return f"{100 * mean:.2f} ± {100 * std:.2f}"
 
 
-def run(cfg: SparseViTConfig, run: RunDir) -> dict:
+Job = tuple[str, float | None, float, float, int]  # optimizer, sparsity (None = dense), lr, alpha, seed
+_WORKER: dict[str, dict[str, ImageSet]] = {}
+
+
+def _job_tag(job: Job) -> str:
+    opt, sparsity, lr, alpha, seed = job
+    return f"{opt}-s{'dense' if sparsity is None else round(100 * sparsity)}-lr{lr:g}-a{alpha:g}-seed{seed}"
+
+
+def _init_worker(cfg: SparseViTConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    _WORKER["data"] = load_splits(cfg)[0]
+
+
+def _run_job(cfg: SparseViTConfig, run: RunDir, job: Job) -> dict:
+    return train_one(cfg, run, _WORKER["data"], *job, tag=_job_tag(job), capture=job[4] == cfg.seeds[0])
+
+
+class JobRunner:
+    """Runs training jobs once each (results cached by job), in this process or in ``workers`` processes.
+
+    Jobs are independent (own seed, own checkpoint folder), so running them in parallel changes nothing
+    but the wall-clock time. Every finished job is appended to ``metrics.jsonl``; a resumed run finds
+    finished jobs' final checkpoints and only re-evaluates them.
+    """
+
+    def __init__(
+        self, cfg: SparseViTConfig, run: RunDir, data: dict[str, ImageSet], stack: contextlib.ExitStack
+    ) -> None:
+        self.cfg, self.run, self.done = cfg, run, {}
+        self.pool = None
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        _WORKER["data"] = data
+        if cfg.workers > 1:
+            ctx = multiprocessing.get_context("spawn")  # fork after torch/OpenMP start-up is not safe
+            self.pool = stack.enter_context(
+                ProcessPoolExecutor(cfg.workers, mp_context=ctx, initializer=_init_worker, initargs=(cfg,))
+            )
+
+    def __call__(self, jobs: list[Job]) -> list[dict]:
+        todo = list(dict.fromkeys(j for j in jobs if j not in self.done))
+        if self.pool is None:
+            outputs = (_run_job(self.cfg, self.run, j) for j in todo)
+        else:
+            outputs = self.pool.map(_run_job, [self.cfg] * len(todo), [self.run] * len(todo), todo)
+        for job, out in zip(todo, outputs, strict=True):
+            self.done[job] = out
+            self.run.log(tag=_job_tag(job), **{k: v for k, v in out.items() if isinstance(v, float)})
+        return [self.done[j] for j in jobs]
+
+
+def run(cfg: SparseViTConfig, run: RunDir) -> dict:
     data, dataset_name = load_splits(cfg)
-    cache: dict[tuple, dict] = {}
+    with contextlib.ExitStack() as stack:
+        jobs = JobRunner(cfg, run, data, stack)
 
-    def job(
-        opt: str, sparsity: float | None, lr: float, alpha: float, seed: int, capture: bool = False
-    ) -> dict:
-        key = (opt, sparsity, lr, alpha, seed)
-        if key not in cache or (capture and not cache[key]["hist"]):
-            tag = f"{opt}-s{'dense' if sparsity is None else round(100 * sparsity)}-lr{lr:g}-a{alpha:g}-seed{seed}"
-            cache[key] = train_one(cfg, run, data, opt, sparsity, lr, alpha, seed, tag, capture)
-            run.log(tag=tag, **{k: v for k, v in cache[key].items() if isinstance(v, float)})
-        return cache[key]
+        # 1. lr and α on the validation split only, at the tuning sparsity, first seed
+        chosen = {o: (cfg.lr[o], cfg.alpha.get(o, 0.0)) for o in cfg.optimizers}
+        tuning_rows = []
+        if cfg.tune:
+            grids = {
+                o: [(lr, a) for lr in cfg.lr_grid for a in (cfg.alpha_grid.get(o) or [0.0])]
+                for o in cfg.optimizers
+            }
+            flat = [(o, cfg.tune_sparsity, lr, a, cfg.seeds[0]) for o in cfg.optimizers for lr, a in grids[o]]
+            scores = {(j[0], j[2], j[3]): r["val"] for j, r in zip(flat, jobs(flat), strict=True)}
+            for o in cfg.optimizers:
+                chosen[o] = max(grids[o], key=lambda g, o=o: scores[(o, *g)])
+                tuning_rows += [
+                    [o, lr, a, f"{100 * scores[(o, lr, a)]:.2f}", "✓" if (lr, a) == chosen[o] else ""]
+                    for lr, a in grids[o]
+                ]
 
-    # 1. lr and α on the validation split only, at the tuning sparsity, first seed
-    chosen = {o: (cfg.lr[o], cfg.alpha.get(o, 0.0)) for o in cfg.optimizers}
-    tuning_rows = []
-    if cfg.tune:
-        for o in cfg.optimizers:
-            grid = [(lr, a) for lr in cfg.lr_grid for a in (cfg.alpha_grid.get(o) or [0.0])]
-            scores = {(lr, a): job(o, cfg.tune_sparsity, lr, a, cfg.seeds[0])["val"] for lr, a in grid}
-            chosen[o] = max(scores, key=scores.get)
-            tuning_rows += [
-                [o, lr, a, f"{100 * v:.2f}", "✓" if (lr, a) == chosen[o] else ""]
-                for (lr, a), v in scores.items()
-            ]
-
-    # 2. every (optimizer, sparsity, seed) with the chosen hyper-parameters, plus the dense AdamW baseline
-    top = max(cfg.sparsities)
-    results: dict[str, dict[float, list[dict]]] = {o: {s: [] for s in cfg.sparsities} for o in cfg.optimizers}
-    for seed in cfg.seeds:
-        for o in cfg.optimizers:
-            for s in cfg.sparsities:
-                lr, a = chosen[o]
-                results[o][s].append(job(o, s, lr, a, seed, capture=seed == cfg.seeds[0] and s == top))
-    dense = []
-    if cfg.dense_baseline:
-        lr_dense = chosen.get("adamw", (cfg.lr["adamw"], 0.0))[0]
-        dense = [job("adamw", None, lr_dense, 0.0, seed, capture=seed == cfg.seeds[0]) for seed in cfg.seeds]
+        # 2. every (optimizer, sparsity, seed) with the chosen hyper-parameters, plus the dense AdamW baseline
+        top = max(cfg.sparsities)
+        main = [
+            (o, s, *chosen[o], seed) for seed in cfg.seeds for o in cfg.optimizers for s in cfg.sparsities
+        ]
+        lr_dense = chosen["adamw"][0] if "adamw" in chosen else cfg.lr["adamw"]
+        dense_jobs = (
+            [("adamw", None, lr_dense, 0.0, seed) for seed in cfg.seeds] if cfg.dense_baseline else []
+        )
+        outputs = dict(zip(main + dense_jobs, jobs(main + dense_jobs), strict=True))
+    results = {
+        o: {s: [outputs[(o, s, *chosen[o], seed)] for seed in cfg.seeds] for s in cfg.sparsities}
+        for o in cfg.optimizers
+    }
+    dense = [outputs[j] for j in dense_jobs]
 
     # 3. results: methods, tables, figure, and the honest answer to the paper's claim
     methods: dict[str, dict] = {}
