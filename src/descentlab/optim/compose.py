@@ -1,0 +1,272 @@
+r"""Composable optimizer geometries: steepest-descent operators x the hyperbolic-entropy mirror map.
+
+A steepest operator S maps a gradient g (and its own state) to an update u that already includes the
+learning rate eta:
+
+    gd             u = eta g                               (steepest descent, L2)
+    normalized_gd  u = eta g / ||g||_2                     (normalized steepest descent, L2)
+    sign           u = eta sign(g)                         (normalized steepest descent, L_inf)
+    linf           u = eta ||g||_1 sign(g)                 (unnormalized steepest descent, L_inf)
+    coordinate     u = eta g_i e_i, i = argmax |g_i|       (greedy coordinate descent, steepest in L1)
+    adam           u = eta m_hat / (sqrt(v_hat) + eps)     (AdamW's update, torch's arithmetic)
+
+The hyperbolic-entropy mirror map M with potential phi(w) = sum_i [w_i asinh(w_i/gamma) - sqrt(w_i^2+gamma^2)]
+/ alpha (grad phi = asinh(w/gamma) / alpha) composes with S in either order:
+
+    mirror_after  (M o S, HORST):  w' = w (1 - eta lam) - u ;  w <- w' exp(clamp(-alpha sign(w') u - eta beta))
+    mirror_before (S o M):         w <- gamma sinh(asinh(w (1 - eta lam) / gamma) - alpha u) exp(-eta beta)
+
+mirror_after takes the steepest step and then a multiplicative mirror step driven by the same u (for
+|w| >> gamma, gamma sinh(asinh(w/gamma) - alpha u) ~ w exp(-alpha sign(w) u), the form used here, which also
+lets weights leave 0). mirror_before takes the steepest step in the mirror's dual coordinates; with S = gd it is
+exact hyperbolic mirror descent. The two do not commute: S = adam / sign normalises the dual step of every
+coordinate to about the same size, which removes the selection that gives the mirror map its L1 bias.
+compose(params, "adam", HyperbolicMirror(alpha, beta), "mirror_after") is HORST.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from descentlab.errors import ConfigError
+
+ORDERS = ("mirror_after", "mirror_before")
+
+
+def gd_update(grad: Tensor, lr: float) -> Tensor:
+    """u = lr g."""
+    return grad * lr
+
+
+def normalized_gd_update(grad: Tensor, lr: float) -> Tensor:
+    """u = lr g / ||g||_2 (0 where g = 0)."""
+    norm = torch.linalg.vector_norm(grad)
+    return grad * (lr / norm) if norm > 0 else torch.zeros_like(grad)
+
+
+def sign_update(grad: Tensor, lr: float) -> Tensor:
+    """u = lr sign(g)."""
+    return torch.sign(grad) * lr
+
+
+def linf_update(grad: Tensor, lr: float) -> Tensor:
+    """u = lr ||g||_1 sign(g): steepest descent w.r.t. L_inf scaled by the dual norm, so it settles."""
+    return torch.sign(grad) * (lr * grad.abs().sum())
+
+
+def coordinate_update(grad: Tensor, lr: float) -> Tensor:
+    """u = lr g_i e_i with i = argmax |g_i| (greedy Gauss-Southwell coordinate descent)."""
+    flat = grad.reshape(-1)
+    i = int(flat.abs().argmax())
+    u = torch.zeros_like(flat)
+    u[i] = flat[i] * lr
+    return u.view_as(grad)
+
+
+def adam_update(
+    grad: Tensor,
+    lr: float,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    *,
+    step: int,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """u = lr m_hat / (sqrt(v_hat) + eps), computed as torch.optim.AdamW does.
+
+    Returns:
+        ``(u, new_exp_avg, new_exp_avg_sq)``; the inputs are not modified.
+    """
+    m = torch.lerp(exp_avg, grad, 1 - beta1)
+    v = (exp_avg_sq * beta2).addcmul(grad, grad, value=1 - beta2)
+    u = (m * (lr / (1 - beta1**step))) / ((v.sqrt() / (1 - beta2**step) ** 0.5) + eps)
+    return u, m, v
+
+
+STATELESS: dict[str, Callable[[Tensor, float], Tensor]] = {
+    "gd": gd_update,
+    "normalized_gd": normalized_gd_update,
+    "sign": sign_update,
+    "linf": linf_update,
+    "coordinate": coordinate_update,
+}
+STEEPEST = (*STATELESS, "adam")
+
+
+@dataclass(frozen=True)
+class HyperbolicMirror:
+    """The hyperbolic-entropy mirror map as an operator (see the module docstring).
+
+    Attributes:
+        alpha: inverse scale of the potential: the strength of the L1 bias.
+        beta: extra multiplicative decay exp(-lr beta) per step.
+        gamma: the potential's width; small gamma -> stronger L1 bias (used by ``mirror_before``).
+        exp_clamp: clamp of the multiplicative exponent (``mirror_after``); ``None``: none.
+    """
+
+    alpha: float = 1.0
+    beta: float = 0.0
+    gamma: float = 1e-3
+    exp_clamp: float | None = 5.0
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0 or self.beta < 0 or self.gamma <= 0:
+            raise ConfigError(f"HyperbolicMirror needs alpha, beta >= 0 and gamma > 0, got {self}")
+
+    def after(self, w_half: Tensor, u: Tensor, lr: float) -> Tensor:
+        """w <- w_half exp(clamp(-alpha sign(w_half) u - lr beta))."""
+        x = (torch.sign(w_half) * u) * (-self.alpha) + (-lr * self.beta)
+        if self.exp_clamp is not None:
+            x = x.clamp(-self.exp_clamp, self.exp_clamp)
+        return w_half * torch.exp(x)
+
+    def before(self, w: Tensor, u: Tensor, lr: float) -> Tensor:
+        """w <- gamma sinh(asinh(w / gamma) - alpha u) exp(-lr beta): the step u taken in dual coordinates."""
+        dual = torch.asinh(w / self.gamma) - self.alpha * u
+        return self.gamma * torch.sinh(dual) * math.exp(-lr * self.beta)
+
+
+def composed_step(
+    w: Tensor,
+    u: Tensor,
+    mirror: HyperbolicMirror | None,
+    order: str,
+    *,
+    lr: float,
+    weight_decay: float,
+) -> Tensor:
+    """One composed step of one tensor given the steepest operator's update ``u`` (module docstring)."""
+    w = w * (1 - lr * weight_decay)
+    if mirror is None:
+        return w - u
+    if order == "mirror_after":
+        return mirror.after(w - u, u, lr)
+    return mirror.before(w, u, lr)
+
+
+class Composed(Optimizer):
+    """An optimizer made of a steepest operator and an optional mirror map, composed in a given order.
+
+    Group keys: ``lr``, ``weight_decay``, ``steepest``, ``order``, ``mirror_map`` (bool: use the mirror map),
+    its fields ``alpha``, ``beta``, ``gamma``, ``exp_clamp`` (plain numbers, so state dicts load with
+    ``weights_only=True``), ``mirror`` (``True``/``False``/``None`` = ndim >= 2: which tensors get the
+    mirror map), and ``betas``, ``eps`` for ``adam``. State (``adam`` only): ``step``, ``exp_avg``,
+    ``exp_avg_sq``. Reference quality, per tensor: meant for studying geometries, not for speed.
+    """
+
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], **defaults: Any) -> None:
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            if group["steepest"] not in STEEPEST:
+                raise ConfigError(f"unknown steepest operator {group['steepest']!r}; choose from {STEEPEST}")
+            if group["order"] not in ORDERS:
+                raise ConfigError(f"order must be one of {ORDERS}, got {group['order']!r}")
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr = group["lr"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if group["steepest"] == "adam":
+                    state = self.state[p]
+                    if not state:
+                        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                        state["exp_avg"] = torch.zeros_like(p)
+                        state["exp_avg_sq"] = torch.zeros_like(p)
+                    state["step"] += 1
+                    beta1, beta2 = group["betas"]
+                    u, state["exp_avg"], state["exp_avg_sq"] = adam_update(
+                        p.grad,
+                        lr,
+                        state["exp_avg"],
+                        state["exp_avg_sq"],
+                        step=int(state["step"].item()),
+                        beta1=beta1,
+                        beta2=beta2,
+                        eps=group["eps"],
+                    )
+                else:
+                    u = STATELESS[group["steepest"]](p.grad, lr)
+                use_mirror = p.ndim >= 2 if group["mirror"] is None else bool(group["mirror"])
+                mirror = None
+                if group["mirror_map"] and use_mirror:
+                    mirror = HyperbolicMirror(
+                        group["alpha"], group["beta"], group["gamma"], group["exp_clamp"]
+                    )
+                p.copy_(
+                    composed_step(p, u, mirror, group["order"], lr=lr, weight_decay=group["weight_decay"])
+                )
+        return loss
+
+
+def compose(
+    params: Iterable[Tensor] | Iterable[dict[str, Any]],
+    steepest: str = "adam",
+    mirror: HyperbolicMirror | None = None,
+    order: str = "mirror_after",
+    *,
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    mirror_tensors: bool | None = None,
+) -> Composed:
+    """Build the optimizer ``mirror o steepest`` (``order="mirror_after"``) or ``steepest o mirror``.
+
+    Args:
+        params: parameters or param groups.
+        steepest: one of ``gd``, ``normalized_gd``, ``sign``, ``linf``, ``coordinate``, ``adam``.
+        mirror: the mirror map; ``None`` gives the plain steepest-descent optimizer.
+        order: ``"mirror_after"`` (HORST's order) or ``"mirror_before"``.
+        mirror_tensors: which tensors get the mirror map (``None``: ndim >= 2).
+
+    Example:
+        >>> opt = compose(model.parameters(), "adam", HyperbolicMirror(alpha=1.0), "mirror_after", lr=1e-3)
+    """
+    fields = HyperbolicMirror() if mirror is None else mirror
+    return Composed(
+        params,
+        lr=lr,
+        weight_decay=weight_decay,
+        steepest=steepest,
+        order=order,
+        mirror_map=mirror is not None,
+        alpha=fields.alpha,
+        beta=fields.beta,
+        gamma=fields.gamma,
+        exp_clamp=fields.exp_clamp,
+        mirror=mirror_tensors,
+        betas=tuple(betas),
+        eps=eps,
+    )
+
+
+__all__ = [
+    "ORDERS",
+    "STEEPEST",
+    "Composed",
+    "HyperbolicMirror",
+    "adam_update",
+    "compose",
+    "composed_step",
+    "coordinate_update",
+    "gd_update",
+    "linf_update",
+    "normalized_gd_update",
+    "sign_update",
+]

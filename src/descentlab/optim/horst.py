@@ -1,0 +1,384 @@
+r"""HORST: AdamW followed by a hyperbolic-entropy mirror step (Jacobs, Jain, Burkholz 2026).
+
+With step k (starting at 1), gradient :math:`g`, learning rate :math:`\eta`, weight decay :math:`\lambda`::
+
+    m_k = beta1 m_{k-1} + (1 - beta1) g                 v_k = beta2 v_{k-1} + (1 - beta2) g^2
+    u_k = eta / (1 - beta1^k) * m_k / (sqrt(v_k) / sqrt(1 - beta2^k) + eps)
+    theta_{k+1/2} = theta_k (1 - eta lambda) - u_k                                   (exactly AdamW)
+    theta_{k+1}   = theta_{k+1/2} * exp(clamp(-alpha sign(theta_{k+1/2}) u_k - eta beta, -c, c))
+
+The same :math:`u_k` feeds both lines. :math:`\alpha` sets the strength of the L1 (sparsity) bias,
+:math:`\beta` is an extra multiplicative decay, :math:`c` the exponent clamp (``exp_clamp``; ``None`` = no
+clamp). :math:`\alpha = \beta = 0` is AdamW exactly. Only tensors of groups with ``mirror=True`` get the second
+line; ``mirror=None`` (default) means "tensors with ndim >= 2", so biases and norms get plain AdamW.
+
+Three implementations share these equations: :func:`horst_reference` (one tensor, plain torch ops, the slow
+twin used by the tests), a multi-tensor ``torch._foreach_*`` path (any device and dtype) and a fused CPU kernel
+(:mod:`descentlab.optim._horst_kernel`, float32 only). Low-precision parameters (bf16 / fp16) are updated in
+float32 and their moments are kept in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from descentlab.errors import ConfigError
+from descentlab.optim._horst_kernel import load_kernel
+
+IMPLS = ("auto", "fused", "foreach", "reference")
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+class HorstStep(NamedTuple):
+    """Result of :func:`horst_reference`."""
+
+    param: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    reverted: int
+
+
+def horst_reference(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    *,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    alpha: float,
+    beta: float,
+    mirror: bool,
+    exp_clamp: float | None = 5.0,
+    nan_guard: bool = True,
+) -> HorstStep:
+    """One HORST step of one tensor, as a pure function (see the module docstring for the equations).
+
+    Arithmetic follows ``torch.optim.AdamW``'s single-tensor path op for op, so that with alpha = beta = 0 the
+    result is AdamW's. Low-precision inputs are computed in float32.
+
+    Args:
+        param, grad: the parameter and its gradient (same shape).
+        exp_avg, exp_avg_sq: first and second moments after step ``step - 1``.
+        step: the step number k >= 1 of this update.
+        nan_guard: elements whose new value is not finite keep their old parameter and moments.
+
+    Returns:
+        The new parameter (in ``param.dtype``), the new moments (in their input dtype) and the number of
+        elements the NaN guard reverted. The inputs are not modified.
+    """
+    compute = torch.float32 if param.dtype in _LOW_PRECISION else param.dtype
+    p = param.to(compute)
+    g = grad.to(compute)
+    m0, v0 = exp_avg.to(compute), exp_avg_sq.to(compute)
+    step_size = lr / (1 - beta1**step)
+    bc2_sqrt = (1 - beta2**step) ** 0.5
+
+    p = p * (1 - lr * weight_decay)
+    m = torch.lerp(m0, g, 1 - beta1)
+    v = (v0 * beta2).addcmul(g, g, value=1 - beta2)
+    u = (m * step_size) / ((v.sqrt() / bc2_sqrt) + eps)
+    p = p - u
+    if mirror:
+        x = (torch.sign(p) * u) * (-alpha) + (-lr * beta)
+        if exp_clamp is not None:
+            x = x.clamp(-exp_clamp, exp_clamp)
+        p = p * torch.exp(x)
+    reverted = 0
+    if nan_guard:
+        ok = torch.isfinite(p)
+        reverted = int((~ok).sum())
+        p = torch.where(ok, p, param.to(compute))
+        m, v = torch.where(ok, m, m0), torch.where(ok, v, v0)
+    return HorstStep(p.to(param.dtype), m.to(exp_avg.dtype), v.to(exp_avg_sq.dtype), reverted)
+
+
+def _horst_foreach_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    step_sizes: list[float],
+    bc2_sqrts: list[float],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    mirror: bool,
+    alpha: float,
+    beta: float,
+    exp_clamp: float | None,
+    nan_guard: bool,
+) -> int:
+    """In-place HORST step of tensors sharing device and dtype, with ``torch._foreach_*`` ops.
+
+    Returns:
+        The number of elements the NaN guard reverted.
+    """
+    low = params[0].dtype in _LOW_PRECISION
+    work = [p.float() for p in params] if low else params
+    grads = [g.float() for g in grads] if low else grads
+    if nan_guard:
+        old = (
+            [p.clone() for p in work],
+            [m.clone() for m in exp_avgs],
+            [v.clone() for v in exp_avg_sqs],
+        )
+    torch._foreach_mul_(work, 1 - lr * weight_decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denom, bc2_sqrts)
+    torch._foreach_add_(denom, eps)
+    u = torch._foreach_mul(exp_avgs, step_sizes)
+    torch._foreach_div_(u, denom)
+    torch._foreach_sub_(work, u)
+    if mirror:
+        x = torch._foreach_sign(work)
+        torch._foreach_mul_(x, u)
+        torch._foreach_mul_(x, -alpha)
+        torch._foreach_add_(x, -lr * beta)
+        if exp_clamp is not None:
+            torch._foreach_clamp_min_(x, -exp_clamp)
+            torch._foreach_clamp_max_(x, exp_clamp)
+        torch._foreach_exp_(x)
+        torch._foreach_mul_(work, x)
+    reverted = 0
+    if nan_guard:
+        for i, p in enumerate(work):
+            bad = ~torch.isfinite(p)
+            n_bad = int(bad.sum())
+            if n_bad:
+                reverted += n_bad
+                p.copy_(torch.where(bad, old[0][i], p))
+                exp_avgs[i].copy_(torch.where(bad, old[1][i], exp_avgs[i]))
+                exp_avg_sqs[i].copy_(torch.where(bad, old[2][i], exp_avg_sqs[i]))
+    if low:
+        torch._foreach_copy_(params, work)
+    return reverted
+
+
+def _kernel_ok(p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> bool:
+    return all(
+        t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in (p, m, v, g)
+    )
+
+
+class HORST(Optimizer):
+    """HORST as a :class:`torch.optim.Optimizer`; the update is in the module docstring.
+
+    Args:
+        params: parameters or param groups. Group keys: ``lr``, ``betas``, ``eps``, ``weight_decay``,
+            ``alpha``, ``beta``, ``mirror`` (``True``/``False``/``None`` = ndim >= 2), ``exp_clamp``,
+            ``nan_guard``, ``impl``.
+        alpha: strength of the mirror (L1) step; 0 turns it off.
+        beta: multiplicative decay exp(-lr * beta) of mirrored tensors.
+        exp_clamp: clamp of the mirror exponent (``None``: none).
+        nan_guard: revert elements whose update is not finite (their moments too); the count of the last step
+            is ``self.reverted``.
+        impl: ``"auto"`` (fused CPU kernel for float32 CPU tensors when it builds, foreach otherwise),
+            ``"fused"`` (same, but the kernel is required), ``"foreach"`` or ``"reference"``.
+
+    State per parameter (names as in AdamW): ``step`` (float32 scalar tensor), ``exp_avg``, ``exp_avg_sq``.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        *,
+        mirror: bool | None = None,
+        exp_clamp: float | None = 5.0,
+        nan_guard: bool = True,
+        impl: str = "auto",
+    ) -> None:
+        if lr < 0 or eps < 0 or weight_decay < 0 or alpha < 0 or beta < 0:
+            raise ConfigError(
+                f"HORST: lr, eps, weight_decay, alpha and beta must be >= 0 (got lr={lr}, eps={eps}, "
+                f"weight_decay={weight_decay}, alpha={alpha}, beta={beta})"
+            )
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ConfigError(f"HORST: betas must lie in [0, 1), got {betas}")
+        if exp_clamp is not None and exp_clamp <= 0:
+            raise ConfigError(f"HORST: exp_clamp must be > 0 or None, got {exp_clamp}")
+        if impl not in IMPLS:
+            raise ConfigError(f"HORST: impl must be one of {IMPLS}, got {impl!r}")
+        if impl == "fused" and load_kernel() is None:
+            raise ConfigError(
+                "HORST: impl='fused' needs the C++ kernel, which did not build; use impl='auto'"
+            )
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            alpha=alpha,
+            beta=beta,
+            mirror=mirror,
+            exp_clamp=exp_clamp,
+            nan_guard=nan_guard,
+            impl=impl,
+        )
+        super().__init__(params, defaults)
+        self.reverted = 0
+
+    def _init_state(self, p: Tensor) -> dict[str, Any]:
+        state = self.state[p]
+        if not state:
+            moment_dtype = torch.float32 if p.dtype in _LOW_PRECISION else p.dtype
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, dtype=moment_dtype, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=moment_dtype, memory_format=torch.preserve_format)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        """Perform one HORST step on every parameter that has a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.reverted = 0
+        for group in self.param_groups:
+            self._step_group(group)
+        return loss
+
+    def _step_group(self, group: dict[str, Any]) -> None:
+        beta1, beta2 = group["betas"]
+        opts = dict(
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            alpha=group["alpha"],
+            beta=group["beta"],
+            exp_clamp=group["exp_clamp"],
+            nan_guard=group["nan_guard"],
+        )
+        impl = group["impl"]
+        kernel = load_kernel() if impl in ("auto", "fused") else None
+        buckets: dict[tuple, tuple[list, ...]] = {}
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise ConfigError("HORST does not support sparse gradients; use dense embeddings")
+            state = self._init_state(p)
+            state["step"] += 1
+            step = int(state["step"].item())
+            mirror = p.ndim >= 2 if group["mirror"] is None else bool(group["mirror"])
+            if impl == "reference":
+                new = horst_reference(
+                    p, p.grad, state["exp_avg"], state["exp_avg_sq"], step=step, mirror=mirror, **opts
+                )
+                self.reverted += new.reverted
+                for dst, src in zip((p, state["exp_avg"], state["exp_avg_sq"]), new[:3], strict=True):
+                    dst.copy_(src)
+                continue
+            use_kernel = kernel is not None and _kernel_ok(p, state["exp_avg"], state["exp_avg_sq"], p.grad)
+            key = (use_kernel, mirror, p.device, p.dtype)
+            lists = buckets.setdefault(key, ([], [], [], [], [], []))
+            for lst, item in zip(
+                lists,
+                (
+                    p,
+                    p.grad,
+                    state["exp_avg"],
+                    state["exp_avg_sq"],
+                    group["lr"] / (1 - beta1**step),
+                    (1 - beta2**step) ** 0.5,
+                ),
+                strict=True,
+            ):
+                lst.append(item)
+        for (use_kernel, mirror, _, _), lists in buckets.items():
+            if use_kernel:
+                self.reverted += kernel.horst_step_(
+                    *lists,
+                    opts["lr"],
+                    beta1,
+                    beta2,
+                    opts["eps"],
+                    opts["weight_decay"],
+                    mirror,
+                    opts["alpha"],
+                    opts["beta"],
+                    -1.0 if opts["exp_clamp"] is None else float(opts["exp_clamp"]),
+                    opts["nan_guard"],
+                )
+            else:
+                self.reverted += _horst_foreach_(*lists, mirror=mirror, **opts)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict exactly, keeping float32 moments of low-precision parameters in float32.
+
+        ``Optimizer.load_state_dict`` casts every state tensor to its parameter's dtype, which would round
+        the float32 moments of bf16 parameters; they are restored from ``state_dict`` afterwards.
+        """
+        super().load_state_dict(state_dict)
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for saved_id, p in zip(saved_ids, params, strict=True):
+            saved = state_dict["state"].get(saved_id)
+            if saved is None or p.dtype not in _LOW_PRECISION:
+                continue
+            for key in ("exp_avg", "exp_avg_sq"):
+                self.state[p][key] = saved[key].to(device=p.device, dtype=saved[key].dtype, copy=True)
+
+
+def horst_param_groups(
+    model: nn.Module,
+    *,
+    min_mirror_ndim: int = 2,
+    no_mirror_weight_decay: float | None = None,
+    verbose: bool = True,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Split a model's trainable parameters into a mirrored group (ndim >= ``min_mirror_ndim``) and the rest.
+
+    Args:
+        model: the model whose ``named_parameters`` are grouped (frozen parameters are skipped).
+        min_mirror_ndim: tensors with at least this many dimensions get the mirror step.
+        no_mirror_weight_decay: weight decay of the non-mirrored group (biases, norms); ``None`` keeps the
+            optimizer default.
+        verbose: print one line per group with its tensor and parameter counts.
+        **options: extra keys for both groups (e.g. ``alpha=10.0``).
+
+    Returns:
+        Param groups for :class:`HORST`, each with ``name``, ``mirror``, ``params`` and ``num_params``.
+    """
+    mirrored, plain = [], []
+    for _, p in model.named_parameters():
+        if p.requires_grad:
+            (mirrored if p.ndim >= min_mirror_ndim else plain).append(p)
+    groups = []
+    for name, params, mirror in (("mirror", mirrored, True), ("no_mirror", plain, False)):
+        group = {"name": name, "mirror": mirror, "params": params, **options}
+        group["num_params"] = sum(p.numel() for p in params)
+        if not mirror and no_mirror_weight_decay is not None:
+            group["weight_decay"] = no_mirror_weight_decay
+        groups.append(group)
+        if verbose:
+            print(f"HORST group {name!r}: {len(params)} tensors, {group['num_params']:,} parameters")
+    return groups
+
+
+__all__ = ["HORST", "HorstStep", "horst_param_groups", "horst_reference"]
