@@ -9,6 +9,7 @@ from descentlab.robustness.curves import (
     robustness_curve,
     token_nll_metric,
 )
+from descentlab.robustness.layer_profile import layer_loss_profile
 from descentlab.robustness.perturb import (
     EMBEDDING_KINDS,
     INPUT_KINDS,
@@ -32,6 +33,7 @@ __all__ = [
     "accuracy_metric",
     "embedding_rms",
     "input_embedding_module",
+    "layer_loss_profile",
     "perturb_embeddings",
     "perturb_inputs",
     "replicate_batch",

@@ -92,36 +92,57 @@ class RobustnessCurves:
             }
         return block
 
+    @classmethod
+    def concat(cls, parts: Sequence[RobustnessCurves]) -> RobustnessCurves:
+        """Join curves of different models (e.g. one per training seed) evaluated under the same protocol."""
+        first = parts[0]
+        for part in parts[1:]:
+            if (
+                part.gammas != first.gammas
+                or part.metric != first.metric
+                or part.values.keys() != first.values.keys()
+            ):
+                raise ConfigError(
+                    "cannot join robustness curves with different metrics, kinds or gamma grids."
+                )
+        values = {k: np.concatenate([p.values[k] for p in parts]) for k in first.values}
+        protocol = dict(first.protocol)
+        protocol["n_models"] = sum(
+            p.protocol.get("n_models", len(p.values[next(iter(p.values))])) for p in parts
+        )
+        protocol["model_seeds"] = [s for p in parts for s in p.protocol.get("model_seeds", [])]
+        return cls(metric=first.metric, gammas=first.gammas, values=values, protocol=protocol)
+
     def summary(self) -> dict[str, float]:
         """Mean over the γ grid (and over models and draws), per kind: one number per curve."""
         return {kind: float(v.mean()) for kind, v in self.values.items()}
 
 
-def _rows(batch: Any) -> int:
+def batch_rows(batch: Any) -> int:
     if isinstance(batch, Tensor):
         return batch.shape[0]
     if isinstance(batch, Mapping):
-        return next(_rows(v) for v in batch.values() if isinstance(v, (Tensor, Mapping, list, tuple)))
-    return _rows(batch[0])
+        return next(batch_rows(v) for v in batch.values() if isinstance(v, (Tensor, Mapping, list, tuple)))
+    return batch_rows(batch[0])
 
 
-def _map_tensors(batch: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+def map_tensors(batch: Any, fn: Callable[[Tensor], Tensor]) -> Any:
     if isinstance(batch, Tensor):
         return fn(batch)
     if isinstance(batch, Mapping):
-        return {k: _map_tensors(v, fn) for k, v in batch.items()}
+        return {k: map_tensors(v, fn) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
-        return type(batch)(_map_tensors(v, fn) for v in batch)
+        return type(batch)(map_tensors(v, fn) for v in batch)
     return batch
 
 
 def replicate_batch(batch: Any, copies: int) -> Any:
     """Stack ``copies`` copies of every tensor along dim 0: the layout ``perturb_*(replicas=copies)`` expects."""
-    rows = _rows(batch)
-    return _map_tensors(batch, lambda t: torch.cat([t] * copies) if t.dim() and t.shape[0] == rows else t)
+    rows = batch_rows(batch)
+    return map_tensors(batch, lambda t: torch.cat([t] * copies) if t.dim() and t.shape[0] == rows else t)
 
 
-def _device(model: nn.Module) -> torch.device:
+def model_device(model: nn.Module) -> torch.device:
     param = next(model.parameters(), None)
     return param.device if param is not None else torch.device("cpu")
 
@@ -137,9 +158,9 @@ def _evaluate(
     """(Σnum/Σden per draw [draws], Σden of one draw); ``context(draw, replicas)`` opens the perturbation."""
     num = np.zeros(draws)
     den = np.zeros(draws)
-    device = _device(model)
+    device = model_device(model)
     for batch in data:
-        batch = _map_tensors(batch, lambda t: t.to(device))
+        batch = map_tensors(batch, lambda t: t.to(device))
         groups = [(0, draws)] if stack else [(d, 1) for d in range(draws)]
         for first, copies in groups:
             with context(first, copies) as record:

@@ -5,6 +5,8 @@ tie. The win rate of A over B is their mean, so ties are split and
 
     win_rate(A, B) + win_rate(B, A) = 1,      win_rate(A, A) = 1/2.
 
+:func:`preference_summary` turns preferences into a :class:`~descentlab.robustness.winrate.WinRate`.
+
 * :class:`LikelihoodJudge` (offline default): the model that gives the reference continuation the lower
   negative log-likelihood wins. NLLs within ``tol`` nats of each other tie.
 * :class:`GenerativeJudge`: both models generate a response (greedy), then any local causal LM reads a
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from descentlab.errors import ConfigError, DataError, NumericalError
+from descentlab.robustness.winrate import WinRate
 
 IGNORE_INDEX = -100
 Example = Mapping[str, Sequence[int]]
@@ -191,17 +194,24 @@ def likelihood_preferences(nll_a: Tensor, nll_b: Tensor, *, tol: float = 1e-6) -
     return p
 
 
-def win_rate(preferences: Tensor) -> float:
-    """Mean preference: the fraction of examples A wins, ties counted as half a win."""
+def preference_summary(preferences: Tensor) -> WinRate:
+    """Win rate of A = mean preference (ties count half), with wins/ties/losses and the s.e. over examples.
+
+    For the likelihood judge this equals ``descentlab.robustness.winrate.win_rate`` on the NLLs (lower is
+    better); it also summarises the soft or order-averaged preferences of :class:`GenerativeJudge`.
+    """
     if preferences.numel() == 0:
-        raise DataError("no preferences to average")
-    return float(preferences.double().mean())
-
-
-def win_rate_stderr(preferences: Tensor) -> float:
-    """Standard error of the win rate over examples (sample std / √n; 0 for a single example)."""
-    n = preferences.numel()
-    return float(preferences.double().std(unbiased=True)) / math.sqrt(n) if n > 1 else 0.0
+        raise DataError("no preferences to summarise")
+    p = preferences.double()
+    rate = float(p.mean())
+    wins, losses = int((p > 0.5).sum()), int((p < 0.5).sum())
+    return WinRate(
+        rate=rate,
+        stderr=math.sqrt(rate * (1 - rate) / p.numel()),
+        wins=wins,
+        ties=p.numel() - wins - losses,
+        losses=losses,
+    )
 
 
 class LikelihoodJudge:
@@ -385,9 +395,8 @@ __all__ = [
     "Scores",
     "generate_responses",
     "likelihood_preferences",
+    "preference_summary",
     "score_examples",
     "score_examples_reference",
     "token_nll",
-    "win_rate",
-    "win_rate_stderr",
 ]
