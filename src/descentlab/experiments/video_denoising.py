@@ -12,6 +12,7 @@ draws, for the same number of steps; every method is tested on the same noisy te
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -26,12 +27,15 @@ from descentlab.experiments.base import seed_everything
 from descentlab.experiments.video_denoising_figures import plot_layer_profiles, plot_relative, plot_samples
 from descentlab.models.dust import DUST
 from descentlab.models.unrolled import UnrolledOutput, UnrolledTransformer
+from descentlab.readout import layer_losses
 from descentlab.train.loop import TrainConfig, fit
 from descentlab.train.objectives import ERM, Constrained
 from descentlab.train.rundir import RunDir
 
 ARCHITECTURES = ("ut", "dust")
-OBJECTIVES = ("erm", "constrained", "resilient")
+# "deep-supervision" is a control: ERM on the mean of the per-layer losses f_1..f_L, i.e. the same per-layer
+# signal as the constrained objective with fixed, equal weights instead of multipliers.
+OBJECTIVES = ("erm", "constrained", "resilient", "deep-supervision")
 
 
 @dataclass
@@ -156,11 +160,17 @@ def final_mse(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     return nn.functional.mse_loss(model(batch["noisy"]).final, batch["target"])
 
 
+def mean_layer_mse(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    return layer_losses(model, batch)[1:].mean()
+
+
 def make_training(arch: str, objective: str, model: nn.Module, cfg: VideoDenoisingConfig):
     """The objective and optimizer of one method; every method uses AdamW with the same settings."""
     adamw = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     if objective == "erm":
         return ERM(final_mse), adamw
+    if objective == "deep-supervision":
+        return ERM(mean_layer_mse), adamw
     c = cfg.constraint
     resilience = None
     if objective == "resilient":
@@ -239,6 +249,7 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
                 loss_fn, optimizer = make_training(arch, objective, model, cfg)
                 steps = cfg.train.max_steps or cfg.train.epochs * math.ceil(len(train) / cfg.train.batch_size)
                 scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
+                start = time.perf_counter()
                 fit(
                     model,
                     NoisyClips(train, d.sigma_train),
@@ -250,6 +261,7 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
                     tag=f"{method}-seed{seed}",
                 )
                 ev = evaluate(model, test, cfg.gammas, d.sigma_train, seed, cfg.eval_batch_size)
+                ev["train_seconds"] = time.perf_counter() - start
                 run.log(tag=f"{method}-seed{seed}", eval_rmse=ev["rmse"], gammas=cfg.gammas)
                 results.setdefault(method, []).append(ev)
                 if seed == cfg.seeds[0]:
@@ -325,6 +337,7 @@ def _method_block(evs: list[dict[str, list]], cfg: VideoDenoisingConfig) -> dict
         "metrics": {
             "rmse_in_distribution": mean[one],
             "rmse_mean_gamma_gt_1": sum(mean[i] for i in ood) / max(len(ood), 1),
+            "train_seconds": sum(ev["train_seconds"] for ev in evs) / len(evs),
         },
         "curves": {
             "gaussian": {

@@ -93,7 +93,7 @@ def plot_samples(
     """Clean, noisy and denoised middle frame: one row per (architecture, gamma)."""
     t = clean.shape[0] // 2
     h, w = samples[next(iter(samples))].shape[-2:]
-    shown = [o for o in ("erm", "constrained", "resilient") if o in objectives]
+    shown = [o for o in ("erm", "constrained", "resilient") if o in objectives]  # the control is left out
     rows = [(arch, i) for arch in architectures for i in range(len(gammas))]
     cols = 2 + len(shown)
     fig, axes = plt.subplots(len(rows), cols, figsize=(2.2 * cols * w / h, 2.3 * len(rows)), squeeze=False)
