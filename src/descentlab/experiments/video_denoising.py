@@ -260,8 +260,9 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
                     run=run,
                     tag=f"{method}-seed{seed}",
                 )
+                train_seconds = time.perf_counter() - start
                 ev = evaluate(model, test, cfg.gammas, d.sigma_train, seed, cfg.eval_batch_size)
-                ev["train_seconds"] = time.perf_counter() - start
+                ev["train_seconds"] = train_seconds
                 run.log(tag=f"{method}-seed{seed}", eval_rmse=ev["rmse"], gammas=cfg.gammas)
                 results.setdefault(method, []).append(ev)
                 if seed == cfg.seeds[0]:
