@@ -14,11 +14,16 @@ from descentlab.robustness.judge import (
     LikelihoodJudge,
     Noise,
     likelihood_preferences,
+    preference_summary,
     score_examples,
     score_examples_reference,
-    win_rate,
-    win_rate_stderr,
 )
+from descentlab.robustness.winrate import win_rate as score_win_rate
+
+
+def win_rate(p: torch.Tensor) -> float:
+    return preference_summary(p).rate
+
 
 VOCAB = 97
 PAD = 0
@@ -89,8 +94,21 @@ def test_likelihood_preferences_closed_form() -> None:
     b = torch.tensor([2.0, 2.0, 1.0, 4.0 + 1e-9])
     p = likelihood_preferences(a, b)
     assert p.tolist() == [1.0, 0.5, 0.0, 0.5]
-    assert win_rate(p) == pytest.approx(0.5)
-    assert win_rate_stderr(torch.tensor([1.0, 0.0])) == pytest.approx(0.5)
+    summary = preference_summary(p)
+    assert (summary.rate, summary.wins, summary.ties, summary.losses) == (0.5, 1, 2, 1)
+    assert summary.stderr == pytest.approx(0.25)  # sqrt(0.5 * 0.5 / 4)
+
+
+def test_preferences_agree_with_robustness_win_rate() -> None:
+    """The per-example rule and the shared score-based win_rate (lower NLL is better) are twins."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(0, 5, (200,), generator=g).double()  # integers: many exact ties
+    b = torch.randint(0, 5, (200,), generator=g).double()
+    ours = preference_summary(likelihood_preferences(a, b, tol=0.0))
+    theirs = score_win_rate(a.numpy(), b.numpy(), higher_is_better=False)
+    assert (ours.wins, ours.ties, ours.losses) == (theirs.wins, theirs.ties, theirs.losses)
+    assert ours.rate == pytest.approx(theirs.rate, abs=1e-12)
+    assert ours.stderr == pytest.approx(theirs.stderr, abs=1e-12)
 
 
 @pytest.mark.parametrize("noise", [None, Noise("gaussian", 1.5, seed=0)])

@@ -201,6 +201,47 @@ def lm_windows(
     return windows
 
 
+def austen_examples(
+    tokenizer: Any,
+    *,
+    seq_len: int,
+    n_train: int | None,
+    prompt_tokens: int,
+    continuation_tokens: int,
+    n_eval: int,
+    eval_split: str = "test",
+    max_chars: int | None = None,
+    seed: int = 0,
+) -> tuple[list[dict[str, list[int]]], list[dict[str, list[int]]]]:
+    """The offline fine-tuning data: Austen training windows and held-out continuation examples.
+
+    Training: :func:`lm_windows` of ``seq_len`` tokens from the training novels (labels on every token).
+    Held out: :func:`continuation_examples` from ``eval_split`` (``"test"`` is Persuasion, a novel never
+    trained on): a ``prompt_tokens`` passage and the ``continuation_tokens`` that follow it.
+
+    Args:
+        max_chars: read at most this many characters of each split (cheap runs); None reads everything.
+    """
+    from descentlab.data.lm_corpus import load_austen
+
+    text = load_austen()
+    if eval_split not in text or eval_split == "train":
+        raise ConfigError(f"eval_split must be 'validation' or 'test', got {eval_split!r}")
+
+    def ids(split: str) -> list[int]:
+        return list(tokenizer(text[split][:max_chars] if max_chars else text[split])["input_ids"])
+
+    train = lm_windows(ids("train"), seq_len=seq_len, max_examples=n_train, seed=seed)
+    held = continuation_examples(
+        ids(eval_split),
+        prompt_tokens=prompt_tokens,
+        continuation_tokens=continuation_tokens,
+        max_examples=n_eval,
+        seed=seed,
+    )
+    return train, held
+
+
 def example_prompt(example: Mapping[str, Sequence[int]]) -> list[int]:
     """The prompt token ids of an encoded example (what a model generates from)."""
     return list(example["input_ids"][: example["prompt_length"][0]])
@@ -240,6 +281,7 @@ __all__ = [
     "IGNORE_INDEX",
     "CausalCollator",
     "PromptExample",
+    "austen_examples",
     "collate_causal",
     "continuation_examples",
     "encode_example",
