@@ -7,6 +7,7 @@ Exit codes: 0 success; 2 usage, config or input error (one clear message on stde
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -46,7 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _offline_by_default() -> None:
+    """No hub traffic unless asked: DESCENTLAB_ONLINE=1 (or an explicit HF_HUB_OFFLINE=0) allows downloads."""
+    if os.environ.get("DESCENTLAB_ONLINE") != "1":
+        for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            os.environ.setdefault(var, "1")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _offline_by_default()
     parser = build_parser()
     # key=value overrides may come before or after --preset/--out, which argparse's positionals do not allow
     args, extra = parser.parse_known_args(argv)

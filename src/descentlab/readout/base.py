@@ -98,7 +98,26 @@ def model_inputs(module: nn.Module, batch: Batch, drop: Sequence[str] = ("labels
             f"expected a dict batch (input_ids, attention_mask, labels, ...), got {type(batch).__name__}"
         )
     names = _named_parameters(type(module))
-    return {k: v for k, v in batch.items() if k in names and k not in drop and isinstance(v, Tensor)}
+    inputs = {k: v for k, v in batch.items() if k in names and k not in drop and isinstance(v, Tensor)}
+    check_sequence_length(module, inputs.get("input_ids"))
+    return inputs
+
+
+def check_sequence_length(module: nn.Module, input_ids: Tensor | None) -> None:
+    """Raise DataError when the sequences are longer than the model's position table allows.
+
+    Left alone, the model fails deep inside its embeddings with a shape error that names no cause.
+    """
+    config = getattr(module, "config", None)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if input_ids is None or not isinstance(limit, int) or input_ids.dim() < 2:
+        return
+    length = int(input_ids.shape[-1])
+    if length > limit:
+        raise DataError(
+            f"sequence length {length} exceeds the model's maximum of {limit} positions; tokenize with "
+            f"truncation=True, max_length={limit} (or less)"
+        )
 
 
 def hidden_states_of(output: Any, num_layers: int | None, model: nn.Module) -> tuple[Tensor, ...]:

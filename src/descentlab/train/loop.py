@@ -128,6 +128,22 @@ class _SignalGuard:
             signal.signal(sig, handler)
 
 
+def _accelerator(mixed_precision: str) -> Any:
+    """An Accelerator with this run's precision.
+
+    Accelerate keeps one process-wide state and refuses a second precision; one process may train several
+    models (an experiment's methods) at different precisions, so the precision part of that state is reset
+    when it differs. The distributed part (process group, rank) is kept.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    state = AcceleratorState._shared_state
+    if state and state.get("_mixed_precision", mixed_precision) != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
+    return Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision)
+
+
 def fit(
     model: torch.nn.Module,
     train_data: Sequence[Any],
@@ -153,13 +169,11 @@ def fit(
     arrives (then :class:`TrainingInterrupted` is raised); with ``resume`` the newest good checkpoint there
     is loaded first.
     """
-    from accelerate import Accelerator
-
     n = len(train_data)
     if n == 0:
         raise DataError("the training set is empty; check the dataset name, path and split sizes")
     collate = collate_fn or default_collate
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=cfg.mixed_precision)
+    accelerator = _accelerator(cfg.mixed_precision)
     rank, world = accelerator.process_index, accelerator.num_processes
     if cfg.batch_size < world:
         raise ConfigError(f"train.batch_size={cfg.batch_size} is smaller than the {world} processes")
