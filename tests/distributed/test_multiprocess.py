@@ -1,0 +1,106 @@
+"""Two gloo processes (torchrun) train a small BERT with constraints + HORST (+ AC/DC) and agree with one process.
+
+One launch runs both phases of ``worker.py``: ``descentlab.train.loop.fit`` under DDP, then a FSDP2
+(``fully_shard``) loop with PrimalDual(HORST). The single-process reference runs the same functions in this
+process, on the same global batches.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from descentlab.errors import AssetMissingError
+
+WORKER = Path(__file__).with_name("worker.py")
+WORLD = 2
+
+
+def _load_worker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("descentlab_distributed_worker", WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], ModuleType]:
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    from descentlab.data import asset_path
+
+    try:
+        asset_path("minilm")  # its WordPiece vocabulary tokenizes the reviews
+    except AssetMissingError as exc:
+        pytest.skip(str(exc))
+    out = tmp_path_factory.mktemp("ranks")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={WORLD}",
+        str(WORKER),
+        str(out),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    return ranks, _load_worker()
+
+
+@pytest.mark.distributed
+def test_fit_under_ddp_agrees_across_ranks_and_with_one_process(launched) -> None:
+    ranks, worker = launched
+    a, b = ranks[0]["fit"], ranks[1]["fit"]
+    assert ranks[0]["world"] == WORLD
+    # what must agree across ranks agrees bit for bit
+    assert torch.equal(a["lambda"], b["lambda"])
+    assert a["masks"].keys() == b["masks"].keys() and len(a["masks"]) == 6 * worker.LAYERS
+    assert all(torch.equal(a["masks"][k], b["masks"][k]) for k in a["masks"])
+    assert all(torch.equal(a["params"][k], b["params"][k]) for k in a["params"])
+    assert a["metrics"] == b["metrics"] and torch.equal(a["curve"], b["curve"])
+    # the run did something: duals moved, the final phase is compressed at 50 %
+    assert float(a["lambda"].min()) > 0.05
+    kept = sum(int(m.sum()) for m in a["masks"].values()) / sum(m.numel() for m in a["masks"].values())
+    assert kept == pytest.approx(0.5, abs=1e-3)
+    for name, mask in a["masks"].items():
+        assert int((a["params"][name][~mask] != 0).sum()) == 0
+
+    single = worker.train_fit()
+    torch.testing.assert_close(a["lambda"], single["lambda"], rtol=0, atol=1e-6)
+    agreement = [float((a["masks"][k] == single["masks"][k]).double().mean()) for k in a["masks"]]
+    assert min(agreement) > 0.999  # a near-tie may flip under float noise; none did in practice
+    for name, value in single["params"].items():
+        torch.testing.assert_close(a["params"][name], value, rtol=1e-4, atol=1e-4)
+    # metrics are gathered over the whole evaluation set, not one rank's share
+    assert a["metrics"]["n"] == single["metrics"]["n"] == worker.N_EVAL == a["n_eval_curve"]
+    assert a["metrics"]["accuracy"] == pytest.approx(single["metrics"]["accuracy"], abs=1.5 / worker.N_EVAL)
+    assert a["metrics"]["loss"] == pytest.approx(single["metrics"]["loss"], rel=1e-5)
+    torch.testing.assert_close(a["curve"], single["curve"], rtol=0, atol=1.5 / worker.N_EVAL)
+    torch.testing.assert_close(a["profile"], single["profile"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.distributed
+def test_fsdp2_primal_dual_horst_matches_one_process(launched) -> None:
+    ranks, worker = launched
+    a, b = ranks[0]["fsdp2"], ranks[1]["fsdp2"]
+    name = "bert.embeddings.word_embeddings.weight"
+    assert a["local_shapes"][name][0] * WORLD == a["params"][name].shape[0]  # really sharded
+    assert torch.equal(a["lambda"], b["lambda"])
+    assert all(torch.equal(a["params"][k], b["params"][k]) for k in a["params"])
+
+    single = worker.train_fsdp2(sharded=False, horst_impl="foreach")
+    assert single["local_shapes"][name] == tuple(single["params"][name].shape)
+    torch.testing.assert_close(a["lambda"], single["lambda"], rtol=0, atol=1e-6)
+    assert float(single["lambda"][-1].min()) > 0.05
+    for key, value in single["params"].items():
+        torch.testing.assert_close(a["params"][key], value, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,195 @@
+"""Worker of test_multiprocess.py (a script, not collected): ``fit`` under DDP, then a FSDP2 loop.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 worker.py OUT_DIR [HORST_IMPL]
+
+Both phases train a small BERT (built from a config, dropout off) on real Rotten Tomatoes reviews tokenized
+with MiniLM's WordPiece vocabulary, under layer-wise descent constraints with HORST as the primal optimizer.
+Each rank saves ``OUT_DIR/rank{r}.pt``. The test calls the same functions in its own process, without a
+process group, for the single-process reference on the same global batches.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import default_collate
+
+N_TRAIN = 128
+N_EVAL = 48
+GLOBAL_BATCH = 16
+STEPS = 12  # crosses an epoch boundary (8 steps per epoch)
+MAX_LENGTH = 32
+EVAL_BATCH = 8
+LAYERS = 3
+LR = 1e-2
+
+
+@functools.lru_cache(maxsize=1)
+def data() -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]]]:
+    """(train examples, test examples): fixed-length token tensors, so every batching pads alike."""
+    from transformers import AutoTokenizer
+
+    from descentlab.data import asset_path, load_text_classification
+
+    tokenizer = AutoTokenizer.from_pretrained(str(asset_path("minilm")), local_files_only=True)
+    splits = load_text_classification("rotten_tomatoes", max_train=N_TRAIN, max_eval=N_EVAL)
+
+    def encode(split: Any) -> list[dict[str, torch.Tensor]]:
+        enc = tokenizer(
+            list(split["text"]),
+            truncation=True,
+            max_length=MAX_LENGTH,
+            padding="max_length",
+            return_tensors="pt",
+        )
+        return [
+            {
+                "input_ids": enc["input_ids"][i],
+                "attention_mask": enc["attention_mask"][i],
+                "labels": torch.tensor(y),
+            }
+            for i, y in enumerate(split["label"])
+        ]
+
+    return encode(splits["train"]), encode(splits["test"])
+
+
+def eval_batches() -> list[dict[str, torch.Tensor]]:
+    test = data()[1]
+    return [default_collate(test[k : k + EVAL_BATCH]) for k in range(0, len(test), EVAL_BATCH)]
+
+
+def tiny_bert() -> torch.nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=2,
+        hidden_dropout_prob=0.0,  # ranks draw different dropout masks than a single process would
+        attention_probs_dropout_prob=0.0,
+    )
+    return BertForSequenceClassification(config)
+
+
+def _per_example(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return {
+        "accuracy": (logits.argmax(-1) == batch["labels"]).double(),
+        "loss": torch.nn.functional.cross_entropy(logits.double(), batch["labels"], reduction="none"),
+    }
+
+
+def train_fit(horst_impl: str = "auto") -> dict[str, Any]:
+    """Constraints + HORST + AC/DC through ``descentlab.train.loop.fit``, then whole-set evaluation."""
+    import descentlab as dl
+    from descentlab.distributed import sharded_curve, sharded_layer_profile, sharded_means
+    from descentlab.train.loop import TrainConfig, fit
+    from descentlab.train.objectives import Constrained
+
+    model = tiny_bert()
+    constraint = dl.LayerwiseDescent(num_layers=LAYERS, alpha=0.05, dual_lr=0.5)
+    optimizer = dl.PrimalDual(dl.HORST(model.parameters(), lr=LR, alpha=1.0, impl=horst_impl), constraint)
+    acdc = dl.ACDC(
+        model,
+        optimizer,
+        sparsity=0.5,
+        total_steps=STEPS,
+        schedule=dl.ACDCSchedule(warmup=1, phase=2, last_decompressed=1, final=2),
+    )
+    fit(
+        model,
+        data()[0],
+        objective=Constrained(constraint),
+        optimizer=optimizer,
+        cfg=TrainConfig(max_steps=STEPS, batch_size=GLOBAL_BATCH, grad_clip=1.0, progress=False),
+        sparsity=acdc,
+    )
+    model.eval()
+    batches = eval_batches()
+    curve = sharded_curve(model, batches, kinds=["gaussian"], gammas=[0.0, 1.0], draws=2, seed=0)
+    return {
+        "lambda": constraint.multipliers.detach().cpu().clone(),
+        "masks": {k: v.clone() for k, v in (acdc.masks or {}).items()},
+        "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "metrics": sharded_means(batches, functools.partial(_per_example, model)),
+        "curve": torch.from_numpy(curve.values["gaussian"].copy()),
+        "n_eval_curve": curve.protocol["n_eval"],
+        "profile": torch.tensor(sharded_layer_profile(model, batches), dtype=torch.float64),
+    }
+
+
+def _global_batches() -> list[torch.Tensor]:
+    from descentlab.train.loop import global_batches
+
+    out: list[torch.Tensor] = []
+    epoch = 0
+    while len(out) < STEPS:
+        out += list(global_batches(N_TRAIN, GLOBAL_BATCH, seed=0, epoch=epoch))
+        epoch += 1
+    return out[:STEPS]
+
+
+def train_fsdp2(sharded: bool, horst_impl: str = "foreach") -> dict[str, Any]:
+    """A plain loop: PrimalDual(HORST) on a model whose blocks and root are ``fully_shard``-ed (or not).
+
+    ``impl="foreach"`` by default: HORST's fused CPU kernel reads raw data pointers, which a DTensor
+    parameter does not expose, so under FSDP2 it needs the local shards handed to it.
+    """
+    import descentlab as dl
+    from descentlab.distributed import rank, world_size
+    from descentlab.train.loop import rank_share
+
+    model = tiny_bert()
+    if sharded:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.bert.encoder.layer:
+            fully_shard(layer)
+        fully_shard(model)
+    constraint = dl.LayerwiseDescent(num_layers=LAYERS, alpha=0.05, dual_lr=0.5)
+    optimizer = dl.PrimalDual(dl.HORST(model.parameters(), lr=LR, alpha=1.0, impl=horst_impl), constraint)
+    train = data()[0]
+    lams = []
+    for indices in _global_batches():
+        own = rank_share(indices, rank(), world_size()) if sharded else indices
+        batch = default_collate([train[int(i)] for i in own])
+        loss = constraint.lagrangian(dl.layer_losses(model, batch))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        lams.append(constraint.multipliers.detach().cpu().clone())
+    params = {}
+    for name, p in model.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        params[name] = full.detach().clone()
+    local_shapes = {
+        name: tuple(getattr(p, "to_local", lambda p=p: p)().shape) for name, p in model.named_parameters()
+    }
+    return {"lambda": torch.stack(lams), "params": params, "local_shapes": local_shapes}
+
+
+def main(out_dir: Path, horst_impl: str) -> None:
+    import torch.distributed as dist
+
+    from descentlab.distributed import rank, world_size
+
+    torch.set_num_threads(1)
+    result: dict[str, Any] = {"fit": train_fit()}  # fit's Accelerator starts the gloo group
+    result["fsdp2"] = train_fsdp2(sharded=True, horst_impl=horst_impl)
+    result["world"] = world_size()
+    torch.save(result, out_dir / f"rank{rank()}.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "foreach")
