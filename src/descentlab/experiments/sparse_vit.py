@@ -17,11 +17,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from descentlab.data import load_image_classification
 from descentlab.errors import ConfigError
 from descentlab.experiments.base import seed_everything
+from descentlab.experiments.sparse_vit_report import histogram_figure, summarise
 from descentlab.models.vit import ViTSpec, build_vit
 from descentlab.sparsity import ACDC, ACDCSchedule, select_prunable, sparsity_report
 from descentlab.train.checkpoint import load_latest
@@ -30,7 +31,6 @@ from descentlab.train.objectives import ERM
 from descentlab.train.rundir import RunDir
 
 OPTIMIZERS = ("adamw", "horst", "ham")
-PAPER = "DeiT-base, ImageNet, 90 %: HORST 76.83 vs AdamW 68.86; DeiT-small 90 %: HORST 70.5 vs HAM 60.06"
 
 
 @dataclass
@@ -65,7 +65,7 @@ class SparseViTConfig:
     tune_sparsity: float = 0.9
     lr_grid: list[float] = field(default_factory=lambda: [1e-3, 3e-3])
     alpha_grid: dict[str, list[float]] = field(
-        default_factory=lambda: {"horst": [1.0, 10.0], "ham": [20.0, 200.0]}
+        default_factory=lambda: {"horst": [1.0, 10.0], "ham": [50.0, 200.0]}
     )
     acdc: ACDCPhases = field(default_factory=ACDCPhases)
     histogram_bins: int = 80
@@ -106,13 +106,13 @@ PRESETS = {
         "workers": 1,
     },
     "full": {
-        "n_train": 10000,
+        "n_train": 8000,
         "n_val": 2000,
         "n_test": 10000,
         "vit.hidden_size": 64,
         "vit.num_layers": 3,
         "seeds": [0, 1, 2],
-        "train.epochs": 8,
+        "train.epochs": 5,
         "tune": True,
         "threads": 1,
         "workers": 3,
@@ -247,16 +247,6 @@ def load_splits(cfg: SparseViTConfig) -> tuple[dict[str, ImageSet], str]:
     return data, name
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    return float(t.mean()), float(t.std()) if len(values) > 1 else 0.0
-
-
-def _fmt(values: list[float]) -> str:
-    mean, std = _mean_std(values)
-    return f"{100 * mean:.2f} ± {100 * std:.2f}"
-
-
 Job = tuple[str, float | None, float, float, int]  # optimizer, sparsity (None = dense), lr, alpha, seed
 _WORKER: dict[str, dict[str, ImageSet]] = {}
 
@@ -349,84 +339,19 @@ def run(cfg: SparseViTConfig, run: RunDir) -> dict:
     dense = [outputs[j] for j in dense_jobs]
 
     # 3. results: methods, tables, figure, and the honest answer to the paper's claim
-    methods: dict[str, dict] = {}
-    for o in cfg.optimizers:
-        tests = [[r["test"] for r in results[o][s]] for s in cfg.sparsities]
-        methods[o] = {
-            "metrics": {
-                f"test_accuracy@{s:g}": _mean_std(t)[0] for s, t in zip(cfg.sparsities, tests, strict=True)
-            }
-            | {"lr": chosen[o][0], "alpha": chosen[o][1]},
-            "curves": {
-                "test_accuracy": {
-                    "x_name": "sparsity",
-                    "x": list(cfg.sparsities),
-                    "metric": "accuracy",
-                    "mean": [_mean_std(t)[0] for t in tests],
-                    "std": [_mean_std(t)[1] for t in tests],
-                }
-            },
-            "sparsity": {
-                f"checkpoint@{s:g}": min(r["checkpoint_sparsity"] for r in results[o][s])
-                for s in cfg.sparsities
-            },
-        }
-    if dense:
-        methods["adamw-dense"] = {
-            "metrics": {"test_accuracy@0": _mean_std([r["test"] for r in dense])[0]},
-            "sparsity": {"checkpoint": max(r["checkpoint_sparsity"] for r in dense)},
-        }
-
-    columns = ["optimizer", *(["dense"] if dense else []), *[f"{100 * s:g} %" for s in cfg.sparsities]]
-    acc_rows = [
-        [o, *(["–"] if dense else []), *[_fmt([r["test"] for r in results[o][s]]) for s in cfg.sparsities]]
-        for o in cfg.optimizers
-    ]
-    if dense:
-        acc_rows.append(["adamw (dense)", _fmt([r["test"] for r in dense]), *["–"] * len(cfg.sparsities)])
-    ckpt_rows = [
-        [
-            o,
-            f"{100 * s:g} %",
-            f"{min(r['checkpoint_sparsity'] for r in results[o][s]):.6f}",
-            f"{max(r['checkpoint_sparsity'] for r in results[o][s]):.6f}",
-            f"{min(min(r['block_sparsity']) for r in results[o][s]):.4f}–"
-            f"{max(max(r['block_sparsity']) for r in results[o][s]):.4f}",
-        ]
-        for o in cfg.optimizers
-        for s in cfg.sparsities
-    ]
-    tables = [
+    save_file(
         {
-            "title": f"Test accuracy (%) against sparsity, mean ± std over seeds {list(cfg.seeds)}",
-            "columns": columns,
-            "rows": acc_rows,
+            f"{o}/{k}": v
+            for o, r in [
+                *((o, results[o][top][0]) for o in cfg.optimizers),
+                *(("adamw-dense", d) for d in dense[:1]),
+            ]
+            for k, v in r["hist"].items()
         },
-        {
-            "title": "Sparsity read back from the saved safetensors checkpoints (block Linear weights, exact zeros)",
-            "columns": ["optimizer", "target", "global min", "global max", "per-block range"],
-            "rows": ckpt_rows,
-        },
-    ]
-    if tuning_rows:
-        tables.append(
-            {
-                "title": f"Tuning on the validation split (sparsity {cfg.tune_sparsity:g}, seed "
-                f"{cfg.seeds[0]}; accuracy %)",
-                "columns": ["optimizer", "lr", "alpha", "val accuracy", "chosen"],
-                "rows": tuning_rows,
-            }
-        )
-    notes, diff_rows = compare(cfg, results, top)
-    if diff_rows:
-        tables.append(
-            {
-                "title": f"Paired per-seed differences at {100 * top:g} % (test accuracy points)",
-                "columns": ["comparison", "per seed", "mean", "wins"],
-                "rows": diff_rows,
-            }
-        )
-    figures = [
+        str(run.path / "histograms.safetensors"),
+    )
+    body = summarise(cfg, results, dense, {"tuning": tuning_rows, "chosen": chosen})
+    body["figures"] = [
         histogram_figure(
             cfg,
             run,
@@ -435,90 +360,18 @@ def run(cfg: SparseViTConfig, run: RunDir) -> dict:
             top,
         )
     ]
-    return {
-        "protocol": {
-            "dataset": dataset_name,
-            "split": "test",
-            "n_train": len(data["train"]),
-            "n_val": len(data["val"]),
-            "n_eval": len(data["test"]),
-            "seeds": list(cfg.seeds),
-            "model": f"ViT {cfg.vit.num_layers}x{cfg.vit.hidden_size}, patch {cfg.vit.patch_size}",
-            "budget": f"{cfg.train.epochs} epochs, batch {cfg.train.batch_size}, wd {cfg.weight_decay}",
-            "acdc": "global magnitude over block Linears; reference schedule scaled"
-            if cfg.acdc.warmup is None
-            else str(cfg.acdc),
-            "tuning": "validation split only" if cfg.tune else "fixed lr/alpha (no tuning)",
-        },
-        "methods": methods,
-        "tables": tables,
-        "figures": figures,
-        "notes": notes,
+    body["protocol"] = {
+        "dataset": dataset_name,
+        "split": "test",
+        "n_train": len(data["train"]),
+        "n_val": len(data["val"]),
+        "n_eval": len(data["test"]),
+        "seeds": list(cfg.seeds),
+        "model": f"ViT {cfg.vit.num_layers}x{cfg.vit.hidden_size}, patch {cfg.vit.patch_size}",
+        "budget": f"{cfg.train.epochs} epochs, batch {cfg.train.batch_size}, wd {cfg.weight_decay}",
+        "acdc": "global magnitude over block Linears; reference schedule scaled"
+        if cfg.acdc.warmup is None
+        else str(cfg.acdc),
+        "tuning": "validation split only" if cfg.tune else "fixed lr/alpha (no tuning)",
     }
-
-
-def compare(cfg: SparseViTConfig, results: dict, top: float) -> tuple[list[str], list[list]]:
-    """Per-seed paired differences HORST - AdamW and HORST - HAM at the top sparsity, and a plain verdict."""
-    notes, rows = [], []
-    if "horst" not in results:
-        return notes, rows
-    horst = [r["test"] for r in results["horst"][top]]
-    for other in ("adamw", "ham"):
-        if other not in results:
-            continue
-        diffs = [100 * (h - r["test"]) for h, r in zip(horst, results[other][top], strict=True)]
-        mean, std = _mean_std(diffs)
-        wins = sum(d > 0 for d in diffs)
-        rows.append(
-            [
-                f"horst - {other}",
-                ", ".join(f"{d:+.2f}" for d in diffs),
-                f"{mean:+.2f} ± {std:.2f}",
-                f"{wins}/{len(diffs)}",
-            ]
-        )
-        verdict = "beats" if wins == len(diffs) and mean > 0 else "does not consistently beat"
-        notes.append(
-            f"At {100 * top:g} % sparsity HORST {verdict} {other.upper()}: {mean:+.2f} ± {std:.2f} test-accuracy "
-            f"points (HORST ahead in {wins} of {len(diffs)} seeds). Paper: {PAPER}."
-        )
-    return notes, rows
-
-
-def histogram_figure(
-    cfg: SparseViTConfig, run: RunDir, hists: dict[str, dict], dense: dict | None, top: float
-) -> dict:
-    """Block-Linear weight histograms: before the final pruning, and the surviving weights at the end."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    panels = [
-        ("before_final_pruning", "end of the last decompressed phase (what the final pruning sees)"),
-        ("final", f"final weights: non-zeros at {100 * top:g} %"),
-    ]
-    for ax, (key, title) in zip(axes, panels, strict=True):
-        series = {o: h[key] for o, h in hists.items() if key in h}
-        if dense is not None and "final" in dense:
-            series["adamw (dense)"] = dense["final"]
-        for name, w in series.items():
-            w = w[w != 0] if key == "final" else w
-            if w.numel():
-                ax.hist(
-                    w.numpy(), bins=cfg.histogram_bins, histtype="step", density=True, log=True, label=name
-                )
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("weight")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("density (log)")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    path = run.figure("weight-histograms")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return {
-        "path": "figures/weight-histograms.png",
-        "caption": f"Weight histograms of the block Linears (seed {cfg.seeds[0]}), HORST against AdamW and HAM.",
-    }
+    return body
