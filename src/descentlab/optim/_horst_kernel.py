@@ -99,7 +99,7 @@ int64_t horst_step(int64_t T, float *const *P, const float *const *G, float *con
   const float thr = (float)SMALL_EXPONENT_VALUE;
   const int64_t nb = offs[T];
   int64_t bad = 0;
-#pragma omp parallel for schedule(static) num_threads(nthreads) reduction(+ : bad)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(nthreads) reduction(+ : bad)
   for (int64_t b = 0; b < nb; ++b) {
     int64_t lo = 0, hi = T - 1;
     while (lo < hi) {  /* the tensor t with offs[t] <= b < offs[t + 1] */
@@ -118,9 +118,11 @@ int64_t horst_step(int64_t T, float *const *P, const float *const *G, float *con
 """
 
 # No fp contraction: the AdamW half must round like torch's kernels, which are built with -ffp-contract=off.
+# -fno-math-errno lets sqrtf vectorise (errno is never read). The OpenMP runtime resolves to the libgomp.so.1
+# torch already loaded, so both share one thread pool.
 _FLAG_SETS = (
-    ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"],
-    ["-O3", "-fopenmp", "-ffp-contract=off"],
+    ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"],
+    ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"],
 )
 
 
