@@ -1,0 +1,198 @@
+"""Cost of a constrained (primal-dual, all layers read out) training step against an ERM step.
+
+Two set-ups, each measured in one process on the same model and the same AdamW state:
+
+* MiniLM-L6 sequence classifier (pretrained, offline), batch 32, sequence 64. Target: <= 1.05x time and
+  <= 1.10x peak memory.
+* SmolLM2-135M (30 layers, all constrained), batch 1, sequence 256, logit-lens readout with a token
+  subsample for layers 0..29 (layer 30, the objective, uses every token). Target: <= 1.5x time and
+  <= 1.3x peak memory. The naive readout (all 31 layers on every token, all logits alive at once) is
+  printed for comparison.
+
+Time: the variants' steps are interleaved (ERM, constrained, [naive], ERM, ...) after warm-up, and the
+median wall time per step is compared, so machine noise hits all variants alike.
+
+Peak memory (CPU): resident state (parameters + optimizer state + dual state, identical for all variants)
+plus the step's transient peak, the high-water mark of live CPU tensor bytes allocated during one full
+step (forward, backward, optimizer step, zero_grad), read from the "Total Allocated" counter of
+torch.profiler's memory events. Gradients count as transient because zero_grad frees them.
+
+Usage: python benchmarks/constrained_overhead.py [--only minilm|smollm2] [--repeats N] [--sample-tokens K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from descentlab.constrained import LayerwiseDescent, PrimalDual
+from descentlab.readout import CausalLMReadout, layer_losses
+
+Step = Callable[[], None]
+
+
+def transient_peak_bytes(step: Step) -> int:
+    """High-water mark of CPU tensor bytes allocated during ``step`` (torch.profiler memory events)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as fh:
+            events = json.load(fh)["traceEvents"]
+    finally:
+        os.unlink(path)
+    totals = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]"]
+    return max(totals) if totals else 0
+
+
+def resident_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    state = sum(
+        v.numel() * v.element_size()
+        for s in optimizer.state.values()
+        for v in s.values()
+        if isinstance(v, torch.Tensor)
+    )
+    return params + state
+
+
+def compare(
+    name: str, model, optimizer, steps: dict[str, Step], repeats: int, targets: tuple[float, float]
+) -> dict:
+    for step in steps.values():  # warm-up; also creates the AdamW state
+        step()
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(repeats):
+        for key, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[key].append(time.perf_counter() - start)
+    resident = resident_bytes(model, optimizer)
+    peaks = {key: transient_peak_bytes(step) for key, step in steps.items()}
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base = "erm"
+    print(f"\n== {name}  (threads={torch.get_num_threads()}, repeats={repeats})")
+    print(f"resident (params + AdamW state): {resident / 2**20:.0f} MiB")
+    print(f"{'variant':<14}{'step s':>9}{'time x':>8}{'transient MiB':>15}{'peak MiB':>10}{'peak x':>8}")
+    out = {}
+    for key in steps:
+        t_ratio = med[key] / med[base]
+        peak = resident + peaks[key]
+        m_ratio = peak / (resident + peaks[base])
+        out[key] = {
+            "step_s": med[key],
+            "time_ratio": t_ratio,
+            "peak_mib": peak / 2**20,
+            "peak_ratio": m_ratio,
+        }
+        print(
+            f"{key:<14}{med[key]:>9.3f}{t_ratio:>8.3f}{peaks[key] / 2**20:>15.0f}{peak / 2**20:>10.0f}{m_ratio:>8.3f}"
+        )
+    c = out["constrained"]
+    ok = c["time_ratio"] <= targets[0] and c["peak_ratio"] <= targets[1]
+    print(f"target <= {targets[0]}x time, <= {targets[1]}x peak memory: {'met' if ok else 'NOT met'}")
+    return out
+
+
+def minilm(repeats: int) -> dict:
+    from descentlab.data import load_encoder_classifier, load_text_classification
+
+    torch.manual_seed(0)
+    model, tokenizer = load_encoder_classifier("minilm", num_labels=2)
+    model.train()
+    rows = load_text_classification("rotten_tomatoes", max_train=32)["train"][:32]
+    batch = dict(
+        tokenizer(rows["text"], padding="max_length", truncation=True, max_length=64, return_tensors="pt")
+    )
+    batch["labels"] = torch.tensor(rows["label"])
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    constraint = LayerwiseDescent(model.config.num_hidden_layers, alpha=0.1, dual_lr=0.05)
+    primal_dual = PrimalDual(adamw, constraint)
+
+    def erm() -> None:
+        model(**batch).loss.backward()
+        adamw.step()
+        adamw.zero_grad()
+
+    def constrained() -> None:
+        constraint.lagrangian(layer_losses(model, batch)).backward()
+        primal_dual.step()
+        primal_dual.zero_grad()
+
+    return compare(
+        "MiniLM-L6 classifier, batch 32 x 64 tokens",
+        model,
+        adamw,
+        {"erm": erm, "constrained": constrained},
+        repeats,
+        (1.05, 1.10),
+    )
+
+
+def smollm2(repeats: int, sample_tokens: int) -> dict:
+    from descentlab.data import load_austen, load_causal_lm
+
+    model, tokenizer = load_causal_lm("smollm2")
+    model.train()
+    text = load_austen()["train"][:20000]
+    ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :256]
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    labels = ids.clone()
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    layers = model.config.num_hidden_layers
+    constraint = LayerwiseDescent(layers, alpha=0.05, dual_lr=0.01)
+    primal_dual = PrimalDual(adamw, constraint)
+    fast = CausalLMReadout(chunk_size=1024, sample_tokens=sample_tokens, checkpoint=False)
+    naive = CausalLMReadout(chunk_size=None)
+    naive_constraint = copy.deepcopy(constraint)
+    naive_pd = PrimalDual(adamw, naive_constraint)
+
+    def erm() -> None:
+        model(**batch, labels=labels).loss.backward()
+        adamw.step()
+        adamw.zero_grad()
+
+    def constrained() -> None:
+        constraint.lagrangian(layer_losses(model, batch, readout=fast)).backward()
+        primal_dual.step()
+        primal_dual.zero_grad()
+
+    def unchunked() -> None:
+        naive_constraint.lagrangian(layer_losses(model, batch, readout=naive)).backward()
+        naive_pd.step()
+        naive_pd.zero_grad()
+
+    name = f"SmolLM2-135M, {layers} layers constrained, 1 x 256 tokens, {sample_tokens} sampled tokens/layer"
+    steps = {"erm": erm, "constrained": constrained, "naive": unchunked}
+    return compare(name, model, adamw, steps, repeats, (1.5, 1.3))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["minilm", "smollm2"], default=None)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sample-tokens", type=int, default=16)
+    args = parser.parse_args(argv)
+    results = {}
+    if args.only in (None, "minilm"):
+        results["minilm"] = minilm(args.repeats)
+    if args.only in (None, "smollm2"):
+        results["smollm2"] = smollm2(max(2, args.repeats // 2), args.sample_tokens)
+    print("\n" + json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
