@@ -38,10 +38,29 @@ _EXPORTS: dict[str, str] = {
     "DUST": "descentlab.models.dust",
 }
 
+_SUBMODULES = frozenset(
+    {
+        "constrained",
+        "data",
+        "errors",
+        "experiments",
+        "integrations",
+        "models",
+        "optim",
+        "readout",
+        "report",
+        "robustness",
+        "sparsity",
+        "train",
+    }
+)
+
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:  # `dl.data.load_...` without a separate import
+        return importlib.import_module(f"descentlab.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'descentlab' has no attribute {name!r}")
@@ -51,4 +70,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | _SUBMODULES)
