@@ -20,7 +20,7 @@ def test_quick_start_runs() -> None:
     section = README.read_text().split("## Quick start", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     namespace: dict = {}
-    exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - our own documentation
+    exec(compile(code, str(README), "exec"), namespace)
     assert namespace["constraint"].multipliers.shape == (6,)
     assert namespace["noisy"].shape == (16, 2)
     assert namespace["acdc"].sparsity == 0.9
