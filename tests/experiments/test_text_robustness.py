@@ -128,5 +128,46 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
     assert any("Selection" in t for t in titles) and any("Dataset shift" in t for t in titles)
     selection = next(t for t in res["tables"] if "Selection" in t["title"])
     assert [r[-1] for r in selection["rows"] if r[0] == "constrained"].count("yes") == 1
+    # the chosen first-seed candidate is evaluated from its selection checkpoint, not trained again
+    tags = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert tags == sorted(
+        [
+            "erm-seed0",
+            "erm-seed1",
+            "constrained-cand0-seed0",
+            "constrained-cand1-seed0",
+            "constrained-seed1",
+            "resilient-cand0-seed0",
+            "resilient-seed1",
+        ]
+    )
     report = (out / "report.md").read_text()
     assert "gaussian: accuracy vs gamma" in report and (out / "figures" / "curves.png").is_file()
+
+
+def test_worker_processes_give_the_same_layout(tiny_encoder_dir, tmp_path) -> None:
+    out = run_experiment(
+        "text-robustness",
+        preset="quick",
+        out=tmp_path / "runs",
+        overrides=[
+            f"model={tiny_encoder_dir}",
+            "workers=2",
+            "methods=[erm,constrained]",
+            "seeds=[0,1]",
+            "data.n_train=32",
+            "data.n_eval=16",
+            "data.max_length=24",
+            "train.batch_size=16",
+            "train.progress=false",
+            "evaluation.kinds=[gaussian]",
+            "evaluation.gammas=[0.0,2.0]",
+            'selection.constrained=["", "detach_prev=true"]',
+        ],
+    )
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["methods"]) == {"erm", "constrained"}
+    curve = res["methods"]["constrained"]["curves"]["gaussian"]
+    assert curve["x"] == [0.0, 2.0] and len(curve["per_model"]) == 2
+    logged = {r.get("tag") for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    assert {"eval-erm-seed0", "eval-erm-seed1", "eval-constrained-seed1"} <= logged

@@ -11,7 +11,9 @@ content-keyed so that every method sees the same noisy inputs), the per-layer te
 
 from __future__ import annotations
 
+import multiprocessing
 import shlex
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -88,11 +90,14 @@ class TextRobustnessConfig:
     selection: Selection = field(default_factory=Selection)
     evaluation: Evaluation = field(default_factory=Evaluation)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=2, batch_size=32, log_every=10))
+    workers: int = 1  # >1: train/evaluate (method, seed) jobs in that many 1-thread processes
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise ConfigError(f"methods must be a non-empty subset of {list(METHODS)}, got {self.methods}")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if not self.seeds:
             raise ConfigError("seeds must list at least one training seed")
         if self.lr <= 0:
@@ -111,23 +116,30 @@ class TextRobustnessConfig:
 CONFIG = TextRobustnessConfig
 
 PRESETS = {
+    # `make demo`: about 300 CPU-seconds in all, under 4 minutes on 2 idle cores
     "quick": {
         "seeds": [0],
         "lr": 1e-4,
         "data.n_train": 600,
-        "data.n_eval": 300,
+        "data.n_eval": 200,
         "train.epochs": 1,
+        "train.batch_size": 16,
         "evaluation.draws": 2,
         "evaluation.gammas": [0.0, 0.5, 1.0, 2.0, 3.0],
     },
+    # sized for a CPU shared with ~7 other jobs (docs/results/text-robustness.md); two selection candidates
+    # per constrained method: the first measurement's setting, and strong-but-feasible constraints
     "full": {
         "seeds": [0, 1, 2],
-        "data.n_train": 2000,
-        "data.n_eval": 600,
-        "train.epochs": 2,
+        "lr": 1e-4,
+        "data.n_train": 1000,
+        "data.n_eval": 200,
+        "train.epochs": 1,
+        "train.batch_size": 16,
         "evaluation.draws": 2,
-        "selection.constrained": ["alpha=0.1", "alpha=0.1 early_alpha=0.0 early_layers=4"],
-        "selection.resilient": ["penalty=1.0", "penalty=1.0 early_alpha=0.0 early_layers=4"],
+        "workers": 2,
+        "selection.constrained": ["", "dual_lr=0.5 detach_prev=true early_alpha=0.0 early_layers=4"],
+        "selection.resilient": ["", "dual_lr=0.5 detach_prev=true early_alpha=0.0 early_layers=4"],
     },
 }
 
@@ -183,57 +195,71 @@ def eval_batches(features: list[dict[str, Any]], collate: Any, size: int) -> lis
     return [collate([features[i] for i in order[k : k + size]]) for k in range(0, len(order), size)]
 
 
-def train_model(
-    cfg: TextRobustnessConfig,
-    method: str,
-    settings: ConstraintSettings | None,
-    seed: int,
-    train_set: list,
-    collate: Any,
-    num_labels: int,
-    run: RunDir,
-    tag: str,
-) -> tuple[Any, Any]:
-    """Fresh pretrained encoder + head (head initialised from ``seed``), trained by ``method``."""
+@dataclass
+class Prepared:
+    """Tokenized data shared by every job (picklable, so worker processes get a copy)."""
+
+    train: list[dict[str, Any]]
+    val: list[dict[str, torch.Tensor]]
+    test: list[dict[str, torch.Tensor]]
+    shift: dict[str, list[dict[str, torch.Tensor]]]
+    collate: Any
+    num_labels: int
+
+
+@dataclass(frozen=True)
+class Job:
+    """Train (or resume from the run's checkpoint) one model, then evaluate it on ``split``."""
+
+    method: str
+    settings: ConstraintSettings | None
+    seed: int
+    tag: str
+    split: str  # "validation": selection numbers only; "test": the full evaluation
+
+
+def train_model(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) -> tuple[Any, Any]:
+    """Fresh pretrained encoder + head (head initialised from the seed), trained by the job's method.
+
+    ``fit`` resumes from the newest checkpoint under the job's tag, so a finished job only reloads.
+    """
     from descentlab.constrained.primal_dual import PrimalDual
     from descentlab.data import load_encoder_classifier
 
-    seed_everything(seed)
-    model, _ = load_encoder_classifier(cfg.model, num_labels=num_labels)
+    seed_everything(job.seed)
+    model, _ = load_encoder_classifier(cfg.model, num_labels=data.num_labels)
     optimizer: torch.optim.Optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
     )
     constraint = None
-    if method == "erm":
+    if job.method == "erm":
         objective: Any = ERM()
     else:
-        constraint = build_constraint(
-            settings, model.config.num_hidden_layers, resilient=method == "resilient"
-        )
+        resilient = job.method == "resilient"
+        constraint = build_constraint(job.settings, model.config.num_hidden_layers, resilient=resilient)
         optimizer = PrimalDual(optimizer, constraint)
         objective = Constrained(constraint)
+    train_cfg = replace(cfg.train, seed=job.seed)
     fit(
         model,
-        train_set,
+        data.train,
         objective=objective,
         optimizer=optimizer,
-        cfg=replace(cfg.train, seed=seed),
-        collate_fn=collate,
+        cfg=train_cfg,
+        collate_fn=data.collate,
         run=run,
-        tag=tag,
+        tag=job.tag,
     )
     return model.eval(), constraint
 
 
-def selection_summary(settings: ConstraintSettings | None, base: ConstraintSettings) -> str:
-    """The chosen settings as the overrides that differ from the base settings ("defaults" if none)."""
-    if settings is None:
-        return "n/a"
+def selection_summary(settings: ConstraintSettings, base: ConstraintSettings) -> str:
+    """The settings' differences from the base settings, as ``key=value`` words ("nothing" if none)."""
     changed = [f"{k}={v}" for k, v in asdict(settings).items() if getattr(base, k) != v]
     return " ".join(changed) or "nothing"
 
 
-def evaluate_curves(
+def accuracy_curves(
     cfg: TextRobustnessConfig,
     model: Any,
     batches: list,
@@ -255,140 +281,165 @@ def evaluate_curves(
     )
 
 
-def select(
-    cfg: TextRobustnessConfig,
-    method: str,
-    candidates: list[str],
-    erm_val_clean: float | None,
-    train: Any,
-    val: list,
-) -> tuple[ConstraintSettings, Any, Any, list[list[Any]], str]:
-    """Train each candidate on the first seed; keep the best on validation. Returns the winner's model too."""
-    rows, best = [], None
-    for i, candidate in enumerate(candidates):
-        settings = candidate_settings(cfg.constraint, candidate)
-        model, constraint = train(method, settings, f"{method}-cand{i}-seed{cfg.seeds[0]}")
-        if len(candidates) == 1:
-            return (
-                settings,
-                model,
-                constraint,
-                [[method, candidate or "(defaults)", "", "", "yes"]],
-                f"only candidate {candidate or '(defaults)'!r}",
-            )
-        curve = evaluate_curves(cfg, model, val, cfg.seeds[0], ["gaussian"], cfg.selection.draws)
-        clean, robust = curve.curves()["gaussian"]["mean"][0], curve.summary()["gaussian"]
-        eligible = erm_val_clean is None or clean >= erm_val_clean - cfg.selection.max_clean_drop
-        score = (eligible, robust if cfg.selection.criterion == "robust" else clean, clean)
-        rows.append([method, candidate or "(defaults)", clean, robust, ""])
-        if best is None or score > best[0]:
-            best = (score, i, settings, model, constraint)
-        else:
-            del model
-    _, index, settings, model, constraint = best
-    rows[index][-1] = "yes"
-    why = (
-        f"highest validation {'mean accuracy over the gaussian γ grid' if cfg.selection.criterion == 'robust' else 'clean accuracy'}"
-        f" among candidates within {cfg.selection.max_clean_drop} clean accuracy of ERM: "
-        f"{candidates[index] or '(defaults)'!r}"
+def clean_accuracy(model: Any, batches: list) -> float:
+    curve = robustness_curve(model, batches, kinds=["gaussian"], gammas=[0.0], draws=1)
+    return float(curve.values["gaussian"][0, 0, 0])
+
+
+def run_job(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) -> dict[str, Any]:
+    """One job end to end; returns plain numbers (so it can run in a worker process)."""
+    ev = cfg.evaluation
+    model, constraint = train_model(cfg, job, data, run)
+    if job.split == "validation":
+        out = {"clean": clean_accuracy(model, data.val)}
+        if job.method != "erm":
+            curve = accuracy_curves(cfg, model, data.val, job.seed, ["gaussian"], cfg.selection.draws)
+            out["robust"] = curve.summary()["gaussian"]
+        return out
+    curves = accuracy_curves(cfg, model, data.test, job.seed, list(ev.kinds), ev.draws)
+    noisy = layer_loss_profile(
+        model, data.test, kind=ev.profile_kind, gamma=ev.profile_gamma, draws=ev.draws, seed=ev.noise_seed
     )
-    return settings, model, constraint, rows, why
+    extra = {"val_accuracy": clean_accuracy(model, data.val)}
+    extra.update({f"shift:{name}": clean_accuracy(model, b) for name, b in data.shift.items()})
+    run.log(tag=f"eval-{job.tag}", clean_accuracy=float(curves.values[ev.kinds[0]][0, 0, 0]))
+    return {
+        "curves": curves,
+        "profiles": {"clean": layer_loss_profile(model, data.test), noisy_condition(ev): noisy},
+        "extra": extra,
+        "multipliers": constraint.multipliers.tolist() if constraint is not None else None,
+    }
 
 
-def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
+def noisy_condition(ev: Evaluation) -> str:
+    return f"{ev.profile_kind}@{ev.profile_gamma:g}"
+
+
+def _worker_init(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def run_jobs(cfg: TextRobustnessConfig, jobs: list[Job], data: Prepared, run: RunDir) -> list[dict[str, Any]]:
+    """Run jobs in order, inline (``workers=1``) or in ``workers`` spawned processes of 1 thread each."""
+    if cfg.workers <= 1 or len(jobs) <= 1:
+        return [run_job(cfg, job, data, run) for job in jobs]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        cfg.workers, mp_context=context, initializer=_worker_init, initargs=(1,)
+    ) as pool:
+        futures = [pool.submit(run_job, cfg, job, data, run) for job in jobs]
+        return [f.result() for f in futures]
+
+
+def choose(
+    cfg: TextRobustnessConfig, method: str, results: list[dict[str, Any]], erm_clean: float | None
+) -> tuple[int, list[list[Any]], str]:
+    """Index of the best candidate on validation, the selection table rows, and the reason."""
+    candidates = getattr(cfg.selection, method)
+    key = "robust" if cfg.selection.criterion == "robust" else "clean"
+    scores = [
+        (erm_clean is None or r["clean"] >= erm_clean - cfg.selection.max_clean_drop, r[key], r["clean"])
+        for r in results
+    ]
+    best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+    rows = [
+        [method, c or "(defaults)", r["clean"], r["robust"], "yes" if i == best else ""]
+        for i, (c, r) in enumerate(zip(candidates, results, strict=True))
+    ]
+    what = "mean accuracy over the gaussian γ grid" if key == "robust" else "clean accuracy"
+    why = (
+        f"highest validation {what} among candidates within {cfg.selection.max_clean_drop} clean accuracy "
+        f"of ERM: {candidates[best] or '(defaults)'!r}"
+    )
+    return best, rows, why
+
+
+def prepare_data(cfg: TextRobustnessConfig) -> Prepared:
     from transformers import DataCollatorWithPadding
 
     from descentlab.data import load_encoder_classifier, load_text_classification
 
-    d, ev = cfg.data, cfg.evaluation
+    d = cfg.data
     splits = load_text_classification(
         d.name, seed=d.split_seed, max_train=d.n_train, max_eval=d.n_eval, text_fields=d.text_fields
     )
     num_labels = int(max(splits["train"]["label"])) + 1
     _, tokenizer = load_encoder_classifier(cfg.model, num_labels=num_labels)
     collate = DataCollatorWithPadding(tokenizer, return_tensors="pt")
-    train_set = encode(splits["train"], tokenizer, d.max_length)
-    val = eval_batches(encode(splits["validation"], tokenizer, d.max_length), collate, d.eval_batch_size)
-    test = eval_batches(encode(splits["test"], tokenizer, d.max_length), collate, d.eval_batch_size)
-    shift = {}
-    for name in d.shift:
-        shifted = load_text_classification(name, seed=d.split_seed, max_eval=d.n_eval)["test"]
-        shift[name] = eval_batches(encode(shifted, tokenizer, d.max_length), collate, d.eval_batch_size)
 
-    def train(method: str, settings: ConstraintSettings | None, tag: str, seed: int | None = None) -> Any:
-        seed = cfg.seeds[0] if seed is None else seed
-        return train_model(cfg, method, settings, seed, train_set, collate, num_labels, run, tag)
+    def batches(split: Any) -> list[dict[str, torch.Tensor]]:
+        return eval_batches(encode(split, tokenizer, d.max_length), collate, d.eval_batch_size)
 
-    def accuracy(model: Any, batches: list, seed: int) -> float:
-        return evaluate_curves(cfg, model, batches, seed, ["gaussian"], 1, gammas=[0.0]).values["gaussian"][
-            0, 0, 0
-        ]
+    shift = {
+        n: batches(load_text_classification(n, seed=d.split_seed, max_eval=d.n_eval)["test"]) for n in d.shift
+    }
+    return Prepared(
+        encode(splits["train"], tokenizer, d.max_length),
+        batches(splits["validation"]),
+        batches(splits["test"]),
+        shift,
+        collate,
+        num_labels,
+    )
 
-    # 1. ERM, then each constrained method's settings chosen on validation (first seed)
-    first: dict[str, tuple[Any, Any]] = {}
-    chosen: dict[str, ConstraintSettings | None] = {"erm": None}
-    selection_rows, reasons = [], {}
-    if "erm" in cfg.methods:
-        first["erm"] = train("erm", None, f"erm-seed{cfg.seeds[0]}")
-    needs_val = any(len(getattr(cfg.selection, m)) > 1 for m in cfg.methods if m != "erm")
-    erm_val_clean = accuracy(first["erm"][0], val, cfg.seeds[0]) if "erm" in first and needs_val else None
-    for method in (m for m in cfg.methods if m != "erm"):
-        candidates = getattr(cfg.selection, method)
-        settings, model, constraint, rows, why = select(cfg, method, candidates, erm_val_clean, train, val)
-        chosen[method], first[method], reasons[method] = settings, (model, constraint), why
+
+def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
+    d, ev, seed0 = cfg.data, cfg.evaluation, cfg.seeds[0]
+    data = prepare_data(cfg)
+
+    # 1. selection: every candidate of a constrained method trains on the first seed, scored on validation
+    candidates = {
+        m: [candidate_settings(cfg.constraint, c) for c in getattr(cfg.selection, m)]
+        for m in cfg.methods
+        if m != "erm"
+    }
+    to_select = [m for m, c in candidates.items() if len(c) > 1]
+    val_jobs = [
+        Job(m, s, seed0, f"{m}-cand{i}-seed{seed0}", "validation")
+        for m in to_select
+        for i, s in enumerate(candidates[m])
+    ]
+    if val_jobs and "erm" in cfg.methods:
+        val_jobs.insert(0, Job("erm", None, seed0, f"erm-seed{seed0}", "validation"))
+    val_results = list(zip(val_jobs, run_jobs(cfg, val_jobs, data, run), strict=True))
+    erm_clean = next((r["clean"] for j, r in val_results if j.method == "erm"), None)
+    chosen: dict[str, int] = {m: 0 for m in candidates}
+    selection_rows: list[list[Any]] = []
+    reasons = {m: f"only candidate {getattr(cfg.selection, m)[0] or '(defaults)'!r}" for m in candidates}
+    for m in to_select:
+        results_m = [r for j, r in val_results if j.method == m]
+        chosen[m], rows, reasons[m] = choose(cfg, m, results_m, erm_clean)
         selection_rows += rows
 
-    # 2. the other seeds; every model is evaluated on test as soon as it exists, then dropped
-    curves: dict[str, list[RobustnessCurves]] = {m: [] for m in cfg.methods}
-    noisy_key = f"{ev.profile_kind}@{ev.profile_gamma:g}"
-    profiles = {m: {"clean": [], noisy_key: []} for m in cfg.methods}
-    extra = {m: {} for m in cfg.methods}
-    multipliers: dict[str, list[list[float]]] = {m: [] for m in cfg.methods}
-    for seed in cfg.seeds:
-        for method in cfg.methods:
-            if seed == cfg.seeds[0]:
-                model, constraint = first.pop(method)
-            else:
-                model, constraint = train(method, chosen[method], f"{method}-seed{seed}", seed)
-            curves[method].append(evaluate_curves(cfg, model, test, seed, list(ev.kinds), ev.draws))
-            profiles[method]["clean"].append(layer_loss_profile(model, test))
-            profiles[method][noisy_key].append(
-                layer_loss_profile(
-                    model,
-                    test,
-                    kind=ev.profile_kind,
-                    gamma=ev.profile_gamma,
-                    draws=ev.draws,
-                    seed=ev.noise_seed,
-                )
-            )
-            extra[method].setdefault("val_accuracy", []).append(accuracy(model, val, seed))
-            for name, batches in shift.items():
-                extra[method].setdefault(f"shift:{name}", []).append(accuracy(model, batches, seed))
-            if constraint is not None:
-                multipliers[method].append(constraint.multipliers.tolist())
-            run.log(
-                tag=f"eval-{method}-seed{seed}",
-                clean_accuracy=curves[method][-1].values[ev.kinds[0]][0, 0, 0],
-            )
-            del model, constraint
+    # 2. test evaluation of every (method, seed); the first seed's chosen models resume from step 1
+    def job(method: str, seed: int) -> Job:
+        if method == "erm":
+            return Job("erm", None, seed, f"erm-seed{seed}", "test")
+        tag = f"{method}-cand{chosen[method]}-seed{seed}" if seed == seed0 else f"{method}-seed{seed}"
+        return Job(method, candidates[method][chosen[method]], seed, tag, "test")
+
+    test_jobs = [job(m, s) for s in cfg.seeds for m in cfg.methods]
+    outputs: dict[str, list[dict[str, Any]]] = {m: [] for m in cfg.methods}
+    for j, out in zip(test_jobs, run_jobs(cfg, test_jobs, data, run), strict=True):
+        outputs[j.method].append(out)
 
     # 3. results in the DESIGN.md shape
-    joined = {m: RobustnessCurves.concat(parts) for m, parts in curves.items()}
-    methods_out = {
-        m: results.method_block(joined[m], profiles[m], extra[m], multipliers[m], ev.kinds[0])
-        for m in cfg.methods
-    }
-    for m, settings in chosen.items():
-        if settings is not None:
-            methods_out[m]["constraint"] = asdict(settings)
+    joined = {m: RobustnessCurves.concat([o["curves"] for o in outs]) for m, outs in outputs.items()}
+    methods_out = {}
+    for m, outs in outputs.items():
+        profiles = {k: [o["profiles"][k] for o in outs] for k in outs[0]["profiles"]}
+        extra = {k: [o["extra"][k] for o in outs] for k in outs[0]["extra"]}
+        lams = [o["multipliers"] for o in outs if o["multipliers"] is not None]
+        methods_out[m] = results.method_block(joined[m], profiles, extra, lams, ev.kinds[0])
+        if m in candidates:
+            methods_out[m]["constraint"] = asdict(candidates[m][chosen[m]])
     protocol = {
         "dataset": d.name,
         "model": cfg.model,
         "split": "test; constraint settings selected on validation",
-        "n_train": len(train_set),
+        "n_train": len(data.train),
         "n_eval": int(joined[cfg.methods[0]].protocol["n_eval"]),
-        "n_val": sum(len(b["labels"]) for b in val),
+        "n_val": sum(len(b["labels"]) for b in data.val),
         "seeds": list(cfg.seeds),
         "draws": ev.draws,
         "noise": "added to the input-embedding output, per-coordinate variance (γ σ_E)², σ_E = RMS of the "
@@ -398,10 +449,11 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
         "noise_seed": ev.noise_seed,
         "budget": f"{cfg.train.epochs} epoch(s), batch {cfg.train.batch_size}, AdamW lr {cfg.lr} "
         f"wd {cfg.weight_decay}, max_length {d.max_length}",
-        "layer_loss": f"test mean of the loss read out at layers 0..L, clean and {noisy_key} "
+        "layer_loss": f"test mean of the loss read out at layers 0..L, clean and {noisy_condition(ev)} "
         f"({ev.draws} draws); mean over seeds",
         "selection": {
-            m: f"{why} (differs from the base settings in: {selection_summary(chosen[m], cfg.constraint)})"
+            m: f"{why} (differs from the base settings in: "
+            f"{selection_summary(candidates[m][chosen[m]], cfg.constraint)})"
             for m, why in reasons.items()
         },
         "shift_sets": list(d.shift),
