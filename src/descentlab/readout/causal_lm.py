@@ -6,7 +6,7 @@ over the N next-token targets that are not -100 (the model's own loss is the sam
 Hugging Face returns the last hidden state *after* the final norm; it is read out without a second norm.
 
 Cost. Naively the L+1 layers give (L+1)·N·V logits at once, and autograd keeps them for the backward pass.
-Here the rows of all layers are concatenated and cut into chunks of ``chunk_size`` tokens; each chunk's
+Here the rows of layers 0..L-1 are stacked (layer L apart) and cut into chunks of ``chunk_size`` tokens; each chunk's
 logits exist only inside a checkpointed function, so peak memory holds one chunk's logits and the backward
 recomputes them (one extra head matmul per token). ``sample_tokens`` reads the intermediate layers on a
 uniform random subset of the N targets, drawn without replacement and shared by layers 0..L-1: each f_l is
@@ -189,25 +189,22 @@ class CausalLMReadout(Readout):
             )
         y = targets[valid]
 
-        def rows(h: Tensor) -> Tensor:
-            return h[:, :-1][valid]
-
-        last_normed = out.last_hidden_state is states[-1]
         sample = self._sample(n, y.device)
-        inner = list(states[:-1]) if last_normed else list(states)
-        x_inner = [rows(h) if sample is None else rows(h)[sample] for h in inner]
-        if not last_normed and sample is not None:
-            x_inner[-1] = rows(states[-1])
-        y_inner = [y if sample is None else y[sample] for _ in x_inner]
-        if not last_normed and sample is not None:
-            y_inner[-1] = y
-        with_norm = self._logits_fn(model, norm)
-        ce = chunked_token_ce(
-            torch.cat(x_inner), torch.cat(y_inner), with_norm, self.chunk_size, self.checkpoint
+        y_inner = y if sample is None else y[sample]
+
+        def rows(h: Tensor, subset: Tensor | None) -> Tensor:
+            picked = h[:, :-1][valid]
+            return picked if subset is None else picked[subset]
+
+        # Layers 0..L-1: one chunked pass over their stacked rows (same targets for every layer).
+        num_inner = len(states) - 1
+        x_inner = torch.cat([rows(h, sample) for h in states[:-1]])
+        ce_inner = chunked_token_ce(
+            x_inner, y_inner.repeat(num_inner), self._logits_fn(model, norm), self.chunk_size, self.checkpoint
         )
-        losses = [seg.mean() for seg in torch.split(ce, [len(t) for t in y_inner])]
-        if last_normed:
-            no_norm = self._logits_fn(model, None)
-            ce_last = chunked_token_ce(rows(states[-1]), y, no_norm, self.chunk_size, self.checkpoint)
-            losses.append(ce_last.mean())
-        return torch.stack(losses)
+        # Layer L: every token; transformers hands it over already normalised when it *is* last_hidden_state.
+        last_norm = None if out.last_hidden_state is states[-1] else norm
+        ce_last = chunked_token_ce(
+            rows(states[-1], None), y, self._logits_fn(model, last_norm), self.chunk_size, self.checkpoint
+        )
+        return torch.cat([ce_inner.view(num_inner, -1).mean(1), ce_last.mean()[None]])
