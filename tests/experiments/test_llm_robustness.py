@@ -131,6 +131,7 @@ def test_pipeline_runs_end_to_end(tiny_llama_dir, tmp_path) -> None:
     overrides = [
         f"model.name={tiny_llama_dir}",
         "methods=[erm,constrained,resilient]",
+        "model.gradient_checkpointing=true",
         "lr=1e-3",
         "train.max_steps=2",
         "train.batch_size=2",

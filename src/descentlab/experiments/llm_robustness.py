@@ -240,12 +240,21 @@ def fine_tune(
     return facts
 
 
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer in the backward pass (transformers >= 5 name, else the older one)."""
+    kwargs = {"use_reentrant": False}  # the non-reentrant form supports the readout's extra graph branches
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
+
+
 def run(cfg: LlmRobustnessConfig, run: RunDir) -> dict:
     model, tok = load_causal_lm(cfg.model.name)
     pad, num_layers = int(tok.pad_token_id), int(model.config.num_hidden_layers)
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
+        enable_activation_checkpointing(model)
     pretrained = {k: v.detach().clone() for k, v in model.state_dict().items()}
     train, held, data_protocol = build_data(cfg.data, tok)
     e = cfg.eval

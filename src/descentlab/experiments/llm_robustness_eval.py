@@ -76,14 +76,16 @@ def layer_profile(
     """Token-weighted mean logit-lens loss at layers 0..L over ``examples`` (every layer, every target)."""
     model.eval()
     readout = CausalLMReadout(chunk_size=chunk, sample_tokens=None)
-    total, count = torch.zeros((), dtype=torch.float64), 0
+    device = next(model.parameters()).device
+    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
     with noise.apply(model, pad_token_id=pad):
         for s in range(0, len(examples), 4):
             batch = collate_causal(examples[s : s + 4], pad)
             if all_tokens:
                 batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
             n = int((batch["labels"][:, 1:] != -100).sum())
-            total, count = total + layer_losses(model, batch, readout=readout).double() * n, count + n
+            f = layer_losses(model, {k: v.to(device) for k, v in batch.items()}, readout=readout)
+            total, count = total + f.double() * n, count + n
     return (total / count).tolist()
 
 
