@@ -11,6 +11,7 @@ import torch
 from descentlab.errors import AssetMissingError, ConfigError
 
 TINY = [
+    "threads=1",
     "corpus_max_chars=60000",
     "bpe_vocab=320",
     "model.n_layer=2",
