@@ -1,0 +1,126 @@
+"""Implicit-bias claims of METHODS.md 2.2, against exact references (pinv, scipy linprog); float64, one seed."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from descentlab.experiments import implicit_bias as ib
+from descentlab.train.rundir import RunDir
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # 60-dim vectors: threads only add overhead
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def regression():
+    x, y = ib.make_regression(20, 60, 4, seed=0)
+    return x, y, ib.regression_references(x, y)
+
+
+@pytest.fixture(scope="module")
+def classification():
+    z = ib.make_classification(40, 100, 3, seed=0)
+    return z, ib.optimal_margins(z)
+
+
+def _fit_regression(name: str, x, y, steps: int) -> torch.Tensor:
+    cfg = ib.ImplicitBiasConfig()
+    lr = ib.regression_lr(name, x)
+    w, _ = ib.train(
+        torch.zeros(x.shape[1], dtype=torch.float64),
+        lambda v: ib.regression_grad(v, x, y),
+        lambda p: ib.make_optimizer(name, p, lr, cfg, regression=True),
+        steps,
+        [],
+    )
+    return w
+
+
+def test_references_are_exact(regression, classification):
+    x, y, ref = regression
+    torch.testing.assert_close(x @ ref["w_l2"], y, rtol=0, atol=1e-10)
+    # weak duality checks of the LPs: the planted solution is an interpolant, so min L1/Linf cannot exceed it
+    planted = torch.linalg.lstsq(x[:, :4], y).solution
+    assert ref["l1"] <= float(planted.abs().sum()) + 1e-9
+    assert ref["linf"] <= ref["l2"] <= ref["l1"]
+    z, margins = classification
+    teacher = torch.zeros(100, dtype=torch.float64)
+    teacher[:3] = 1.0
+    assert margins["l1"] >= ib.normalized_margin(teacher, z, 1) - 1e-12
+    assert margins["linf"] >= ib.normalized_margin(teacher, z, math.inf) - 1e-12
+
+
+def test_gd_reaches_the_pseudo_inverse(regression):
+    x, y, ref = regression
+    w = _fit_regression("gd", x, y, 600)
+    assert float((w - ref["w_l2"]).abs().max()) <= 1e-8
+
+
+def test_sign_descent_is_near_min_linf(regression):
+    x, y, ref = regression
+    w = _fit_regression("sign", x, y, 2000)
+    assert float((x @ w - y).abs().max()) <= 1e-6
+    assert float(w.abs().max()) <= 1.25 * ref["linf"]
+
+
+def test_coordinate_descent_is_near_min_l1(regression):
+    x, y, ref = regression
+    w = _fit_regression("coordinate", x, y, 4000)
+    assert float((x @ w - y).abs().max()) <= 1e-3
+    assert float(w.abs().sum()) <= 1.15 * ref["l1"]
+
+
+def test_hyperbolic_mirror_descent_is_near_min_l1(regression):
+    x, y, ref = regression
+    w = _fit_regression("hyperbolic_md", x, y, 8000)
+    assert float((x @ w - y).abs().max()) <= 1e-2
+    assert float(w.abs().sum()) <= 1.25 * ref["l1"]
+    assert float(w.abs().sum()) < float(ref["w_l2"].abs().sum())  # and clearly not the L2 solution
+
+
+def test_horst_l1_margin_beats_adam(classification):
+    z, margins = classification
+    cfg = ib.ImplicitBiasConfig()
+    out = {}
+    for name in ("adam", "horst"):
+        w, _ = ib.train(
+            torch.zeros(z.shape[1], dtype=torch.float64),
+            lambda v: ib.classification_grad(v, z),
+            lambda p, name=name: ib.make_optimizer(name, p, 1e-2, cfg, regression=False),
+            5000,
+            [],
+        )
+        out[name] = (ib.normalized_margin(w, z, 1) / margins["l1"], ib.count_nonzeros(w, 1e-3))
+    (adam_margin, adam_nnz), (horst_margin, horst_nnz) = out["adam"], out["horst"]
+    assert horst_margin >= 0.9
+    assert horst_margin >= 1.8 * adam_margin
+    assert horst_nnz < adam_nnz
+
+
+def test_run_writes_tables_and_figures(tmp_path):
+    cfg = ib.ImplicitBiasConfig(
+        seeds=[0],
+        methods=["gd", "horst", "sign+mirror_before"],
+        regression=ib.RegressionConfig(n=8, d=20, support=2, steps=60),
+        classification=ib.ClassificationConfig(n=10, d=20, support=2, steps=60),
+        curve_points=4,
+    )
+    run = RunDir.create(tmp_path, "implicit-bias")
+    body = ib.run(cfg, run)
+    json.dumps(body)  # results.json must be plain data
+    assert set(body["methods"]) == {"gd", "horst", "sign+mirror_before"}
+    assert body["methods"]["horst"]["curves"]["cls_margin"]["x"] == ib.log_grid(60, 4)
+    assert len(body["tables"]) == 2 and len(body["tables"][0]["rows"]) == 3
+    for fig in body["figures"]:
+        assert (run.path / fig["path"]).is_file()
+    with pytest.raises(ib.ConfigError):
+        ib.ImplicitBiasConfig(methods=["lion"])
