@@ -193,6 +193,19 @@ def test_state_dict_round_trip_is_exact(dtype, tiny_gpt2, lm_batches, lm_loss):
             assert torch.equal(opt_a.state[p][key], opt_b.state[q][key])
 
 
+def test_adamw_state_dict_loads_into_horst(tiny_gpt2, lm_batches, lm_loss):
+    a, b = tiny_gpt2(), tiny_gpt2()
+    adamw = torch.optim.AdamW(a.parameters(), lr=1e-3, weight_decay=0.01)
+    _train(a, adamw, lm_batches, lm_loss, 3)
+    b.load_state_dict(a.state_dict())
+    horst = HORST(b.parameters(), alpha=0.0, impl="foreach")
+    horst.load_state_dict(_roundtrip(adamw.state_dict()))
+    assert horst.param_groups[0]["alpha"] == 0.0 and horst.param_groups[0]["mirror"] is None
+    _train(a, adamw, lm_batches[3:], lm_loss, 3)
+    _train(b, horst, lm_batches[3:], lm_loss, 3)
+    assert _rel_err(a, b) <= 1e-6
+
+
 def test_compose_adam_mirror_after_is_horst(tiny_gpt2, lm_batches, lm_loss):
     a, b = tiny_gpt2(), tiny_gpt2()
     horst = HORST(a.parameters(), lr=2e-3, weight_decay=0.05, alpha=20.0, beta=0.3, impl="foreach")

@@ -330,10 +330,15 @@ class HORST(Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict exactly, keeping float32 moments of low-precision parameters in float32.
 
+        AdamW state dicts load too (same state keys); group keys they lack take this optimizer's defaults.
+
         ``Optimizer.load_state_dict`` casts every state tensor to its parameter's dtype, which would round
         the float32 moments of bf16 parameters; they are restored from ``state_dict`` afterwards.
         """
         super().load_state_dict(state_dict)
+        for group in self.param_groups:  # e.g. a torch.optim.AdamW state dict: take HORST's defaults
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
         for saved_id, p in zip(saved_ids, params, strict=True):
