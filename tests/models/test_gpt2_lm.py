@@ -184,3 +184,30 @@ def test_layerwise_pruning_hits_50_percent_per_block_matrix_and_keeps_embeddings
         if name not in expected:  # embeddings, tied LM head, biases, layer norms
             assert torch.equal(w, before[name]), name
     assert report.global_sparsity == pytest.approx(0.5, abs=1e-12)
+
+
+def test_local_corpus_reads_split_files_and_splits_a_single_file(tmp_path):
+    """The full preset's `corpus=PATH` mode: a SlimPajama-like folder of split files, or one text file."""
+    import json as _json
+
+    from descentlab.data.lm_blocks import load_local_corpus
+
+    folder = tmp_path / "slimpajama"
+    (folder / "train").mkdir(parents=True)
+    (folder / "validation").mkdir()
+    for split, n in (("train", 30), ("validation", 5)):
+        rows = [{"text": f"{split} document {i}. " * 3, "meta": {"set": "x"}} for i in range(n)]
+        (folder / split / "part-0.jsonl").write_text("\n".join(_json.dumps(r) for r in rows))
+    splits = load_local_corpus(folder)
+    assert len(splits["train"]) == 30 and splits["train"][0].startswith("train document 0.")
+    assert len(splits["validation"]) == 5 and splits["test"] == splits["validation"]
+    capped = load_local_corpus(folder, max_chars=100)
+    assert 1 <= len(capped["train"]) < 30
+
+    text = tmp_path / "book.txt"
+    text.write_text("\n\n".join(f"Paragraph {i} of the book." for i in range(100)))
+    one = load_local_corpus(text, holdout_frac=0.1)
+    assert [len(one[s]) for s in ("train", "validation", "test")] == [80, 10, 10]
+    assert one["test"][-1].strip() == "Paragraph 99 of the book."
+    with pytest.raises(AssetMissingError):
+        load_local_corpus(tmp_path / "missing")
