@@ -12,10 +12,12 @@ Two set-ups, each measured in one process on the same model and the same AdamW s
 Time: the variants' steps are interleaved (ERM, constrained, [naive], ERM, ...) after warm-up, and the
 median wall time per step is compared, so machine noise hits all variants alike.
 
-Peak memory (CPU): resident state (parameters + optimizer state + dual state, identical for all variants)
-plus the step's transient peak, the high-water mark of live CPU tensor bytes allocated during one full
-step (forward, backward, optimizer step, zero_grad), read from the "Total Allocated" counter of
-torch.profiler's memory events. Gradients count as transient because zero_grad frees them.
+Peak memory (CPU): resident state (parameters + optimizer state, identical for all variants; λ is a few
+floats) plus the step's transient peak, the high-water mark of live CPU tensor bytes allocated during one
+full step (forward, backward, optimizer step, zero_grad), read from the "Total Allocated" counter of
+torch.profiler's memory events. Gradients count as transient because zero_grad frees them. The optimizer
+step's temporaries can set the peak of both variants; the "fwd+bwd" columns give the same measure over
+forward + backward alone, where the readouts differ.
 
 Usage: python benchmarks/constrained_overhead.py [--only minilm|smollm2] [--repeats N] [--sample-tokens K]
 """
@@ -38,13 +40,29 @@ from torch.profiler import ProfilerActivity, profile
 from descentlab.constrained import LayerwiseDescent, PrimalDual
 from descentlab.readout import CausalLMReadout, layer_losses
 
-Step = Callable[[], None]
+LossFn = Callable[[], torch.Tensor]
+Variant = tuple[LossFn, torch.optim.Optimizer]  # (forward returning the loss to minimise, optimizer)
 
 
-def transient_peak_bytes(step: Step) -> int:
-    """High-water mark of CPU tensor bytes allocated during ``step`` (torch.profiler memory events)."""
+def run_step(variant: Variant) -> None:
+    loss_fn, optimizer = variant
+    loss_fn().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def transient_peak_bytes(variant: Variant, update: bool = True) -> int:
+    """High-water mark of CPU tensor bytes allocated during one step (torch.profiler memory events).
+
+    With ``update=False`` only forward + backward are profiled (zero_grad runs after profiling).
+    """
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
+        loss_fn, optimizer = variant
+        loss_fn().backward()
+        if update:
+            optimizer.step()
+            optimizer.zero_grad()
+    variant[1].zero_grad()
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -53,8 +71,12 @@ def transient_peak_bytes(step: Step) -> int:
             events = json.load(fh)["traceEvents"]
     finally:
         os.unlink(path)
-    totals = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]"]
-    return max(totals) if totals else 0
+    memory = [e["args"] for e in events if e.get("name") == "[memory]"]
+    if not memory:
+        return 0
+    # The counter tracks blocks allocated while profiling; measure from its value when the step began.
+    start = memory[0]["Total Allocated"] - memory[0]["Bytes"]
+    return max(m["Total Allocated"] for m in memory) - start
 
 
 def resident_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -69,36 +91,44 @@ def resident_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 
 def compare(
-    name: str, model, optimizer, steps: dict[str, Step], repeats: int, targets: tuple[float, float]
+    name: str, model, optimizer, steps: dict[str, Variant], repeats: int, targets: tuple[float, float]
 ) -> dict:
-    for step in steps.values():  # warm-up; also creates the AdamW state
-        step()
+    for variant in steps.values():  # warm-up; also creates the AdamW state
+        run_step(variant)
     times: dict[str, list[float]] = {k: [] for k in steps}
     for _ in range(repeats):
-        for key, step in steps.items():
+        for key, variant in steps.items():
             start = time.perf_counter()
-            step()
+            run_step(variant)
             times[key].append(time.perf_counter() - start)
     resident = resident_bytes(model, optimizer)
-    peaks = {key: transient_peak_bytes(step) for key, step in steps.items()}
+    peaks = {key: transient_peak_bytes(variant) for key, variant in steps.items()}
+    fwd_bwd = {key: transient_peak_bytes(variant, update=False) for key, variant in steps.items()}
     med = {k: statistics.median(v) for k, v in times.items()}
     base = "erm"
     print(f"\n== {name}  (threads={torch.get_num_threads()}, repeats={repeats})")
     print(f"resident (params + AdamW state): {resident / 2**20:.0f} MiB")
-    print(f"{'variant':<14}{'step s':>9}{'time x':>8}{'transient MiB':>15}{'peak MiB':>10}{'peak x':>8}")
+    print(
+        f"{'variant':<14}{'step s':>9}{'time x':>8}{'transient MiB':>15}{'peak MiB':>10}{'peak x':>8}"
+        f"{'fwd+bwd MiB':>13}{'fwd+bwd x':>11}"
+    )
     out = {}
     for key in steps:
         t_ratio = med[key] / med[base]
         peak = resident + peaks[key]
         m_ratio = peak / (resident + peaks[base])
+        fb_ratio = (resident + fwd_bwd[key]) / (resident + fwd_bwd[base])
         out[key] = {
             "step_s": med[key],
             "time_ratio": t_ratio,
             "peak_mib": peak / 2**20,
             "peak_ratio": m_ratio,
+            "fwd_bwd_transient_mib": fwd_bwd[key] / 2**20,
+            "fwd_bwd_peak_ratio": fb_ratio,
         }
         print(
             f"{key:<14}{med[key]:>9.3f}{t_ratio:>8.3f}{peaks[key] / 2**20:>15.0f}{peak / 2**20:>10.0f}{m_ratio:>8.3f}"
+            f"{fwd_bwd[key] / 2**20:>13.0f}{fb_ratio:>11.3f}"
         )
     c = out["constrained"]
     ok = c["time_ratio"] <= targets[0] and c["peak_ratio"] <= targets[1]
@@ -121,27 +151,24 @@ def minilm(repeats: int) -> dict:
     constraint = LayerwiseDescent(model.config.num_hidden_layers, alpha=0.1, dual_lr=0.05)
     primal_dual = PrimalDual(adamw, constraint)
 
-    def erm() -> None:
-        model(**batch).loss.backward()
-        adamw.step()
-        adamw.zero_grad()
+    def erm() -> torch.Tensor:
+        return model(**batch).loss
 
-    def constrained() -> None:
-        constraint.lagrangian(layer_losses(model, batch)).backward()
-        primal_dual.step()
-        primal_dual.zero_grad()
+    def constrained() -> torch.Tensor:
+        return constraint.lagrangian(layer_losses(model, batch))
 
+    steps = {"erm": (erm, adamw), "constrained": (constrained, primal_dual)}
     return compare(
         "MiniLM-L6 classifier, batch 32 x 64 tokens",
         model,
         adamw,
-        {"erm": erm, "constrained": constrained},
+        steps,
         repeats,
         (1.05, 1.10),
     )
 
 
-def smollm2(repeats: int, sample_tokens: int) -> dict:
+def smollm2(repeats: int, sample_tokens: int, naive_too: bool = True) -> dict:
     from descentlab.data import load_austen, load_causal_lm
 
     model, tokenizer = load_causal_lm("smollm2")
@@ -159,23 +186,19 @@ def smollm2(repeats: int, sample_tokens: int) -> dict:
     naive_constraint = copy.deepcopy(constraint)
     naive_pd = PrimalDual(adamw, naive_constraint)
 
-    def erm() -> None:
-        model(**batch, labels=labels).loss.backward()
-        adamw.step()
-        adamw.zero_grad()
+    def erm() -> torch.Tensor:
+        return model(**batch, labels=labels).loss
 
-    def constrained() -> None:
-        constraint.lagrangian(layer_losses(model, batch, readout=fast)).backward()
-        primal_dual.step()
-        primal_dual.zero_grad()
+    def constrained() -> torch.Tensor:
+        return constraint.lagrangian(layer_losses(model, batch, readout=fast))
 
-    def unchunked() -> None:
-        naive_constraint.lagrangian(layer_losses(model, batch, readout=naive)).backward()
-        naive_pd.step()
-        naive_pd.zero_grad()
+    def unchunked() -> torch.Tensor:
+        return naive_constraint.lagrangian(layer_losses(model, batch, readout=naive))
 
     name = f"SmolLM2-135M, {layers} layers constrained, 1 x 256 tokens, {sample_tokens} sampled tokens/layer"
-    steps = {"erm": erm, "constrained": constrained, "naive": unchunked}
+    steps = {"erm": (erm, adamw), "constrained": (constrained, primal_dual)}
+    if naive_too:
+        steps["naive"] = (unchunked, naive_pd)
     return compare(name, model, adamw, steps, repeats, (1.5, 1.3))
 
 
@@ -184,12 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=["minilm", "smollm2"], default=None)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sample-tokens", type=int, default=16)
+    parser.add_argument("--no-naive", action="store_true", help="skip the naive (all logits at once) readout")
     args = parser.parse_args(argv)
     results = {}
     if args.only in (None, "minilm"):
         results["minilm"] = minilm(args.repeats)
     if args.only in (None, "smollm2"):
-        results["smollm2"] = smollm2(max(2, args.repeats // 2), args.sample_tokens)
+        results["smollm2"] = smollm2(max(2, args.repeats // 2), args.sample_tokens, not args.no_naive)
     print("\n" + json.dumps(results, indent=1))
     return 0
 
