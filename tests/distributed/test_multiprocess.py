@@ -8,6 +8,7 @@ process, on the same global batches.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -31,7 +32,7 @@ def _load_worker() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], ModuleType]:
+def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], ModuleType, Path]:
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not available in this build")
     from descentlab.data import asset_path
@@ -54,12 +55,12 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Modu
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
-    return ranks, _load_worker()
+    return ranks, _load_worker(), out
 
 
 @pytest.mark.distributed
 def test_fit_under_ddp_agrees_across_ranks_and_with_one_process(launched) -> None:
-    ranks, worker = launched
+    ranks, worker, _ = launched
     a, b = ranks[0]["fit"], ranks[1]["fit"]
     assert ranks[0]["world"] == WORLD
     # what must agree across ranks agrees bit for bit
@@ -91,7 +92,7 @@ def test_fit_under_ddp_agrees_across_ranks_and_with_one_process(launched) -> Non
 
 @pytest.mark.distributed
 def test_fsdp2_primal_dual_horst_matches_one_process(launched) -> None:
-    ranks, worker = launched
+    ranks, worker, _ = launched
     a, b = ranks[0]["fsdp2"], ranks[1]["fsdp2"]
     name = "bert.embeddings.word_embeddings.weight"
     assert a["local_shapes"][name][0] * WORLD == a["params"][name].shape[0]  # really sharded
@@ -104,3 +105,21 @@ def test_fsdp2_primal_dual_horst_matches_one_process(launched) -> None:
     assert float(single["lambda"][-1].min()) > 0.05
     for key, value in single["params"].items():
         torch.testing.assert_close(a["params"][key], value, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.distributed
+@pytest.mark.xfail(
+    strict=True,
+    reason="every rank makes its own run directory until experiments/base.py shares rank 0's "
+    "(patch proposed to the lead with issue 9); remove this mark once it is in",
+)
+def test_an_experiment_under_torchrun_writes_one_run_directory(launched) -> None:
+    ranks, _, out = launched
+    runs = sorted((out / "runs").iterdir())
+    assert [r["smoke_run_dir"] for r in ranks] == [str(runs[0])] * WORLD
+    assert len(runs) == 1
+    run = runs[0]
+    assert json.loads((run / "status.json").read_text())["state"] == "done"
+    assert (run / "report.md").is_file() and (run / "results.json").is_file()
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps))  # logged once, by rank 0

@@ -178,6 +178,14 @@ def train_fsdp2(sharded: bool, horst_impl: str = "foreach") -> dict[str, Any]:
     return {"lambda": torch.stack(lams), "params": params, "local_shapes": local_shapes}
 
 
+def run_smoke(out: Path) -> Path:
+    """The smoke experiment through the framework (config -> run dir -> fit -> report), as the CLI runs it."""
+    from descentlab.experiments.base import run_experiment
+
+    overrides = ["n_train=128", "n_test=64", "hidden=32", "train.batch_size=32", "train.progress=false"]
+    return run_experiment("smoke", overrides=overrides, out=out)
+
+
 def main(out_dir: Path, horst_impl: str) -> None:
     import torch.distributed as dist
 
@@ -187,6 +195,7 @@ def main(out_dir: Path, horst_impl: str) -> None:
     result: dict[str, Any] = {"fit": train_fit()}  # fit's Accelerator starts the gloo group
     result["fsdp2"] = train_fsdp2(sharded=True, horst_impl=horst_impl)
     result["world"] = world_size()
+    result["smoke_run_dir"] = str(run_smoke(out_dir / "runs"))
     torch.save(result, out_dir / f"rank{rank()}.pt")
     dist.destroy_process_group()
 

@@ -16,12 +16,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import torch
 
 from descentlab.distributed import is_main_process, sharded_curve, sharded_layer_profile
 from descentlab.errors import ConfigError
 from descentlab.experiments.base import seed_everything
+from descentlab.experiments.robust_sparse_results import (
+    accuracy_figure,
+    accuracy_tables,
+    method_block,
+    summary_notes,
+)
 from descentlab.experiments.text_robustness import (
     ConstraintSettings,
     Evaluation,
@@ -242,32 +247,6 @@ def sparsity_sweep(
     return points
 
 
-def _fmt(mean: float, std: float) -> str:
-    return f"{mean:.4f} ± {std:.4f}"
-
-
-def accuracy_figure(path: Any, methods_out: dict[str, Any], kind: str, sparsities: list[float]) -> None:
-    """One panel per method: accuracy against γ, one line per sparsity."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(methods_out), figsize=(4.2 * len(methods_out), 3.4), squeeze=False)
-    for ax, (method, block) in zip(axes[0], methods_out.items(), strict=True):
-        for s in sparsities:
-            c = block["curves"][f"{kind}@s={s:g}"]
-            mean, std = np.asarray(c["mean"]), np.asarray(c["std"])
-            ax.plot(c["x"], mean, marker="o", label=f"s={s:g}")
-            ax.fill_between(c["x"], mean - std, mean + std, alpha=0.15)
-        ax.set(title=method, xlabel="γ (embedding noise)", ylabel="accuracy")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(title="sparsity", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def run(cfg: RobustSparseConfig, run: RunDir) -> dict:
     from transformers import DataCollatorWithPadding
 
@@ -300,109 +279,17 @@ def run(cfg: RobustSparseConfig, run: RunDir) -> dict:
                 )
             del model
 
-    # 2. results in the DESIGN shape: per method, one γ-curve per sparsity and accuracy-vs-sparsity curves
-    levels = list(p.sparsities)
-    high = [g for g in ev.gammas if g >= 1.0]
-    methods_out: dict[str, Any] = {}
-    for method, per_seed in sweeps.items():
-        joined = [
-            RobustnessCurves.concat([points[i].curve for points in per_seed]) for i in range(len(levels))
-        ]
-        reached = [float(np.mean([points[i].reached for points in per_seed])) for i in range(len(levels))]
-        curves: dict[str, Any] = {}
-        metrics: dict[str, float] = {}
-        for s, curve in zip(levels, joined, strict=True):
-            for kind, block in curve.curves().items():
-                curves[f"{kind}@s={s:g}"] = block
-            clean = curve.values[ev.kinds[0]][:, 0, 0]
-            metrics[f"accuracy@s={s:g}"] = float(clean.mean())
-            for kind in ev.kinds:
-                metrics[f"{kind}_mean_over_grid@s={s:g}"] = float(curve.values[kind].mean())
-        metrics["accuracy"] = metrics[f"accuracy@s={levels[0]:g}"]
-        for kind in ev.kinds:
-            for gamma in [0.0, *high]:
-                g = list(ev.gammas).index(gamma)
-                per_level = [c.values[kind][..., g].reshape(-1) for c in joined]
-                curves[f"{kind}@gamma={gamma:g}_vs_sparsity"] = {
-                    "x_name": "sparsity",
-                    "x": reached,
-                    "metric": "accuracy",
-                    "mean": [float(v.mean()) for v in per_level],
-                    "std": [float(v.std()) for v in per_level],
-                }
-        profiles = {
-            f"clean@s={s:g}": np.mean([points[i].profile for points in per_seed], axis=0).tolist()
-            for i, s in enumerate(levels)
-        }
-        methods_out[method] = {
-            "metrics": metrics,
-            "curves": curves,
-            "layer_loss": profiles,
-            "sparsity": {
-                "global": reached[-1],
-                **{f"reached@s={s:g}": r for s, r in zip(levels, reached, strict=True)},
-            },
-        }
-        if multipliers[method]:
-            methods_out[method]["multipliers"] = np.asarray(multipliers[method]).mean(0).tolist()
-
-    # 3. tables: accuracy vs γ at every sparsity, and constrained minus ERM, paired, per optimizer
-    gammas = list(ev.gammas)
-    kind = ev.kinds[0]
-    grid_rows = []
-    for method, block in methods_out.items():
-        for s in levels:
-            r = block["sparsity"][f"reached@s={s:g}"]
-            c = block["curves"][f"{kind}@s={s:g}"]
-            grid_rows.append(
-                [method, f"{r:.3f}", *[_fmt(m, sd) for m, sd in zip(c["mean"], c["std"], strict=True)]]
-            )
-    tables = [
-        {
-            "title": f"Test accuracy against γ ({kind} embedding noise) at each sparsity, mean ± std over (seed, draw)",
-            "columns": ["method", "sparsity reached", *[f"γ={g:g}" for g in gammas]],
-            "rows": grid_rows,
-        }
-    ]
-    paired = []
+    # 2. results in the DESIGN shape, tables (constrained minus ERM paired per optimizer), figure
+    levels, kind = list(p.sparsities), ev.kinds[0]
+    methods_out = {
+        m: method_block(sweeps[m], levels, ev.kinds, ev.gammas, multipliers[m]) for m in cfg.methods
+    }
+    pairs = []
     for method in cfg.methods:
         objective, optimizer = split_method(method)
-        base = f"erm-{optimizer}"
-        if objective == "erm" or base not in sweeps:
-            continue
-        for i, s in enumerate(levels):
-            diff = np.concatenate(
-                [
-                    (a[i].curve.values[kind] - b[i].curve.values[kind]).reshape(-1, len(gammas))
-                    for a, b in zip(sweeps[method], sweeps[base], strict=True)
-                ]
-            )
-            paired.append(
-                [
-                    f"{method} − {base}",
-                    f"{s:g}",
-                    *[f"{m:+.4f} ± {sd:.4f}" for m, sd in zip(diff.mean(0), diff.std(0), strict=True)],
-                ]
-            )
-    if paired:
-        tables.append(
-            {
-                "title": "Accuracy difference to ERM with the same optimizer (paired: same seeds, same noise)",
-                "columns": ["methods", "sparsity", *[f"γ={g:g}" for g in gammas]],
-                "rows": paired,
-            }
-        )
-    lam_rows = [
-        [m, *[f"{x:.3f}" for x in v["multipliers"]]] for m, v in methods_out.items() if "multipliers" in v
-    ]
-    if lam_rows:
-        tables.append(
-            {
-                "title": "Final multipliers λ_l (mean over seeds)",
-                "columns": ["method", *[f"λ{i + 1}" for i in range(len(lam_rows[0]) - 1)]],
-                "rows": lam_rows,
-            }
-        )
+        if objective != "erm" and f"erm-{optimizer}" in sweeps:
+            pairs.append((method, f"erm-{optimizer}"))
+    tables = accuracy_tables(methods_out, sweeps, pairs, levels, kind, ev.gammas)
     figures = []
     if is_main_process():
         accuracy_figure(run.figure("accuracy_vs_gamma_by_sparsity"), methods_out, kind, levels)
@@ -413,17 +300,16 @@ def run(cfg: RobustSparseConfig, run: RunDir) -> dict:
             }
         )
 
-    first = joined[0]
     protocol = {
         "dataset": d.name,
         "model": cfg.model,
         "split": "test",
         "n_train": len(train_set),
-        "n_eval": first.protocol["n_eval"],
+        "n_eval": sweeps[cfg.methods[0]][0][0].curve.protocol["n_eval"],
         "seeds": list(cfg.seeds),
         "draws": ev.draws,
         "kinds": list(ev.kinds),
-        "gammas": gammas,
+        "gammas": list(ev.gammas),
         "noise": "on the input-embedding output, variance (γ σ_E)² per coordinate, σ_E = RMS of the embedding "
         "matrix; content-keyed, identical across methods and sparsities",
         "noise_seed": ev.noise_seed,
@@ -437,13 +323,7 @@ def run(cfg: RobustSparseConfig, run: RunDir) -> dict:
         "acdc": asdict(p) if p.acdc else None,
         "evaluation": "whole test split; under torchrun each rank evaluates a share and counts are all-reduced",
     }
-    notes = [
-        f"{m}: clean accuracy {v['metrics'][f'accuracy@s={levels[0]:g}']:.4f} dense -> "
-        f"{v['metrics'][f'accuracy@s={levels[-1]:g}']:.4f} at sparsity {v['sparsity']['global']:.3f}; "
-        f"{kind} accuracy over the γ grid {v['metrics'][f'{kind}_mean_over_grid@s={levels[0]:g}']:.4f} -> "
-        f"{v['metrics'][f'{kind}_mean_over_grid@s={levels[-1]:g}']:.4f}"
-        for m, v in methods_out.items()
-    ]
+    notes = summary_notes(methods_out, levels, kind)
     return {
         "protocol": protocol,
         "methods": methods_out,
