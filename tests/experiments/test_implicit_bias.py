@@ -124,3 +124,14 @@ def test_run_writes_tables_and_figures(tmp_path):
         assert (run.path / fig["path"]).is_file()
     with pytest.raises(ib.ConfigError):
         ib.ImplicitBiasConfig(methods=["lion"])
+
+
+def test_registry_and_presets_resolve():
+    from descentlab import experiments
+    from descentlab.config import resolve_config
+
+    exp = experiments.get("implicit-bias")
+    assert exp.config_cls is ib.ImplicitBiasConfig
+    for preset in ("quick", "full"):
+        cfg = resolve_config(exp.config_cls, preset=preset, presets=exp.presets, overrides=[])
+        assert cfg.regression.steps == ib.PRESETS[preset]["regression.steps"]

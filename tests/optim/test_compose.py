@@ -36,14 +36,27 @@ def _one_step(steepest: str, mirror, order: str, w0: torch.Tensor, g: torch.Tens
     return w.detach()
 
 
-def test_mirror_before_gd_is_exact_hyperbolic_mirror_descent():
+def test_dual_gd_is_exact_hyperbolic_mirror_descent():
     rng = np.random.default_rng(0)
     w0, g = rng.standard_normal((5, 3)), rng.standard_normal((5, 3))
     lr, alpha, gamma = 0.05, 2.0, 1e-2
     mirror = HyperbolicMirror(alpha=alpha, gamma=gamma)
-    got = _one_step("gd", mirror, "mirror_before", torch.from_numpy(w0), torch.from_numpy(g), lr=lr)
+    got = _one_step("gd", mirror, "dual", torch.from_numpy(w0), torch.from_numpy(g), lr=lr)
     expected = gamma * np.sinh(np.arcsinh(w0 / gamma) - alpha * lr * g)
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12)
+
+
+def test_mirror_before_preconditions_and_sign_normalises_it_away():
+    rng = np.random.default_rng(2)
+    w0, g = rng.standard_normal((6, 2)), rng.standard_normal((6, 2))
+    lr, alpha, gamma = 0.05, 2.0, 1e-2
+    mirror = HyperbolicMirror(alpha=alpha, gamma=gamma)
+    got = _one_step("gd", mirror, "mirror_before", torch.from_numpy(w0), torch.from_numpy(g), lr=lr)
+    np.testing.assert_allclose(got.numpy(), w0 - lr * alpha * np.sqrt(w0**2 + gamma**2) * g, rtol=1e-12)
+    # S o M with S = sign: the mirror's preconditioner is positive, so sign() erases it -> plain sign descent
+    before = _one_step("sign", mirror, "mirror_before", torch.from_numpy(w0), torch.from_numpy(g), lr=lr)
+    plain = _one_step("sign", None, "mirror_after", torch.from_numpy(w0), torch.from_numpy(g), lr=lr)
+    assert torch.equal(before, plain)
 
 
 def test_mirror_after_sign_closed_form_and_orders_differ():

@@ -36,7 +36,7 @@ from descentlab.train.rundir import RunDir
 
 METHODS = (
     "gd", "sign", "coordinate", "adam", "hyperbolic_md", "horst", "ham", "ngd+mirror_after",
-    "sign+mirror_after", "sign+mirror_before", "adam+mirror_before",
+    "sign+mirror_after", "gd+mirror_before", "sign+mirror_before", "adam+mirror_before",
 )  # fmt: skip
 
 
@@ -64,8 +64,10 @@ class ImplicitBiasConfig:
     regression: RegressionConfig = field(default_factory=RegressionConfig)
     classification: ClassificationConfig = field(default_factory=ClassificationConfig)
     horst_alpha: float = 1.0
-    ham_alpha: float = 200.0
-    gamma: float = 1e-6  # width of the hyperbolic potential (mirror_before)
+    # HAM's own default (200) assumes tiny per-weight gradients; here |grad| ~ 1 and lr * 200 * |g| hits the
+    # clamp every step and overflows, so HAM gets HORST's alpha: raw gradient vs Adam update, same strength.
+    ham_alpha: float = 1.0
+    gamma: float = 1e-6  # width of the hyperbolic potential (mirror_before, dual)
     nnz_rel_tol: float = 1e-3  # |w_i| > tol * max|w| counts as a non-zero
     curve_points: int = 8
 
@@ -78,6 +80,8 @@ class ImplicitBiasConfig:
         if not self.seeds:
             raise ConfigError("seeds must list at least one seed")
 
+
+CONFIG = ImplicitBiasConfig  # the nested Regression/ClassificationConfig are parts of it
 
 PRESETS = {
     "quick": {"seeds": [0], "regression.steps": 8000, "classification.steps": 5000},
@@ -193,7 +197,8 @@ def make_optimizer(
         "sign": lambda: compose([w], sign, lr=lr),
         "coordinate": lambda: compose([w], "coordinate", lr=lr),
         "adam": lambda: compose([w], "adam", lr=lr),
-        "hyperbolic_md": lambda: compose([w], "gd", before, "mirror_before", lr=lr, mirror_tensors=True),
+        "hyperbolic_md": lambda: compose([w], "gd", before, "dual", lr=lr, mirror_tensors=True),
+        "gd+mirror_before": lambda: compose([w], "gd", before, "mirror_before", lr=lr, mirror_tensors=True),
         "horst": lambda: HORST([w], lr=lr, weight_decay=0.0, alpha=cfg.horst_alpha, mirror=True),
         "ham": lambda: HAM(torch.optim.AdamW([w], lr=lr, weight_decay=0.0), cfg.ham_alpha, 0.0, mirror=True),
         "ngd+mirror_after": lambda: compose([w], "normalized_gd", after, lr=lr, mirror_tensors=True),
@@ -216,8 +221,10 @@ def regression_lr(name: str, x: Tensor) -> float:
         return 0.1 / float(h.diagonal().max())
     if name in ("adam", "horst", "ham", "adam+mirror_before", "ngd+mirror_after"):
         return 1e-3
-    if name == "hyperbolic_md":  # w' ~ w - lr sqrt(w^2 + gamma^2) g: half the GD step keeps |w| ~ 1 stable
+    if name == "hyperbolic_md":  # w' ~ w - lr sqrt(w^2 + gamma^2) g: the curvature grows with |w|
         return 0.5 / smooth
+    if name == "gd+mirror_before":  # its explicit (first-order) step is less stable than the exact dual one
+        return 0.25 / smooth
     return 1.0 / smooth
 
 

@@ -10,17 +10,20 @@ learning rate eta:
     coordinate     u = eta g_i e_i, i = argmax |g_i|       (greedy coordinate descent, steepest in L1)
     adam           u = eta m_hat / (sqrt(v_hat) + eps)     (AdamW's update, torch's arithmetic)
 
-The hyperbolic-entropy mirror map M with potential phi(w) = sum_i [w_i asinh(w_i/gamma) - sqrt(w_i^2+gamma^2)]
-/ alpha (grad phi = asinh(w/gamma) / alpha) composes with S in either order:
+The hyperbolic-entropy mirror map M, with potential phi(w) = sum_i [w_i asinh(w_i/gamma) -
+sqrt(w_i^2 + gamma^2)] / alpha, so grad phi(w) = asinh(w/gamma) / alpha and (hess phi)^-1 = alpha sqrt(w^2 +
+gamma^2), composes with S in either order (lam = weight decay, applied first):
 
-    mirror_after  (M o S, HORST):  w' = w (1 - eta lam) - u ;  w <- w' exp(clamp(-alpha sign(w') u - eta beta))
-    mirror_before (S o M):         w <- gamma sinh(asinh(w (1 - eta lam) / gamma) - alpha u) exp(-eta beta)
+    mirror_after  (M o S, HORST):  w' = w - u,  u = S(g) ;   w <- w' exp(clamp(-alpha sign(w') u - eta beta))
+    mirror_before (S o M):         w <- w - S(alpha sqrt(w^2 + gamma^2) g) ;   w <- w exp(-eta beta)
+    dual          (mirror descent): w <- gamma sinh(asinh(w / gamma) - alpha S(g)) exp(-eta beta)
 
-mirror_after takes the steepest step and then a multiplicative mirror step driven by the same u (for
-|w| >> gamma, gamma sinh(asinh(w/gamma) - alpha u) ~ w exp(-alpha sign(w) u), the form used here, which also
-lets weights leave 0). mirror_before takes the steepest step in the mirror's dual coordinates; with S = gd it is
-exact hyperbolic mirror descent. The two do not commute: S = adam / sign normalises the dual step of every
-coordinate to about the same size, which removes the selection that gives the mirror map its L1 bias.
+mirror_after takes the steepest step and then a multiplicative mirror step driven by the same u (the form of
+gamma sinh(asinh(w/gamma) - alpha u) for |w| >> gamma; the additive part lets weights leave 0).
+mirror_before first maps the gradient into the mirror geometry, then applies the steepest operator: with
+S = gd it is (first-order) hyperbolic mirror descent, but sign and Adam normalise the factor sqrt(w^2+gamma^2)
+away, so S o M loses the L1 bias that M o S keeps: the two do not commute. ``dual`` takes the steepest step in
+the mirror's dual coordinates; with S = gd it is exact hyperbolic mirror descent.
 compose(params, "adam", HyperbolicMirror(alpha, beta), "mirror_after") is HORST.
 """
 
@@ -37,7 +40,7 @@ from torch.optim import Optimizer
 
 from descentlab.errors import ConfigError
 
-ORDERS = ("mirror_after", "mirror_before")
+ORDERS = ("mirror_after", "mirror_before", "dual")
 
 
 def gd_update(grad: Tensor, lr: float) -> Tensor:
@@ -129,7 +132,11 @@ class HyperbolicMirror:
             x = x.clamp(-self.exp_clamp, self.exp_clamp)
         return w_half * torch.exp(x)
 
-    def before(self, w: Tensor, u: Tensor, lr: float) -> Tensor:
+    def precondition(self, w: Tensor, grad: Tensor) -> Tensor:
+        """alpha sqrt(w^2 + gamma^2) g: the gradient in the mirror geometry (inverse Hessian of phi times g)."""
+        return grad * torch.sqrt(w * w + self.gamma**2) * self.alpha
+
+    def dual(self, w: Tensor, u: Tensor, lr: float) -> Tensor:
         """w <- gamma sinh(asinh(w / gamma) - alpha u) exp(-lr beta): the step u taken in dual coordinates."""
         dual = torch.asinh(w / self.gamma) - self.alpha * u
         return self.gamma * torch.sinh(dual) * math.exp(-lr * self.beta)
@@ -144,13 +151,19 @@ def composed_step(
     lr: float,
     weight_decay: float,
 ) -> Tensor:
-    """One composed step of one tensor given the steepest operator's update ``u`` (module docstring)."""
+    """One composed step of one tensor given the steepest operator's update ``u`` (module docstring).
+
+    For ``mirror_before``, ``u`` must already be the steepest operator applied to the preconditioned
+    gradient (:meth:`HyperbolicMirror.precondition`).
+    """
     w = w * (1 - lr * weight_decay)
     if mirror is None:
         return w - u
     if order == "mirror_after":
         return mirror.after(w - u, u, lr)
-    return mirror.before(w, u, lr)
+    if order == "mirror_before":
+        return (w - u) * math.exp(-lr * mirror.beta)
+    return mirror.dual(w, u, lr)
 
 
 class Composed(Optimizer):
@@ -182,6 +195,15 @@ class Composed(Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
+                use_mirror = p.ndim >= 2 if group["mirror"] is None else bool(group["mirror"])
+                mirror = None
+                if group["mirror_map"] and use_mirror:
+                    mirror = HyperbolicMirror(
+                        group["alpha"], group["beta"], group["gamma"], group["exp_clamp"]
+                    )
+                grad = p.grad
+                if mirror is not None and group["order"] == "mirror_before":
+                    grad = mirror.precondition(p, grad)
                 if group["steepest"] == "adam":
                     state = self.state[p]
                     if not state:
@@ -191,7 +213,7 @@ class Composed(Optimizer):
                     state["step"] += 1
                     beta1, beta2 = group["betas"]
                     u, state["exp_avg"], state["exp_avg_sq"] = adam_update(
-                        p.grad,
+                        grad,
                         lr,
                         state["exp_avg"],
                         state["exp_avg_sq"],
@@ -201,13 +223,7 @@ class Composed(Optimizer):
                         eps=group["eps"],
                     )
                 else:
-                    u = STATELESS[group["steepest"]](p.grad, lr)
-                use_mirror = p.ndim >= 2 if group["mirror"] is None else bool(group["mirror"])
-                mirror = None
-                if group["mirror_map"] and use_mirror:
-                    mirror = HyperbolicMirror(
-                        group["alpha"], group["beta"], group["gamma"], group["exp_clamp"]
-                    )
+                    u = STATELESS[group["steepest"]](grad, lr)
                 p.copy_(
                     composed_step(p, u, mirror, group["order"], lr=lr, weight_decay=group["weight_decay"])
                 )
@@ -232,7 +248,7 @@ def compose(
         params: parameters or param groups.
         steepest: one of ``gd``, ``normalized_gd``, ``sign``, ``linf``, ``coordinate``, ``adam``.
         mirror: the mirror map; ``None`` gives the plain steepest-descent optimizer.
-        order: ``"mirror_after"`` (HORST's order) or ``"mirror_before"``.
+        order: ``"mirror_after"`` (HORST's order), ``"mirror_before"`` or ``"dual"``.
         mirror_tensors: which tensors get the mirror map (``None``: ndim >= 2).
 
     Example:
