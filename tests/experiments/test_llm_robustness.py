@@ -173,3 +173,21 @@ def test_pipeline_runs_end_to_end(tiny_llama_dir, tmp_path) -> None:
     # the per-example NLLs behind the win rates are kept for re-analysis
     saved = json.loads((path / "eval-constrained-seed0.json").read_text())
     assert len(saved["nll"]["clean"]) == 5
+
+
+def test_alpaca_data_trains_on_responses_only(tiny_llama_dir, tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    records = [
+        {"instruction": f"Repeat the number {i}.", "input": "", "output": f"{i} {i} {i}"} for i in range(6)
+    ]
+    path = tmp_path / "alpaca.json"
+    path.write_text(json.dumps(records))
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    cfg = exp.DataConfig(source="alpaca", path=str(path), n_eval=2, seq_len=96)
+    train, held, protocol = exp.build_data(cfg, tok)
+    assert len(train) == 4 and len(held) == 2 and protocol["dataset"].startswith("alpaca:")
+    for x in train + held:
+        n = x["prompt_length"][0]
+        assert set(x["labels"][:n]) == {-100} and -100 not in x["labels"][n:]
+        assert tok.decode(x["input_ids"][n:], skip_special_tokens=True) in {r["output"] for r in records}

@@ -19,6 +19,10 @@ Protocol, top to bottom:
 4. Win rate of each method against the baseline (ERM) on the same examples and noise draws: the likelihood
    judge (lower reference NLL wins, ties split), or generate-then-judge with a local causal LM.
 5. Logit-lens loss profile of every model, clean and noisy.
+
+Larger runs, e.g. on a GPU: ``descentlab run llm-robustness --preset full model.name=<HF id or folder>
+data.source=alpaca data.path=alpaca_data.json eval.perplexity_on=reference eval.judge=generate
+eval.judge_model=<a stronger local instruct LM>``.
 """
 
 from __future__ import annotations
@@ -86,7 +90,9 @@ class DataConfig:
 
 @dataclass
 class ConstraintConfig:
-    alpha: float = 0.01  # 30 layers: (1-α)^30 must stay above f_30/f_0, so α is small for a deep LM
+    # SmolLM2's pretrained logit-lens loss rises from 16 nats (layer 1) to 22 (layer 17) before it falls to 4:
+    # a deep LM has little room per layer, so α is small (α = 0.1 over 29 layers would ask for a 21x drop)
+    alpha: float = 0.01
     dual_lr: float = 0.05
     layers: list[int] | None = None  # constrained layers (1-based); None = all
     detach_prev: bool = False
