@@ -19,16 +19,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from scipy.optimize import linprog
 from torch import Tensor
 
 from descentlab.errors import ConfigError, NumericalError
+from descentlab.experiments.implicit_bias_figures import plot_margins, plot_trajectories, plot_weights
 from descentlab.optim.compose import HyperbolicMirror, compose
 from descentlab.optim.ham import HAM
 from descentlab.optim.horst import HORST
@@ -262,10 +259,11 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
     rc, cc = cfg.regression, cfg.classification
     reg_grid, cls_grid = log_grid(rc.steps, cfg.curve_points), log_grid(cc.steps, cfg.curve_points)
-    traj_grid = sorted(set(log_grid(rc.steps, 60)))
+    traj_grid, margin_grid = log_grid(rc.steps, 60), log_grid(cc.steps, 60)
     per: dict[str, dict[str, list]] = {m: {} for m in cfg.methods}
     trajectories: dict[str, dict[int, Tensor]] = {}
     final_cls: dict[str, Tensor] = {}
+    margin_paths: dict[str, list[float]] = {}
 
     for seed in cfg.seeds:
         x, y = make_regression(rc.n, rc.d, rc.support, seed)
@@ -303,10 +301,13 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
                 lambda v, z=z: classification_grad(v, z),
                 lambda p, name=name: make_optimizer(name, p, cc.lr, cfg, regression=False),
                 cc.steps,
-                cls_grid,
+                sorted(set(cls_grid) | set(margin_grid)),
             )
             if seed == cfg.seeds[0]:
                 final_cls[name] = w
+                margin_paths[name] = [
+                    normalized_margin(snaps[k], z, 1) / opt_margin["l1"] for k in margin_grid
+                ]
             for key, val in (
                 ("cls_l1_margin_ratio", normalized_margin(w, z, 1) / opt_margin["l1"]),
                 ("cls_linf_margin_ratio", normalized_margin(w, z, math.inf) / opt_margin["linf"]),
@@ -331,7 +332,7 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
                 "x_name": "step", "x": grid, "metric": metric, "mean": arr.mean(0).tolist(),
                 "std": (arr.std(0, ddof=1) if len(arr) > 1 else np.zeros(len(grid))).tolist(),
             }  # fmt: skip
-        methods[name] = {"metrics": metrics, "curves": curves, "sparsity": {"cls_nnz": metrics["cls_nnz"]}}
+        methods[name] = {"metrics": metrics, "curves": curves}
 
     def cell(name: str, key: str, digits: int = 3) -> str:
         mean, std = _mean_std(per[name][key])
@@ -353,7 +354,11 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
                       cell(m, "cls_nnz")] for m in cfg.methods],
         },
     ]  # fmt: skip
-    figures = [_plot_trajectories(trajectories, run), _plot_weights(final_cls, run)]
+    figures = [
+        plot_trajectories(trajectories, run),
+        plot_margins(margin_grid, margin_paths, run),
+        plot_weights(final_cls, run),
+    ]
     return {
         "protocol": {
             "regression": f"n={rc.n}, d={rc.d}, {rc.support}-sparse planted solution, squared loss, w0 = 0, "
@@ -372,45 +377,7 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
         "tables": tables,
         "figures": [f for f in figures if f is not None],
         "notes": [
-            "Ratios are of the first-seed-style point estimates averaged over seeds (mean ± std when >1 seed).",
+            "Every number is a mean over seeds (± std across seeds when there is more than one seed).",
             "HORST's L1 bias shows on classification; on regression it behaves like Adam (METHODS.md 2.2).",
         ],
     }
-
-
-def _plot_trajectories(trajectories: dict[str, dict[int, Tensor]], run: RunDir) -> dict | None:
-    shown = [m for m in ("gd", "sign", "coordinate", "hyperbolic_md", "adam", "horst") if m in trajectories]
-    if not shown:
-        return None
-    fig, axes = plt.subplots(2, math.ceil(len(shown) / 2), figsize=(4 * math.ceil(len(shown) / 2), 6.5))
-    for ax, name in zip(np.ravel(axes), shown, strict=False):
-        steps = sorted(k for k in trajectories[name] if k > 0)
-        ax.plot(steps, torch.stack([trajectories[name][k] for k in steps]).numpy(), lw=0.8)
-        ax.set_xscale("log")
-        ax.set_title(name)
-        ax.set_xlabel("step")
-    fig.suptitle("Regression: every coordinate of w against the step (first seed)")
-    fig.tight_layout()
-    path = run.figure("regression-trajectories")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return {"path": f"figures/{path.name}", "caption": "Weight trajectories on under-determined regression."}
-
-
-def _plot_weights(final: dict[str, Tensor], run: RunDir) -> dict | None:
-    if not final:
-        return None
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for name, w in final.items():
-        mags = (w.abs() / w.abs().max()).sort(descending=True).values.clamp_min(1e-12).numpy()
-        ax.plot(np.arange(1, len(mags) + 1), mags, label=name, lw=1.2)
-    ax.set_yscale("log")
-    ax.set_xlabel("rank")
-    ax.set_ylabel("|w_i| / max |w|")
-    ax.legend(fontsize=7, ncol=2)
-    ax.set_title("Classification: sorted weight magnitudes (first seed)")
-    fig.tight_layout()
-    path = run.figure("classification-weights")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return {"path": f"figures/{path.name}", "caption": "Sorted |w| at the end of classification training."}
