@@ -40,6 +40,38 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def launch_rank() -> tuple[int, int]:
+    """(rank, world size) of this process; under torchrun / accelerate launch the process group starts here.
+
+    The group is Accelerate's (``PartialState`` is a singleton), so the ``Accelerator`` that ``fit`` makes
+    later joins the same group.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    from accelerate import PartialState
+
+    state = PartialState(cpu=not torch.cuda.is_available())
+    return state.process_index, state.num_processes
+
+
+def _share_run_dir(rank: int, make: Any) -> RunDir:
+    """Rank 0 makes the run directory (``make()``), the other ranks open the same folder read-only."""
+    import torch.distributed as dist
+
+    box: list[Any] = [None]
+    if rank == 0:
+        try:
+            box[0] = make().path
+        except BaseException as exc:
+            box[0] = exc
+            dist.broadcast_object_list(box, src=0)
+            raise
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return RunDir(box[0], writer=rank == 0)
+
+
 def _status(run: RunDir, state: str, **extra: Any) -> None:
     run.save_json(
         "status.json",
@@ -55,23 +87,39 @@ def prepare(
     out: Path | str = "runs",
     resume: Path | str | None = None,
 ) -> tuple[experiments.Experiment, Any, RunDir]:
-    """Resolve the config and make (or reopen) the run directory; nothing is created on a config error."""
+    """Resolve the config and make (or reopen) the run directory; nothing is created on a config error.
+
+    Under a multi-process launch every rank resolves the config (so a bad one fails everywhere), rank 0
+    alone creates the directory and the others share it without writing to it.
+    """
     exp = experiments.get(name)
+    rank, world = launch_rank()
     if resume is not None:
         if overrides or preset:
             raise ConfigError(
                 "resume=RUN_DIR continues a run with its saved config; drop the other overrides and --preset"
             )
         run = RunDir.open(resume)
+        run.writer = rank == 0
         cfg = load_config_yaml(exp.config_cls, (run.path / "config.yaml").read_text())
         return exp, cfg, run
     cfg = resolve_config(exp.config_cls, preset=preset, presets=exp.presets, overrides=overrides)
-    run = RunDir.create(out, name)
-    atomic_write_text(run.path / "config.yaml", config_to_yaml(cfg))
-    run.save_json(
-        "config.json",
-        {"experiment": name, "preset": preset, "overrides": list(overrides), "config": config_to_dict(cfg)},
-    )
+
+    def make() -> RunDir:
+        run = RunDir.create(out, name)
+        atomic_write_text(run.path / "config.yaml", config_to_yaml(cfg))
+        run.save_json(
+            "config.json",
+            {
+                "experiment": name,
+                "preset": preset,
+                "overrides": list(overrides),
+                "config": config_to_dict(cfg),
+            },
+        )
+        return run
+
+    run = make() if world == 1 else _share_run_dir(rank, make)
     return exp, cfg, run
 
 
@@ -101,7 +149,8 @@ def run_experiment(
         raise RuntimeError(f"{exp.module.__name__}.run must return a dict with a 'methods' mapping")
     results = {"experiment": name, "config": config_to_dict(cfg), **body}
     run.save_json("results.json", results)
-    write_report(run.path)
+    if run.writer:
+        write_report(run.path)
     _status(run, "done")
     return run.path
 

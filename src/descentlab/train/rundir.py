@@ -62,8 +62,11 @@ def dumps_json(obj: Any) -> str:
 class RunDir:
     """One run's folder: config, ``metrics.jsonl``, checkpoints, ``results.json``, ``report.md``, figures."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, writer: bool = True) -> None:
         self.path = Path(path)
+        # False on the ranks > 0 of a torchrun / accelerate launch: they share rank 0's folder and their
+        # writes are dropped, so one run leaves one metrics.jsonl, one results.json, one set of figures.
+        self.writer = writer
 
     @classmethod
     def create(cls, root: Path | str, name: str) -> RunDir:
@@ -92,6 +95,8 @@ class RunDir:
 
     def log(self, step: int | None = None, **metrics: Any) -> None:
         """Append one JSON line to ``metrics.jsonl``; lines are small, so an append is effectively atomic."""
+        if not self.writer:
+            return
         record = {"time": round(time.time(), 3), **({"step": step} if step is not None else {}), **metrics}
         with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(_jsonable(record), allow_nan=False) + "\n")
@@ -103,14 +108,17 @@ class RunDir:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def figure(self, name: str) -> Path:
-        """Path for a PNG figure, ``figures/<name>.png`` (the folder is created)."""
+        """Path for a PNG figure, ``figures/<name>.png`` (the folder is created; a scratch folder off rank 0)."""
+        if not self.writer:
+            return Path(tempfile.mkdtemp(prefix="descentlab-figure-")) / f"{name}.png"
         folder = self.path / "figures"
         folder.mkdir(exist_ok=True)
         return folder / f"{name}.png"
 
     def save_json(self, name: str, obj: Any) -> Path:
         path = self.path / name
-        atomic_write_text(path, dumps_json(obj))
+        if self.writer:
+            atomic_write_text(path, dumps_json(obj))
         return path
 
     def load_json(self, name: str) -> Any:
