@@ -108,11 +108,6 @@ def test_fsdp2_primal_dual_horst_matches_one_process(launched) -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.xfail(
-    strict=True,
-    reason="every rank makes its own run directory until experiments/base.py shares rank 0's "
-    "(patch proposed to the lead with issue 9); remove this mark once it is in",
-)
 def test_an_experiment_under_torchrun_writes_one_run_directory(launched) -> None:
     ranks, _, out = launched
     runs = sorted((out / "runs").iterdir())
