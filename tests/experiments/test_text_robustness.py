@@ -13,7 +13,12 @@ from descentlab.config import resolve_config
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments import text_robustness as tr
 from descentlab.experiments.base import run_experiment
-from descentlab.experiments.text_robustness_results import is_monotone, paired_gap_rows
+from descentlab.experiments.text_robustness_results import (
+    choose_candidate,
+    is_monotone,
+    paired_gap_rows,
+    settings_diff,
+)
 from descentlab.robustness import RobustnessCurves
 
 
@@ -58,6 +63,21 @@ def test_paired_gap_is_the_difference_of_curves() -> None:
     rows = paired_gap_rows({"erm": erm, "constrained": con})
     assert rows == [["constrained", "gaussian", "+0.0100 ± 0.0000", "+0.1500 ± 0.0500"]]
     assert is_monotone([0.7, 0.7, 0.5]) and not is_monotone([0.7, 0.71, 0.5])
+
+
+def test_selection_prefers_robust_among_candidates_that_keep_clean_accuracy() -> None:
+    scores = [
+        {"clean": 0.80, "robust": 0.60},
+        {"clean": 0.70, "robust": 0.75},
+        {"clean": 0.795, "robust": 0.65},
+    ]
+    best, rows, why = choose_candidate("constrained", ["a", "b", "c"], scores, 0.80, max_clean_drop=0.01)
+    assert best == 2 and rows[2][-1] == "yes" and "'c'" in why  # b is more robust but loses 10 points clean
+    assert choose_candidate("constrained", ["a", "b", "c"], scores, None)[0] == 1
+    assert choose_candidate("constrained", ["a", "b", "c"], scores, 0.80, criterion="clean")[0] == 0
+    best, _, why = choose_candidate("resilient", ["a", "b"], scores[1:2] * 2, 0.95)
+    assert best == 0 and "no candidate" in why
+    assert settings_diff({"alpha": 0.1, "dual_lr": 0.5}, {"alpha": 0.1, "dual_lr": 0.05}) == "dual_lr=0.5"
 
 
 @pytest.fixture(scope="module")

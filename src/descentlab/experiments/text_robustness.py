@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import multiprocessing
 import shlex
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -132,11 +134,11 @@ PRESETS = {
     "full": {
         "seeds": [0, 1, 2],
         "lr": 1e-4,
-        "data.n_train": 1000,
+        "data.n_train": 640,
         "data.n_eval": 200,
         "train.epochs": 1,
         "train.batch_size": 16,
-        "evaluation.draws": 2,
+        "evaluation.draws": 1,
         "workers": 2,
         "selection.constrained": ["", "dual_lr=0.5 detach_prev=true early_alpha=0.0 early_layers=4"],
         "selection.resilient": ["", "dual_lr=0.5 detach_prev=true early_alpha=0.0 early_layers=4"],
@@ -253,12 +255,6 @@ def train_model(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir
     return model.eval(), constraint
 
 
-def selection_summary(settings: ConstraintSettings, base: ConstraintSettings) -> str:
-    """The settings' differences from the base settings, as ``key=value`` words ("nothing" if none)."""
-    changed = [f"{k}={v}" for k, v in asdict(settings).items() if getattr(base, k) != v]
-    return " ".join(changed) or "nothing"
-
-
 def accuracy_curves(
     cfg: TextRobustnessConfig,
     model: Any,
@@ -319,39 +315,23 @@ def _worker_init(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def run_jobs(cfg: TextRobustnessConfig, jobs: list[Job], data: Prepared, run: RunDir) -> list[dict[str, Any]]:
-    """Run jobs in order, inline (``workers=1``) or in ``workers`` spawned processes of 1 thread each."""
-    if cfg.workers <= 1 or len(jobs) <= 1:
-        return [run_job(cfg, job, data, run) for job in jobs]
+@contextmanager
+def job_pool(cfg: TextRobustnessConfig, data: Prepared, run: RunDir) -> Iterator[Callable[[Job], Future]]:
+    """``submit(job) -> Future``: inline when ``workers=1`` (runs at once), else in spawned 1-thread workers."""
+    if cfg.workers <= 1:
+
+        def submit_inline(job: Job) -> Future:
+            future: Future = Future()
+            future.set_result(run_job(cfg, job, data, run))
+            return future
+
+        yield submit_inline
+        return
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(
         cfg.workers, mp_context=context, initializer=_worker_init, initargs=(1,)
     ) as pool:
-        futures = [pool.submit(run_job, cfg, job, data, run) for job in jobs]
-        return [f.result() for f in futures]
-
-
-def choose(
-    cfg: TextRobustnessConfig, method: str, results: list[dict[str, Any]], erm_clean: float | None
-) -> tuple[int, list[list[Any]], str]:
-    """Index of the best candidate on validation, the selection table rows, and the reason."""
-    candidates = getattr(cfg.selection, method)
-    key = "robust" if cfg.selection.criterion == "robust" else "clean"
-    scores = [
-        (erm_clean is None or r["clean"] >= erm_clean - cfg.selection.max_clean_drop, r[key], r["clean"])
-        for r in results
-    ]
-    best = max(range(len(scores)), key=lambda i: (scores[i], -i))
-    rows = [
-        [method, c or "(defaults)", r["clean"], r["robust"], "yes" if i == best else ""]
-        for i, (c, r) in enumerate(zip(candidates, results, strict=True))
-    ]
-    what = "mean accuracy over the gaussian γ grid" if key == "robust" else "clean accuracy"
-    why = (
-        f"highest validation {what} among candidates within {cfg.selection.max_clean_drop} clean accuracy "
-        f"of ERM: {candidates[best] or '(defaults)'!r}"
-    )
-    return best, rows, why
+        yield lambda job: pool.submit(run_job, cfg, job, data, run)
 
 
 def prepare_data(cfg: TextRobustnessConfig) -> Prepared:
@@ -387,41 +367,50 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
     d, ev, seed0 = cfg.data, cfg.evaluation, cfg.seeds[0]
     data = prepare_data(cfg)
 
-    # 1. selection: every candidate of a constrained method trains on the first seed, scored on validation
+    # 1. ERM for every seed, and every candidate of a constrained method on the first seed (validation)
     candidates = {
         m: [candidate_settings(cfg.constraint, c) for c in getattr(cfg.selection, m)]
         for m in cfg.methods
         if m != "erm"
     }
     to_select = [m for m, c in candidates.items() if len(c) > 1]
-    val_jobs = [
-        Job(m, s, seed0, f"{m}-cand{i}-seed{seed0}", "validation")
-        for m in to_select
-        for i, s in enumerate(candidates[m])
-    ]
-    if val_jobs and "erm" in cfg.methods:
-        val_jobs.insert(0, Job("erm", None, seed0, f"erm-seed{seed0}", "validation"))
-    val_results = list(zip(val_jobs, run_jobs(cfg, val_jobs, data, run), strict=True))
-    erm_clean = next((r["clean"] for j, r in val_results if j.method == "erm"), None)
     chosen: dict[str, int] = {m: 0 for m in candidates}
     selection_rows: list[list[Any]] = []
     reasons = {m: f"only candidate {getattr(cfg.selection, m)[0] or '(defaults)'!r}" for m in candidates}
-    for m in to_select:
-        results_m = [r for j, r in val_results if j.method == m]
-        chosen[m], rows, reasons[m] = choose(cfg, m, results_m, erm_clean)
-        selection_rows += rows
 
-    # 2. test evaluation of every (method, seed); the first seed's chosen models resume from step 1
     def job(method: str, seed: int) -> Job:
         if method == "erm":
             return Job("erm", None, seed, f"erm-seed{seed}", "test")
+        # the first seed's chosen candidate resumes from its selection checkpoint
         tag = f"{method}-cand{chosen[method]}-seed{seed}" if seed == seed0 else f"{method}-seed{seed}"
         return Job(method, candidates[method][chosen[method]], seed, tag, "test")
 
-    test_jobs = [job(m, s) for s in cfg.seeds for m in cfg.methods]
-    outputs: dict[str, list[dict[str, Any]]] = {m: [] for m in cfg.methods}
-    for j, out in zip(test_jobs, run_jobs(cfg, test_jobs, data, run), strict=True):
-        outputs[j.method].append(out)
+    with job_pool(cfg, data, run) as submit:
+        pending = {("erm", s): submit(job("erm", s)) for s in cfg.seeds if "erm" in cfg.methods}
+        val_futures = {
+            m: [
+                submit(Job(m, c, seed0, f"{m}-cand{i}-seed{seed0}", "validation"))
+                for i, c in enumerate(cands)
+            ]
+            for m, cands in candidates.items()
+            if m in to_select
+        }
+        erm_clean = (
+            pending[("erm", seed0)].result()["extra"]["val_accuracy"] if "erm" in cfg.methods else None
+        )
+        for m, futures in val_futures.items():
+            chosen[m], rows, reasons[m] = results.choose_candidate(
+                m,
+                getattr(cfg.selection, m),
+                [f.result() for f in futures],
+                erm_clean,
+                criterion=cfg.selection.criterion,
+                max_clean_drop=cfg.selection.max_clean_drop,
+            )
+            selection_rows += rows
+        # 2. test evaluation of every (method, seed) with the chosen settings
+        pending.update({(m, s): submit(job(m, s)) for s in cfg.seeds for m in candidates})
+        outputs = {m: [pending[(m, s)].result() for s in cfg.seeds] for m in cfg.methods}
 
     # 3. results in the DESIGN.md shape
     joined = {m: RobustnessCurves.concat([o["curves"] for o in outs]) for m, outs in outputs.items()}
@@ -453,7 +442,7 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
         f"({ev.draws} draws); mean over seeds",
         "selection": {
             m: f"{why} (differs from the base settings in: "
-            f"{selection_summary(candidates[m][chosen[m]], cfg.constraint)})"
+            f"{results.settings_diff(asdict(candidates[m][chosen[m]]), asdict(cfg.constraint))})"
             for m, why in reasons.items()
         },
         "shift_sets": list(d.shift),

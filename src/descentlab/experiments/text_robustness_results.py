@@ -18,6 +18,45 @@ def is_monotone(values: Sequence[float]) -> bool:
     return all(b <= a + 1e-12 for a, b in itertools.pairwise(values))
 
 
+def choose_candidate(
+    method: str,
+    candidates: Sequence[str],
+    scores: Sequence[Mapping[str, float]],
+    erm_clean: float | None,
+    *,
+    criterion: str = "robust",
+    max_clean_drop: float = 0.01,
+) -> tuple[int, list[list[Any]], str]:
+    """Pick a candidate from its validation numbers ``{"clean": .., "robust": ..}``.
+
+    Candidates whose clean validation accuracy is within ``max_clean_drop`` of ERM's are eligible; among
+    them the highest ``criterion`` score wins (ties: higher clean accuracy, then the earlier candidate). If
+    none is eligible, the same order applies to all. Returns (index, selection-table rows, reason).
+    """
+    key = "robust" if criterion == "robust" else "clean"
+    ranked = [
+        (erm_clean is None or s["clean"] >= erm_clean - max_clean_drop, s[key], s["clean"], -i)
+        for i, s in enumerate(scores)
+    ]
+    best = max(range(len(ranked)), key=lambda i: ranked[i])
+    rows = [
+        [method, c or "(defaults)", s["clean"], s["robust"], "yes" if i == best else ""]
+        for i, (c, s) in enumerate(zip(candidates, scores, strict=True))
+    ]
+    what = "mean accuracy over the gaussian γ grid" if key == "robust" else "clean accuracy"
+    eligible = "" if ranked[best][0] else " (no candidate was within the clean-accuracy margin)"
+    why = (
+        f"highest validation {what} among candidates within {max_clean_drop} clean accuracy of ERM"
+        f"{eligible}: {candidates[best] or '(defaults)'!r}"
+    )
+    return best, rows, why
+
+
+def settings_diff(settings: Mapping[str, Any], base: Mapping[str, Any]) -> str:
+    """The entries of ``settings`` that differ from ``base``, as ``key=value`` words ("nothing" if none)."""
+    return " ".join(f"{k}={v}" for k, v in settings.items() if base.get(k) != v) or "nothing"
+
+
 def method_block(
     result: RobustnessCurves,
     profiles: Mapping[str, Sequence[Sequence[float]]],
