@@ -53,6 +53,8 @@ def test_results_have_perplexity_curves_per_optimizer_and_exact_sparsity(seq_run
         assert len(curve["mean"]) == len(curve["std"]) == 4 and len(curve["per_seed"]) == 2
         assert all(math.isfinite(p) and p > 1 for p in curve["mean"]), name
         assert block["metrics"]["perplexity_dense"] == curve["mean"][0]
+        assert 0.0 < block["metrics"]["weights_below_0.1_rms"] < 0.5
+        assert math.isfinite(block["metrics"]["weight_excess_kurtosis"])
         # layer-wise pruning reaches the request up to rounding of each matrix (never more than 1 entry off)
         for s in (0.25, 0.5, 0.9):
             assert block["sparsity"][f"reached@{s:g}"] == pytest.approx(s, abs=1e-3)

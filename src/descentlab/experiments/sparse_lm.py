@@ -288,7 +288,10 @@ def train_and_prune(cfg: SparseLMConfig, spec: str, seed: int, data: dict, run_p
         params=num_params(model),
         final_loss=float(result.last_logs.get("loss", math.nan)),
     )
-    sweep["weights"] = torch.cat([t.param.detach().flatten().float() for t in select_prunable(model)])
+    sweep["weights"] = w = torch.cat([t.param.detach().flatten().double() for t in select_prunable(model)])
+    # shape of the trained weight distribution: HORST's should be more peaked at 0 (METHODS §2.4)
+    sweep["kurtosis"] = float(((w - w.mean()) ** 4).mean() / w.var(correction=0) ** 2 - 3)
+    sweep["near_zero"] = float((w.abs() < 0.1 * w.pow(2).mean().sqrt()).double().mean())
     return sweep
 
 
@@ -354,6 +357,8 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
                 "perplexity_dense": mean[0],
                 **{f"perplexity@{x:g}": mean[i] for i, x in enumerate(xs) if x in (0.5, 0.7, 0.9)},
                 "final_train_loss": sum(s["final_loss"] for s in sweeps[label]) / len(sweeps[label]),
+                "weight_excess_kurtosis": sum(s["kurtosis"] for s in sweeps[label]) / len(sweeps[label]),
+                "weights_below_0.1_rms": sum(s["near_zero"] for s in sweeps[label]) / len(sweeps[label]),
             },
             "curves": {
                 "layerwise": {
