@@ -113,6 +113,8 @@ def evaluate(model: torch.nn.Module, held: list[dict], e: EvalConfig, pad: int, 
                         noise=noise,
                     )
     sub, kw = held[: e.layer_examples], {"all_tokens": e.perplexity_on == "all", "chunk": e.layer_chunk}
+    if not sub:
+        return out
     out["layer_loss"]["clean"] = layer_profile(model, sub, pad, Noise(), **kw)
     for spec in e.layer_noise:
         kind, gamma = parse_noise(spec)
