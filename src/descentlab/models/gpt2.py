@@ -69,10 +69,15 @@ def build_gpt2(cfg: GPT2LMConfig, vocab_size: int, *, eos_id: int | None = None,
         use_cache=False,
     )
     if seed is None:
-        return GPT2LMHeadModel(hf)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return GPT2LMHeadModel(hf)
+        model = GPT2LMHeadModel(hf)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = GPT2LMHeadModel(hf)
+    # transformers infers the loss from the class name, which for GPT2LMHeadModel matches nothing; it then
+    # warns and falls back to the causal-LM loss. Name that loss explicitly.
+    model.loss_type = "ForCausalLM"
+    return model
 
 
 __all__ = ["GPT2LMConfig", "build_gpt2", "num_params"]
