@@ -1,12 +1,12 @@
 """Worker for test_distributed.py: DDP (gloo) training with PrimalDual; run as a script, not collected.
 
-Usage: python dist_worker.py OUT_DIR PORT. Each of 2 ranks trains on its half of every global batch and
-saves its λ trajectory and final parameters to OUT_DIR/rank{r}.pt.
+Usage: python dist_worker.py OUT_DIR. Each of 2 ranks trains on its half of every global batch and saves
+its λ trajectory and final parameters to OUT_DIR/rank{r}.pt. The ranks meet through a file in OUT_DIR
+(no TCP port to race for on a shared machine).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
@@ -74,9 +74,8 @@ def train(model, constraint, opt, batches):
     return torch.stack(lams)
 
 
-def worker(rank: int, out_dir: str, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+def worker(rank: int, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=WORLD)
     try:
         model, constraint, opt = build()
         ddp = nn.parallel.DistributedDataParallel(model)
@@ -91,4 +90,4 @@ def worker(rank: int, out_dir: str, port: int) -> None:
 
 
 if __name__ == "__main__":
-    mp.spawn(worker, args=(sys.argv[1], int(sys.argv[2])), nprocs=WORLD, join=True)
+    mp.spawn(worker, args=(sys.argv[1],), nprocs=WORLD, join=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +12,6 @@ import pytest
 import torch
 
 WORKER = Path(__file__).with_name("dist_worker.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _load_worker():
@@ -34,7 +27,7 @@ def test_two_gloo_ranks_match_each_other_and_the_single_process_run(tmp_path: Pa
         pytest.skip("torch.distributed is not available in this build")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(WORKER), str(tmp_path), str(_free_port())],
+        [sys.executable, str(WORKER), str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,

@@ -267,6 +267,7 @@ class LayerwiseDescent:
             self.duals.to_(device)
             self._g_sum = self._g_sum.to(device)
             self._index = self._index.to(device)
+            self.alpha = self.alpha.to(device)
 
     # -- inspection --------------------------------------------------------------------------------------
     @property
