@@ -113,7 +113,7 @@ def plot_samples(
             img = samples[f"{arch}-{objective}"][i][t]
             show(axes[r][2 + c], img, f"{arch} {objective} ({rmse(img):.3f})")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return {
         "path": f"figures/{path.name}",
