@@ -127,7 +127,7 @@ def test_kernel_matches_reference_on_large_tensor():
     bc2 = [math.sqrt(1 - 0.999**7)]
     args = (opts["lr"], 0.9, 0.999, 1e-8, 0.01, True, opts["alpha"], opts["beta"], 5.0, True)
     assert KERNEL.horst_step_([pk], [g], [mk], [vk], ss, bc2, *args) == 0
-    torch.testing.assert_close(pk, ref.param, rtol=2.5e-7, atol=0)
+    torch.testing.assert_close(pk, ref.param, rtol=4e-7, atol=0)  # libmvec expf: <= 3 ulp
     torch.testing.assert_close(mk, ref.exp_avg, rtol=2.5e-7, atol=0)
     torch.testing.assert_close(vk, ref.exp_avg_sq, rtol=2.5e-7, atol=0)
 
