@@ -46,7 +46,7 @@ def plot_margins(steps: list[int], paths: dict[str, list[float]], run: RunDir) -
     ax.set_xlabel("step")
     ax.set_ylabel("L1 margin / optimal L1 margin")
     ax.legend(fontsize=7, ncol=2, loc="lower right")
-    ax.set_title("Classification: normalised L1 margin (first seed; dashed: mirror before steepest)")
+    ax.set_title("Normalised L1 margin (first seed; dashed: mirror before steepest)", fontsize=10)
     fig.tight_layout()
     path = run.figure("classification-margins")
     fig.savefig(path, dpi=110)
