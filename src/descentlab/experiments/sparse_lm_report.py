@@ -75,6 +75,25 @@ def gap_table(sweeps: dict[str, list[dict]], a: str, b: str) -> dict:
     }
 
 
+def damage_table(methods: dict, optimizers: list[str]) -> dict:
+    """Pruning damage ``log ppl(s) - log ppl(0)`` of each trained model, mean ± std over seeds.
+
+    Each run is compared with its own dense model, so the seed-to-seed spread of the dense perplexity (large
+    for short runs) drops out and only the sensitivity to pruning remains.
+    """
+    xs = methods[optimizers[0]]["curves"]["layerwise"]["x"]
+    rows = []
+    for name in optimizers:
+        per_seed = methods[name]["curves"]["layerwise"]["per_seed"]
+        mean, std = mean_std([[math.log(p / run[0]) for p in run] for run in per_seed])
+        rows.append([name, *[f"{m:+.3f} ± {s:.3f}" for m, s in zip(mean[1:], std[1:], strict=True)]])
+    return {
+        "title": "Pruning damage: log ppl(pruned) - log ppl(dense) of the same run (mean ± std over seeds)",
+        "columns": ["optimizer", *[f"{x:.0%}" for x in xs[1:]]],
+        "rows": rows,
+    }
+
+
 def plot_perplexity(methods: dict, optimizers: list[str], path: Path) -> Path:
     """Perplexity vs sparsity, log scale: the trained optimizers, and the pretrained SmolLM2 if present."""
     smol = [m for m in methods if m not in optimizers]
@@ -119,6 +138,7 @@ def plot_weight_histograms(weights: dict[str, torch.Tensor], path: Path) -> Path
 
 
 __all__ = [
+    "damage_table",
     "gap_table",
     "mean_std",
     "perplexity_table",
