@@ -231,3 +231,34 @@ def test_param_groups_and_errors(tiny_gpt2, capsys):
         HORST(model.parameters(), alpha=-1.0)
     with pytest.raises(ConfigError):
         HORST(model.parameters(), impl="numba")
+
+
+def test_fsdp2_dtensor_params_take_the_foreach_path(tmp_path):
+    """FSDP2 turns parameters into DTensors: HORST must step them and match a plain model exactly."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        sharded = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        plain = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        plain.load_state_dict(sharded.state_dict())
+        fully_shard(sharded)
+        opts = [
+            HORST(sharded.parameters(), lr=1e-2, alpha=5.0),
+            HORST(plain.parameters(), lr=1e-2, alpha=5.0, impl="foreach"),
+        ]
+        x = torch.randn(4, 8)
+        for _ in range(3):
+            for model, opt in zip((sharded, plain), opts, strict=True):
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+        for a, b in zip(sharded.parameters(), plain.parameters(), strict=True):
+            assert type(a).__name__ == "DTensor"
+            assert torch.equal(a.full_tensor().detach(), b.detach())
+    finally:
+        dist.destroy_process_group()

@@ -171,8 +171,13 @@ def _horst_foreach_(
 
 
 def _kernel_ok(p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> bool:
+    # Plain tensors only: subclasses such as FSDP2's DTensor take the foreach path, which dispatches them.
     return all(
-        t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in (p, m, v, g)
+        type(t) in (Tensor, nn.Parameter)
+        and t.dtype == torch.float32
+        and t.device.type == "cpu"
+        and t.is_contiguous()
+        for t in (p, m, v, g)
     )
 
 
