@@ -163,6 +163,11 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
     )
     report = (out / "report.md").read_text()
     assert "gaussian: accuracy vs gamma" in report and (out / "figures" / "curves.png").is_file()
+    # a resumed run reuses the saved job outputs: same numbers, nothing evaluated again
+    n_logged = len((out / "metrics.jsonl").read_text().splitlines())
+    run_experiment("text-robustness", resume=out)
+    assert json.loads((out / "results.json").read_text())["methods"] == res["methods"]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == n_logged
 
 
 def test_worker_processes_give_the_same_layout(tiny_encoder_dir, tmp_path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -11,7 +12,13 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from descentlab.errors import ModelError
-from descentlab.robustness import perturb_embeddings, perturb_inputs, robustness_curve, token_nll_metric
+from descentlab.robustness import (
+    RobustnessCurves,
+    perturb_embeddings,
+    perturb_inputs,
+    robustness_curve,
+    token_nll_metric,
+)
 from descentlab.robustness.perturb import embedding_rms
 
 GAMMAS = (0.0, 0.5, 2.0)
@@ -46,6 +53,15 @@ def test_same_seed_same_curve_and_block_shape(tiny_bert, batches) -> None:
     assert block["std"][0] == 0.0  # γ=0 is deterministic, one model
     assert a.protocol["n_eval"] == 24 and a.protocol["draws"] == 2
     assert a.summary()["gaussian"] == pytest.approx(np.mean(block["mean"]))
+
+
+def test_dict_round_trip_and_concat(tiny_bert, batches) -> None:
+    a = robustness_curve(tiny_bert, batches, gammas=GAMMAS, draws=2, kinds=("uniform",), model_seeds=[3])
+    back = RobustnessCurves.from_dict(json.loads(json.dumps(a.to_dict())))
+    np.testing.assert_array_equal(back.values["uniform"], a.values["uniform"])
+    assert back.curves() == a.curves() and back.protocol == a.protocol
+    both = RobustnessCurves.concat([a, back])
+    assert both.values["uniform"].shape == (2, 2, 3) and both.protocol["model_seeds"] == [3, 3]
 
 
 def test_clean_point_is_plain_accuracy(tiny_bert, batches) -> None:

@@ -11,6 +11,7 @@ content-keyed so that every method sees the same noisy inputs), the per-layer te
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import shlex
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from descentlab.experiments.base import seed_everything
 from descentlab.robustness import DEFAULT_GAMMAS, RobustnessCurves, layer_loss_profile, robustness_curve
 from descentlab.train.loop import TrainConfig, fit
 from descentlab.train.objectives import ERM, Constrained
-from descentlab.train.rundir import RunDir
+from descentlab.train.rundir import RunDir, atomic_write_text
 
 METHODS = ("erm", "constrained", "resilient")
 
@@ -284,28 +285,44 @@ def clean_accuracy(model: Any, batches: list) -> float:
 
 
 def run_job(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) -> dict[str, Any]:
-    """One job end to end; returns plain numbers (so it can run in a worker process)."""
+    """One job end to end; returns plain numbers (so it can run in a worker process).
+
+    The numbers are also saved under ``jobs/`` in the run directory: a resumed run reuses them instead of
+    evaluating again (training itself resumes from the fit checkpoints).
+    """
+    saved = run.path / "jobs" / f"{job.tag}-{job.split}.json"
+    if saved.is_file():
+        return decode_output(json.loads(saved.read_text()))
     ev = cfg.evaluation
     model, constraint = train_model(cfg, job, data, run)
     if job.split == "validation":
-        out = {"clean": clean_accuracy(model, data.val)}
+        out: dict[str, Any] = {"clean": clean_accuracy(model, data.val)}
         if job.method != "erm":
             curve = accuracy_curves(cfg, model, data.val, job.seed, ["gaussian"], cfg.selection.draws)
             out["robust"] = curve.summary()["gaussian"]
-        return out
-    curves = accuracy_curves(cfg, model, data.test, job.seed, list(ev.kinds), ev.draws)
-    noisy = layer_loss_profile(
-        model, data.test, kind=ev.profile_kind, gamma=ev.profile_gamma, draws=ev.draws, seed=ev.noise_seed
-    )
-    extra = {"val_accuracy": clean_accuracy(model, data.val)}
-    extra.update({f"shift:{name}": clean_accuracy(model, b) for name, b in data.shift.items()})
-    run.log(tag=f"eval-{job.tag}", clean_accuracy=float(curves.values[ev.kinds[0]][0, 0, 0]))
-    return {
-        "curves": curves,
-        "profiles": {"clean": layer_loss_profile(model, data.test), noisy_condition(ev): noisy},
-        "extra": extra,
-        "multipliers": constraint.multipliers.tolist() if constraint is not None else None,
-    }
+    else:
+        curves = accuracy_curves(cfg, model, data.test, job.seed, list(ev.kinds), ev.draws)
+        noisy = layer_loss_profile(
+            model, data.test, kind=ev.profile_kind, gamma=ev.profile_gamma, draws=ev.draws, seed=ev.noise_seed
+        )
+        extra = {"val_accuracy": clean_accuracy(model, data.val)}
+        extra.update({f"shift:{name}": clean_accuracy(model, b) for name, b in data.shift.items()})
+        run.log(tag=f"eval-{job.tag}", clean_accuracy=float(curves.values[ev.kinds[0]][0, 0, 0]))
+        out = {
+            "curves": curves.to_dict(),
+            "profiles": {"clean": layer_loss_profile(model, data.test), noisy_condition(ev): noisy},
+            "extra": extra,
+            "multipliers": constraint.multipliers.tolist() if constraint is not None else None,
+        }
+    saved.parent.mkdir(exist_ok=True)
+    atomic_write_text(saved, json.dumps(out))
+    return decode_output(out)
+
+
+def decode_output(out: dict[str, Any]) -> dict[str, Any]:
+    if "curves" in out:
+        out = {**out, "curves": RobustnessCurves.from_dict(out["curves"])}
+    return out
 
 
 def noisy_condition(ev: Evaluation) -> str:
@@ -329,10 +346,15 @@ def job_pool(cfg: TextRobustnessConfig, data: Prepared, run: RunDir) -> Iterator
         yield submit_inline
         return
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        cfg.workers, mp_context=context, initializer=_worker_init, initargs=(1,)
-    ) as pool:
+    pool = ProcessPoolExecutor(cfg.workers, mp_context=context, initializer=_worker_init, initargs=(1,))
+    try:
         yield lambda job: pool.submit(run_job, cfg, job, data, run)
+    except BaseException:
+        # a failed job (or Ctrl-C) must not wait for the queued ones; finished fits stay checkpointed, so
+        # `resume=RUN_DIR` picks up from there
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def prepare_data(cfg: TextRobustnessConfig) -> Prepared:

@@ -92,6 +92,20 @@ class RobustnessCurves:
             }
         return block
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (values as nested lists); :meth:`from_dict` inverts it exactly."""
+        return {
+            "metric": self.metric,
+            "gammas": list(self.gammas),
+            "values": {k: v.tolist() for k, v in self.values.items()},
+            "protocol": self.protocol,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RobustnessCurves:
+        values = {k: np.asarray(v, dtype=np.float64) for k, v in data["values"].items()}
+        return cls(data["metric"], tuple(data["gammas"]), values, dict(data.get("protocol", {})))
+
     @classmethod
     def concat(cls, parts: Sequence[RobustnessCurves]) -> RobustnessCurves:
         """Join curves of different models (e.g. one per training seed) evaluated under the same protocol."""
