@@ -34,14 +34,15 @@ def test_layer_scope_exact_per_matrix_and_rest_untouched(make_vit) -> None:
 
 def test_global_scope_exact_and_one_threshold(make_gpt2) -> None:
     model = make_gpt2()
+    before = {t.name: t.param.detach().clone() for t in select_prunable(model)}
     report = prune_magnitude(model, 0.65, scope="global")
     assert report.total.zeros == round(0.65 * report.total.numel)
-    weights = [t.param.detach() for t in select_prunable(model)]
-    kept_min = min(w[w != 0].abs().min() for w in weights)
-    assert report.global_sparsity == pytest.approx(0.65, abs=1e-4)
-    # per-tensor sparsities differ (one shared threshold), and no kept weight is below the threshold
+    after = {t.name: t.param.detach() for t in select_prunable(model)}
+    kept = torch.cat([before[n][after[n] != 0].abs() for n in before])
+    dropped = torch.cat([before[n][after[n] == 0].abs() for n in before])
+    assert kept.min() >= dropped.max()  # one threshold shared by every matrix
+    # ... so per-matrix sparsities differ, unlike scope="layer"
     assert len({round(c.sparsity, 3) for c in report.tensors.values()}) > 1
-    assert kept_min > 0
 
 
 def test_nm_scope(make_vit) -> None:
