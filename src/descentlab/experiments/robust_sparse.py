@@ -305,7 +305,7 @@ def run(cfg: RobustSparseConfig, run: RunDir) -> dict:
         "model": cfg.model,
         "split": "test",
         "n_train": len(train_set),
-        "n_eval": sweeps[cfg.methods[0]][0][0].curve.protocol["n_eval"],
+        "n_eval": int(sweeps[cfg.methods[0]][0][0].curve.protocol["n_eval"]),
         "seeds": list(cfg.seeds),
         "draws": ev.draws,
         "kinds": list(ev.kinds),

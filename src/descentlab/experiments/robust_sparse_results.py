@@ -145,7 +145,9 @@ def accuracy_figure(path: Path, methods_out: dict[str, Any], kind: str, levels: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(methods_out), figsize=(4.2 * len(methods_out), 3.4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(methods_out), figsize=(4.2 * len(methods_out), 3.4), squeeze=False, sharey=True
+    )
     for ax, (method, block) in zip(axes[0], methods_out.items(), strict=True):
         for s in levels:
             c = block["curves"][f"{kind}@s={s:g}"]
