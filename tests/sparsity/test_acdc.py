@@ -202,3 +202,19 @@ def test_load_state_dict_rejects_other_schedule(make_vit: Callable[..., nn.Modul
         ACDC(model, opt, sparsity=0.7, total_steps=50).load_state_dict(state)
     with pytest.raises(ConfigError, match=r"\[0, 1\)"):
         ACDC(model, opt, sparsity=1.0, total_steps=50)
+
+
+@pytest.mark.parametrize("scope", ["layer", "nm"])
+def test_other_scopes_in_compressed_phases(scope: str, make_vit: Callable[..., nn.Module]) -> None:
+    model = make_vit()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    acdc = ACDC(model, opt, sparsity=0.5, schedule=SCHEDULE, scope=scope)
+    for batch in _batches(8):
+        _train_step(model, opt, acdc, batch)
+        if acdc.compressed:
+            for t in select_prunable(model):
+                nonzero = t.param.detach() != 0
+                if scope == "nm":  # 2 of every 4 consecutive input weights survive
+                    assert torch.all(nonzero.reshape(-1, 4).sum(1) == 2), t.name
+                else:
+                    assert int((~nonzero).sum()) == t.param.numel() // 2, t.name
