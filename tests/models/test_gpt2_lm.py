@@ -104,6 +104,8 @@ def test_blocks_dataset_is_deterministic_with_eos_between_documents(bpe, austen)
     n0 = len(tok.encode(docs[0]))
     assert stream[n0].item() == tok.eos_id and stream[-1].item() == tok.eos_id
     assert torch.equal(a.blocks.flatten(), stream[: a.num_tokens])
+    many = [austen["test"][i * 500 : (i + 1) * 500] for i in range(7)]
+    assert torch.equal(encode_documents(tok, many, chunk_docs=3), encode_documents(tok, many))
     item = a[3]
     assert torch.equal(item["input_ids"], item["labels"]) and item["input_ids"].shape == (32,)
 

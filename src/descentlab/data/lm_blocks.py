@@ -26,21 +26,26 @@ _BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "par
 
 
 def encode_documents(
-    tokenizer: TextTokenizer, docs: str | Iterable[str], *, eos_between: bool = True
+    tokenizer: TextTokenizer, docs: str | Iterable[str], *, eos_between: bool = True, chunk_docs: int = 1024
 ) -> torch.Tensor:
     """Encode documents in order into one int64 stream, with ``eos_id`` after each document.
 
     The separator lets the model learn document boundaries and is what GPT-2 training streams use.
+    Documents are encoded ``chunk_docs`` at a time and packed into tensors chunk by chunk, so a large corpus
+    never exists as one Python list of ints (about 36 bytes per token instead of 8).
     """
     docs = [docs] if isinstance(docs, str) else [d for d in docs if d]
     if not docs:
         raise DataError("no text to encode: the corpus split is empty")
-    ids: list[int] = []
-    for enc in tokenizer.encode_batch(docs):
-        ids.extend(enc)
-        if eos_between:
-            ids.append(tokenizer.eos_id)
-    return torch.tensor(ids, dtype=torch.long)
+    parts: list[torch.Tensor] = []
+    for start in range(0, len(docs), chunk_docs):
+        ids: list[int] = []
+        for enc in tokenizer.encode_batch(docs[start : start + chunk_docs]):
+            ids.extend(enc)
+            if eos_between:
+                ids.append(tokenizer.eos_id)
+        parts.append(torch.tensor(ids, dtype=torch.long))
+    return torch.cat(parts)
 
 
 def make_blocks(
