@@ -16,6 +16,7 @@ class _Cfg:
     lr: float = 1e-3
     name: str = "a"
     seeds: list[int] = field(default_factory=lambda: [0])
+    grid: dict[str, list[float]] = field(default_factory=lambda: {"horst": [1.0]})
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
@@ -59,3 +60,12 @@ def test_yaml_round_trip_and_keys() -> None:
     cfg = resolve_config(_Cfg, overrides=["seeds=[3,4]"])
     assert load_config_yaml(_Cfg, config_to_yaml(cfg)) == cfg
     assert "train.epochs" in config_keys(_Cfg) and "lr" in config_keys(_Cfg)
+
+
+def test_dict_fields_take_dotted_keys_and_yaml_errors_are_config_errors() -> None:
+    cfg = resolve_config(_Cfg, overrides=["grid.ham=[2.0, 3.0]"])
+    assert cfg.grid == {"horst": [1.0], "ham": [2.0, 3.0]}
+    cfg = resolve_config(_Cfg, overrides=["grid={horst: [5.0]}"])
+    assert cfg.grid["horst"] == [5.0]
+    with pytest.raises(ConfigError, match="space after the colon"):
+        resolve_config(_Cfg, overrides=["grid={horst:[1.0]}"])

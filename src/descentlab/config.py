@@ -36,6 +36,22 @@ def config_keys(config_cls: type) -> list[str]:
     return keys
 
 
+def _dict_fields(config_cls: type, prefix: str = "") -> list[str]:
+    """Dotted names of the dict-typed fields, whose own keys (``field.any_key``) are free-form."""
+    names: list[str] = []
+    for field in dataclasses.fields(config_cls):
+        default = _field_default(field)
+        if dataclasses.is_dataclass(default):
+            names.extend(_dict_fields(type(default), f"{prefix}{field.name}."))
+        elif isinstance(default, dict):
+            names.append(f"{prefix}{field.name}")
+    return names
+
+
+def _is_valid_key(key: str, valid: Sequence[str], dict_fields: Sequence[str]) -> bool:
+    return key in valid or any(key.startswith(f"{name}.") for name in dict_fields)
+
+
 def _field_default(field: dataclasses.Field) -> Any:
     if field.default is not dataclasses.MISSING:
         return field.default
@@ -71,6 +87,7 @@ def resolve_config(
     """
     presets = presets or {}
     valid = config_keys(config_cls)
+    dict_fields = _dict_fields(config_cls)
     layers: list[DictConfig] = []
     if preset is not None:
         if preset not in presets:
@@ -84,13 +101,17 @@ def resolve_config(
                 f"override {item!r} is not of the form key=value; valid keys: {', '.join(valid)}"
             )
         key = item.split("=", 1)[0]
-        if key not in valid:
+        if not _is_valid_key(key, valid, dict_fields):
             raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(valid)}")
     if overrides:
         try:
             layers.append(OmegaConf.from_dotlist(list(overrides)))
-        except OmegaConfBaseException as exc:
-            raise ConfigError(f"cannot parse overrides {list(overrides)}: {exc}") from None
+        except Exception as exc:  # OmegaConf's own errors, and YAML scanner errors from values like {a:[1]}
+            reason = " ".join(str(exc).split())
+            raise ConfigError(
+                f"cannot parse overrides {list(overrides)}: {reason}. Values are YAML: write {{key: value}} "
+                "with a space after the colon, and quote strings that contain = or :"
+            ) from None
     base = OmegaConf.structured(config_cls)
     try:
         merged = OmegaConf.merge(base, *layers)

@@ -6,7 +6,8 @@ Swap ``Trainer`` for :class:`DescentTrainer`; nothing else in a Trainer script c
         model=model, args=args, train_dataset=train, eval_dataset=val,
         constraint=dl.LayerwiseDescent(num_layers=model.config.num_hidden_layers, alpha=0.05, dual_lr=1e-2),
         optimizer_cls_and_kwargs=(dl.HORST, {"lr": 3e-5, "alpha": 1.0}),      # optional: any optimizer
-        sparsity=lambda model, opt: dl.ACDC(model, opt, sparsity=0.9),       # optional: a controller factory
+        sparsity=lambda model, opt: dl.ACDC(model, opt, sparsity=0.9,        # optional: a controller factory
+                                            total_steps=args.max_steps),
     )
     trainer.train()                       # trainer.train(resume_from_checkpoint=True) resumes λ, u and masks
 

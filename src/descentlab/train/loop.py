@@ -243,6 +243,8 @@ def fit(
                             f"{skipped} non-finite losses (last at step {step}); lower the learning rate, enable "
                             "grad_clip, or check the data. The last good state is checkpointed."
                         )
+                    if sparsity is not None:  # its schedule counts loop steps, taken or skipped
+                        sparsity.step()
                 else:
                     accelerator.backward(loss)
                     if sparsity is not None and hasattr(sparsity, "before_optimizer_step"):
