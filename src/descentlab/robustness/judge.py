@@ -10,7 +10,7 @@ tie. The win rate of A over B is their mean, so ties are split and
 * :class:`LikelihoodJudge` (offline default): the model that gives the reference continuation the lower
   negative log-likelihood wins. NLLs within ``tol`` nats of each other tie.
 * :class:`GenerativeJudge`: both models generate a response (greedy), then any local causal LM reads a
-  pairwise prompt and its next-token logits over the two answer labels give the verdict. Each pair is
+  pairwise prompt, and its log-likelihoods of the two answer labels give the verdict. Each pair is
   shown in both orders and the two verdicts are averaged, which cancels the judge's position bias:
   ``p_i = (v(A, B) + 1 - v(B, A)) / 2`` with v(first, second) the verdict that the first response is better.
 
