@@ -1,7 +1,7 @@
 """Two gloo processes (torchrun) train a small BERT with constraints + HORST (+ AC/DC) and agree with one process.
 
-One launch runs both phases of ``worker.py``: ``descentlab.train.loop.fit`` under DDP, then a FSDP2
-(``fully_shard``) loop with PrimalDual(HORST). The single-process reference runs the same functions in this
+One launch runs the phases of ``worker.py``: ``descentlab.train.loop.fit`` under DDP, a FSDP2
+(``fully_shard``) loop with PrimalDual(HORST), and the smoke experiment through ``run_experiment``. The single-process reference runs the same functions in this
 process, on the same global batches.
 """
 
@@ -99,7 +99,7 @@ def test_fsdp2_primal_dual_horst_matches_one_process(launched) -> None:
     assert torch.equal(a["lambda"], b["lambda"])
     assert all(torch.equal(a["params"][k], b["params"][k]) for k in a["params"])
 
-    single = worker.train_fsdp2(sharded=False, horst_impl="foreach")
+    single = worker.train_fsdp2(sharded=False)
     assert single["local_shapes"][name] == tuple(single["params"][name].shape)
     torch.testing.assert_close(a["lambda"], single["lambda"], rtol=0, atol=1e-6)
     assert float(single["lambda"][-1].min()) > 0.05

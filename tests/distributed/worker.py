@@ -139,11 +139,11 @@ def _global_batches() -> list[torch.Tensor]:
     return out[:STEPS]
 
 
-def train_fsdp2(sharded: bool, horst_impl: str = "foreach") -> dict[str, Any]:
+def train_fsdp2(sharded: bool, horst_impl: str = "auto") -> dict[str, Any]:
     """A plain loop: PrimalDual(HORST) on a model whose blocks and root are ``fully_shard``-ed (or not).
 
-    ``impl="foreach"`` by default: HORST's fused CPU kernel reads raw data pointers, which a DTensor
-    parameter does not expose, so under FSDP2 it needs the local shards handed to it.
+    With the default ``impl="auto"`` the DTensor shards take HORST's foreach path and plain tensors (the
+    single-process reference) its fused kernel, so the comparison also covers the two implementations.
     """
     import descentlab as dl
     from descentlab.distributed import rank, world_size
@@ -201,4 +201,4 @@ def main(out_dir: Path, horst_impl: str) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "foreach")
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "auto")
