@@ -289,10 +289,12 @@ def train_and_prune(cfg: SparseLMConfig, spec: str, seed: int, data: dict, run_p
         params=num_params(model),
         final_loss=float(result.last_logs.get("loss", math.nan)),
     )
-    sweep["weights"] = w = torch.cat([t.param.detach().flatten().double() for t in select_prunable(model)])
+    w = torch.cat([t.param.detach().flatten().double() for t in select_prunable(model)])
     # shape of the trained weight distribution: HORST's should be more peaked at 0 (METHODS §2.4)
     sweep["kurtosis"] = float(((w - w.mean()) ** 4).mean() / w.var(correction=0) ** 2 - 3)
     sweep["near_zero"] = float((w.abs() < 0.1 * w.pow(2).mean().sqrt()).double().mean())
+    if seed == cfg.seeds[0]:  # histogram data travels back from a worker for one seed only
+        sweep["weights"] = w.float().cpu()
     return sweep
 
 
