@@ -73,7 +73,7 @@ def curve_table(
             if x in curve["x"]:
                 i = curve["x"].index(x)
                 std = (curve.get("std") or [None] * len(curve["x"]))[i]
-                cells.append(fmt(curve["mean"][i]) + (f" ± {fmt(std, 2)}" if std else ""))
+                cells.append(fmt(curve["mean"][i]) + (f" ± {std:.2g}" if std else ""))
             else:
                 cells.append("")
         summary = curve.get("summary")
