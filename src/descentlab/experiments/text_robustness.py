@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from descentlab.errors import ConfigError
 from descentlab.experiments import text_robustness_results as results
 from descentlab.experiments.base import seed_everything
+from descentlab.experiments.text_robustness_data import Prepared, prepare_data
 from descentlab.robustness import DEFAULT_GAMMAS, RobustnessCurves, layer_loss_profile, robustness_curve
 from descentlab.train.loop import TrainConfig, fit
 from descentlab.train.objectives import ERM, Constrained
@@ -185,32 +186,6 @@ def build_constraint(settings: ConstraintSettings, num_layers: int, resilient: b
     )
 
 
-def encode(split: Any, tokenizer: Any, max_length: int) -> list[dict[str, Any]]:
-    """Tokenize a split (``text`` and optional ``text_pair``) into unpadded feature dicts with ``labels``."""
-    pairs = list(split["text_pair"]) if "text_pair" in split.column_names else None
-    enc = tokenizer(list(split["text"]), pairs, truncation=True, max_length=max_length)
-    keys = list(enc.keys())
-    return [{**{k: enc[k][i] for k in keys}, "labels": int(y)} for i, y in enumerate(list(split["label"]))]
-
-
-def eval_batches(features: list[dict[str, Any]], collate: Any, size: int) -> list[dict[str, torch.Tensor]]:
-    """Fixed evaluation batches, sorted by length to cut padding (the noise does not depend on batching)."""
-    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
-    return [collate([features[i] for i in order[k : k + size]]) for k in range(0, len(order), size)]
-
-
-@dataclass
-class Prepared:
-    """Tokenized data shared by every job (picklable, so worker processes get a copy)."""
-
-    train: list[dict[str, Any]]
-    val: list[dict[str, torch.Tensor]]
-    test: list[dict[str, torch.Tensor]]
-    shift: dict[str, list[dict[str, torch.Tensor]]]
-    collate: Any
-    num_labels: int
-
-
 @dataclass(frozen=True)
 class Job:
     """Train (or resume from the run's checkpoint) one model, then evaluate it on ``split``."""
@@ -357,38 +332,9 @@ def job_pool(cfg: TextRobustnessConfig, data: Prepared, run: RunDir) -> Iterator
     pool.shutdown(wait=True)
 
 
-def prepare_data(cfg: TextRobustnessConfig) -> Prepared:
-    from transformers import DataCollatorWithPadding
-
-    from descentlab.data import load_encoder_classifier, load_text_classification
-
-    d = cfg.data
-    splits = load_text_classification(
-        d.name, seed=d.split_seed, max_train=d.n_train, max_eval=d.n_eval, text_fields=d.text_fields
-    )
-    num_labels = int(max(splits["train"]["label"])) + 1
-    _, tokenizer = load_encoder_classifier(cfg.model, num_labels=num_labels)
-    collate = DataCollatorWithPadding(tokenizer, return_tensors="pt")
-
-    def batches(split: Any) -> list[dict[str, torch.Tensor]]:
-        return eval_batches(encode(split, tokenizer, d.max_length), collate, d.eval_batch_size)
-
-    shift = {
-        n: batches(load_text_classification(n, seed=d.split_seed, max_eval=d.n_eval)["test"]) for n in d.shift
-    }
-    return Prepared(
-        encode(splits["train"], tokenizer, d.max_length),
-        batches(splits["validation"]),
-        batches(splits["test"]),
-        shift,
-        collate,
-        num_labels,
-    )
-
-
 def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
     d, ev, seed0 = cfg.data, cfg.evaluation, cfg.seeds[0]
-    data = prepare_data(cfg)
+    data = prepare_data(cfg.data, cfg.model)
 
     # 1. ERM for every seed, and every candidate of a constrained method on the first seed (validation)
     candidates = {
