@@ -23,6 +23,11 @@ $(STAMP): pyproject.toml Makefile
 	@$(MAKE) --no-print-directory debian-assets
 	@$(PY) -c "from descentlab.optim._horst_kernel import load_kernel as k; \
 	  print('setup: HORST CPU kernel', 'built' if k() else 'unavailable, HORST uses its torch path')" || true
+	@# SmolLM2 ships as a 4-bit GGUF; de-quantize it once into a safetensors cache (~30 s) so that later loads,
+	@# the llm-robustness experiment and its tests take seconds.
+	@$(PY) -c "from descentlab.data.models import convert_smollm2 as c, smollm2_cache_ready as r; \
+	  print('setup: SmolLM2 cache', 'ready' if r() else c())" 2>/dev/null \
+	  || echo "setup: SmolLM2 not cached (asset missing); the tests that need it skip"
 	@touch $(STAMP)
 	@echo "setup: done ($(VENV))"
 
