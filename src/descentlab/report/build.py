@@ -7,6 +7,7 @@ Tables are also written as CSV under ``tables/`` for people who want to re-plot.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -107,11 +108,8 @@ def write_combined_report(
     lines = [f"# {title}", ""]
     for run_dir in run_dirs:
         run_dir = Path(run_dir)
-        prefix = (
-            f"{run_dir.resolve().relative_to(path.parent.resolve())}/"
-            if run_dir.resolve().is_relative_to(path.parent.resolve())
-            else f"{run_dir.resolve()}/"
-        )
+        # relative links keep the report readable when the runs folder is moved or shared
+        prefix = os.path.relpath(run_dir.resolve(), path.parent.resolve()) + "/"
         lines += _section(load_results(run_dir), run_dir, "##", link_prefix=prefix)
         lines += [f"Run directory: `{run_dir}`", ""]
     atomic_write_text(path, "\n".join(lines))
