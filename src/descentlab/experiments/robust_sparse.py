@@ -27,14 +27,8 @@ from descentlab.experiments.robust_sparse_results import (
     method_block,
     summary_notes,
 )
-from descentlab.experiments.text_robustness import (
-    ConstraintSettings,
-    Evaluation,
-    TextData,
-    build_constraint,
-    encode,
-    eval_batches,
-)
+from descentlab.experiments.text_robustness import ConstraintSettings, Evaluation, TextData, build_constraint
+from descentlab.experiments.text_robustness_data import encode, eval_batches
 from descentlab.robustness import RobustnessCurves
 from descentlab.train.loop import TrainConfig, fit
 from descentlab.train.objectives import ERM, Constrained

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from descentlab.experiments.text_robustness_results import multiplier_tables
 from descentlab.robustness import RobustnessCurves
 
 
@@ -124,17 +125,7 @@ def accuracy_tables(
                 "rows": paired,
             }
         )
-    lam_rows = [
-        [m, *[f"{x:.3f}" for x in v["multipliers"]]] for m, v in methods_out.items() if "multipliers" in v
-    ]
-    if lam_rows:
-        tables.append(
-            {
-                "title": "Final multipliers λ_l (mean over seeds)",
-                "columns": ["method", *[f"λ{i + 1}" for i in range(len(lam_rows[0]) - 1)]],
-                "rows": lam_rows,
-            }
-        )
+    tables.extend(multiplier_tables(methods_out))
     return tables
 
 
