@@ -44,6 +44,7 @@ def test_bf16_autocast_trains_and_matches_fp32_loosely() -> None:
             cfg=TrainConfig(epochs=15, batch_size=16, mixed_precision=precision, progress=False),
         )
         assert all(p.dtype == torch.float32 for p in model.parameters()), "master weights stay fp32"
-        finals[precision] = float(loss(model, {"x": x, "y": (x[:, 0] > 0).long()}))
+        with torch.no_grad():
+            finals[precision] = float(loss(model, {"x": x, "y": (x[:, 0] > 0).long()}))
     assert torch.bfloat16 in seen and torch.float32 in seen
     assert finals["bf16"] < 0.5 and abs(finals["bf16"] - finals["no"]) < 0.1
