@@ -85,6 +85,8 @@ def worker(rank: int, out_dir: str) -> None:
         torch.save(
             {"lambda": lams, "params": [p.detach() for p in model.parameters()]}, f"{out_dir}/rank{rank}.pt"
         )
+        # leave together: a rank tearing gloo down while its peer is still connected can abort the process
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -197,6 +197,7 @@ def main(out_dir: Path, horst_impl: str) -> None:
     result["world"] = world_size()
     result["smoke_run_dir"] = str(run_smoke(out_dir / "runs"))
     torch.save(result, out_dir / f"rank{rank()}.pt")
+    dist.barrier()  # leave together: tearing gloo down under a connected peer can abort the process
     dist.destroy_process_group()
 
 

@@ -91,6 +91,7 @@ def _rank_masks(rank: int, world: int, port: int, out: dict) -> None:
     }
     masks = global_masks(w, 0.7)
     out[rank] = {k: v.clone() for k, v in masks.items()}
+    torch.distributed.barrier()  # leave together: tearing gloo down under a connected peer can abort
     torch.distributed.destroy_process_group()
 
 
