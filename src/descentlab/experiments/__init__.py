@@ -35,6 +35,9 @@ class Experiment:
 
     @property
     def config_cls(self) -> type:
+        explicit = getattr(self.module, "CONFIG", None)
+        if explicit is not None:
+            return explicit
         classes = [
             v
             for v in vars(self.module).values()
@@ -43,9 +46,6 @@ class Experiment:
             and v.__module__ == self.module.__name__
             and v.__name__.endswith("Config")
         ]
-        explicit = getattr(self.module, "CONFIG", None)
-        if explicit is not None:
-            return explicit
         if len(classes) != 1:
             raise RuntimeError(f"{self.module.__name__} must define CONFIG or exactly one *Config dataclass")
         return classes[0]
