@@ -109,7 +109,7 @@ class _ViT4x(nn.Module):
 
 
 def test_selection_vit_5x_default_is_block_linears(make_vit) -> None:
-    from descentlab.models.vit import vit_block_linears
+    from descentlab.sparsity import vit_block_linears
 
     model = make_vit()
     names = [t.name for t in select_prunable(model)]
@@ -121,7 +121,7 @@ def test_selection_vit_5x_default_is_block_linears(make_vit) -> None:
 
 
 def test_selection_vit_4x_layout_by_type_and_position() -> None:
-    from descentlab.models.vit import vit_block_linears
+    from descentlab.sparsity import vit_block_linears
 
     model = _ViT4x()
     assert find_blocks(model)[0] == "vit.encoder.layer"

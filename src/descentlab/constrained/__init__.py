@@ -1,5 +1,6 @@
 """Layer-wise descent constraints solved primal-dual (METHODS.md Part 1)."""
 
+from descentlab.constrained.config import DescentConfig
 from descentlab.constrained.descent import LayerwiseDescent, descent_violations, resolve_alpha
 from descentlab.constrained.dual import (
     DualVariables,
@@ -12,6 +13,7 @@ from descentlab.constrained.dual import (
 from descentlab.constrained.primal_dual import PrimalDual
 
 __all__ = [
+    "DescentConfig",
     "DualVariables",
     "LayerwiseDescent",
     "PrimalDual",

@@ -13,10 +13,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from descentlab.errors import DataError, NumericalError
+from descentlab.losses import next_token_nll
 
 
 @dataclass(frozen=True)
@@ -53,15 +53,7 @@ def token_nll_sum(logits: torch.Tensor, input_ids: torch.Tensor, *, chunk: int =
         input_ids: ``[B, T]`` the tokens.
         chunk: time steps per log-softmax call (bounds the float32 upcast of half-precision logits).
     """
-    total = torch.zeros((), dtype=torch.float64, device=logits.device)
-    pred, target = logits[:, :-1], input_ids[:, 1:]
-    for s in range(0, pred.shape[1], chunk):
-        lg = pred[:, s : s + chunk]
-        if lg.dtype in (torch.float16, torch.bfloat16):
-            lg = lg.float()
-        tg = target[:, s : s + chunk]
-        total += F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.reshape(-1), reduction="sum").double()
-    return total
+    return next_token_nll(logits, input_ids, chunk=chunk, reduction="sum")
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""A small ViT image classifier built from a transformers ``ViTConfig``, and its prunable block Linears.
+"""A small ViT image classifier built from a transformers ``ViTConfig`` (its block Linears: descentlab.sparsity.vit).
 
 The block Linears (attention q/k/v/out and MLP fc1/fc2) are found by module type and position inside each
 transformer block, so the same code works with transformers 4.x (``vit.encoder.layer.N.attention.attention
@@ -12,13 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from descentlab.errors import ConfigError, ModelError
-from descentlab.sparsity.masks import PrunableTensor, Selection, find_blocks, select_prunable
+from descentlab.errors import ConfigError
 
-__all__ = ["BLOCK_LINEAR_ROLES", "ViTSpec", "build_vit", "vit_block_linears"]
-
-# Registration order of a ViT block's Linears in both transformers 4.x and 5.x.
-BLOCK_LINEAR_ROLES = ("q", "k", "v", "out", "fc1", "fc2")
+__all__ = ["ViTSpec", "build_vit"]
 
 
 @dataclass
@@ -65,33 +61,3 @@ def build_vit(spec: ViTSpec, seed: int | None = None) -> nn.Module:
     if seed is not None:
         torch.manual_seed(seed)
     return ViTForImageClassification(config)
-
-
-def vit_block_linears(model: nn.Module) -> dict[str, list[PrunableTensor]]:
-    """The Linear weights of every ViT block, by role (q, k, v, out, fc1, fc2).
-
-    Selection is by type (``nn.Linear``) and position inside each block of the block list found
-    structurally, never by name.
-
-    Returns:
-        Role -> one prunable tensor per block, in block order.
-
-    Raises:
-        ModelError: if a block does not hold exactly six Linears (not a standard ViT block).
-    """
-    find_blocks(model)  # raises a clear ModelError when there is no block list
-    tensors = select_prunable(model, Selection(module_types=(nn.Linear,)))
-    per_block: dict[int, list[PrunableTensor]] = {}
-    for t in tensors:
-        per_block.setdefault(t.block, []).append(t)
-    roles: dict[str, list[PrunableTensor]] = {r: [] for r in BLOCK_LINEAR_ROLES}
-    for block in sorted(per_block):
-        linears = per_block[block]
-        if len(linears) != len(BLOCK_LINEAR_ROLES):
-            raise ModelError(
-                f"ViT block {block} holds {len(linears)} Linears, expected {len(BLOCK_LINEAR_ROLES)} "
-                "(q, k, v, out, fc1, fc2); select the weights with descentlab.sparsity.Selection instead."
-            )
-        for role, t in zip(BLOCK_LINEAR_ROLES, linears, strict=True):
-            roles[role].append(t)
-    return roles

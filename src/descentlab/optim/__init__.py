@@ -1,7 +1,39 @@
 """Update rules of Part 2: HORST, HAM and composable steepest-descent x mirror-map optimizers."""
 
 from descentlab.optim.compose import compose
+from descentlab.optim.config import (
+    OptimizerConfig,
+    build_optimizer,
+    build_scheduler,
+    param_groups,
+    parse_spec,
+)
+from descentlab.optim.functional import (
+    adam_update_,
+    adam_update_foreach_,
+    bias_correction,
+    hyperbolic_mirror,
+    hyperbolic_mirror_foreach_,
+    mirror_exponent,
+)
 from descentlab.optim.ham import HAM
 from descentlab.optim.horst import HORST, horst_param_groups, horst_reference
 
-__all__ = ["HAM", "HORST", "compose", "horst_param_groups", "horst_reference"]
+__all__ = [
+    "HAM",
+    "HORST",
+    "OptimizerConfig",
+    "adam_update_",
+    "adam_update_foreach_",
+    "bias_correction",
+    "build_optimizer",
+    "build_scheduler",
+    "compose",
+    "horst_param_groups",
+    "horst_reference",
+    "hyperbolic_mirror",
+    "hyperbolic_mirror_foreach_",
+    "mirror_exponent",
+    "param_groups",
+    "parse_spec",
+]

@@ -39,6 +39,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from descentlab.errors import ConfigError
+from descentlab.optim.functional import adam_update_, hyperbolic_mirror
 
 ORDERS = ("mirror_after", "mirror_before", "dual")
 
@@ -84,14 +85,13 @@ def adam_update(
     beta2: float,
     eps: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """u = lr m_hat / (sqrt(v_hat) + eps), computed as torch.optim.AdamW does.
+    """u = lr m_hat / (sqrt(v_hat) + eps): :func:`descentlab.optim.functional.adam_update_` on copies.
 
     Returns:
         ``(u, new_exp_avg, new_exp_avg_sq)``; the inputs are not modified.
     """
-    m = torch.lerp(exp_avg, grad, 1 - beta1)
-    v = (exp_avg_sq * beta2).addcmul(grad, grad, value=1 - beta2)
-    u = (m * (lr / (1 - beta1**step))) / ((v.sqrt() / (1 - beta2**step) ** 0.5) + eps)
+    m, v = exp_avg.clone(), exp_avg_sq.clone()
+    u = adam_update_(grad, m, v, step=step, lr=lr, betas=(beta1, beta2), eps=eps)
     return u, m, v
 
 
@@ -126,11 +126,8 @@ class HyperbolicMirror:
             raise ConfigError(f"HyperbolicMirror needs alpha, beta >= 0 and gamma > 0, got {self}")
 
     def after(self, w_half: Tensor, u: Tensor, lr: float) -> Tensor:
-        """w <- w_half exp(clamp(-alpha sign(w_half) u - lr beta))."""
-        x = (torch.sign(w_half) * u) * (-self.alpha) + (-lr * self.beta)
-        if self.exp_clamp is not None:
-            x = x.clamp(-self.exp_clamp, self.exp_clamp)
-        return w_half * torch.exp(x)
+        """w <- w_half exp(clamp(-alpha sign(w_half) u - lr beta)): the functional ``hyperbolic_mirror``."""
+        return hyperbolic_mirror(w_half, u, alpha=self.alpha, lr_beta=lr * self.beta, clamp=self.exp_clamp)
 
     def precondition(self, w: Tensor, grad: Tensor) -> Tensor:
         """alpha sqrt(w^2 + gamma^2) g: the gradient in the mirror geometry (inverse Hessian of phi times g)."""
@@ -211,15 +208,13 @@ class Composed(Optimizer):
                         state["exp_avg"] = torch.zeros_like(p)
                         state["exp_avg_sq"] = torch.zeros_like(p)
                     state["step"] += 1
-                    beta1, beta2 = group["betas"]
-                    u, state["exp_avg"], state["exp_avg_sq"] = adam_update(
+                    u = adam_update_(
                         grad,
-                        lr,
                         state["exp_avg"],
                         state["exp_avg_sq"],
                         step=int(state["step"].item()),
-                        beta1=beta1,
-                        beta2=beta2,
+                        lr=lr,
+                        betas=tuple(group["betas"]),
                         eps=group["eps"],
                     )
                 else:

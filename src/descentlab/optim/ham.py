@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from descentlab.errors import ConfigError
+from descentlab.optim.functional import hyperbolic_mirror
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -27,15 +28,17 @@ def ham_mirror_step(
 ) -> Tensor:
     """The HAM mirror step of one tensor as a pure function (equation in the module docstring).
 
+    It is :func:`~descentlab.optim.functional.hyperbolic_mirror` driven by the raw gradient, with strength
+    ``lr * alpha``.
+
     Returns:
         The new parameter in ``param.dtype`` (computed in float32 for bf16 / fp16 inputs).
     """
     compute = torch.float32 if param.dtype in _LOW_PRECISION else param.dtype
-    w = param.to(compute)
-    x = (torch.sign(w) * grad.to(compute)) * (-alpha * lr) + (-lr * beta)
-    if exp_clamp is not None:
-        x = x.clamp(-exp_clamp, exp_clamp)
-    return (w * torch.exp(x)).to(param.dtype)
+    w = hyperbolic_mirror(
+        param.to(compute), grad.to(compute), alpha=alpha * lr, lr_beta=lr * beta, clamp=exp_clamp
+    )
+    return w.to(param.dtype)
 
 
 class HAM(Optimizer):

@@ -29,6 +29,13 @@ from torch.optim import Optimizer
 
 from descentlab.errors import ConfigError
 from descentlab.optim._horst_kernel import load_kernel
+from descentlab.optim.functional import (
+    adam_update_,
+    adam_update_foreach_,
+    bias_correction,
+    hyperbolic_mirror,
+    hyperbolic_mirror_foreach_,
+)
 
 IMPLS = ("auto", "fused", "foreach", "reference")
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -80,19 +87,13 @@ def horst_reference(
     p = param.to(compute)
     g = grad.to(compute)
     m0, v0 = exp_avg.to(compute), exp_avg_sq.to(compute)
-    step_size = lr / (1 - beta1**step)
-    bc2_sqrt = (1 - beta2**step) ** 0.5
+    m, v = m0.clone(), v0.clone()  # ``.to`` may return the input itself; the inputs stay untouched
 
     p = p * (1 - lr * weight_decay)
-    m = torch.lerp(m0, g, 1 - beta1)
-    v = (v0 * beta2).addcmul(g, g, value=1 - beta2)
-    u = (m * step_size) / ((v.sqrt() / bc2_sqrt) + eps)
+    u = adam_update_(g, m, v, step=step, lr=lr, betas=(beta1, beta2), eps=eps)
     p = p - u
     if mirror:
-        x = (torch.sign(p) * u) * (-alpha) + (-lr * beta)
-        if exp_clamp is not None:
-            x = x.clamp(-exp_clamp, exp_clamp)
-        p = p * torch.exp(x)
+        p = hyperbolic_mirror(p, u, alpha=alpha, lr_beta=lr * beta, clamp=exp_clamp)
     reverted = 0
     if nan_guard:
         ok = torch.isfinite(p)
@@ -107,8 +108,7 @@ def _horst_foreach_(
     grads: list[Tensor],
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
-    step_sizes: list[float],
-    bc2_sqrts: list[float],
+    steps: list[int],
     *,
     lr: float,
     beta1: float,
@@ -136,25 +136,10 @@ def _horst_foreach_(
             [v.clone() for v in exp_avg_sqs],
         )
     torch._foreach_mul_(work, 1 - lr * weight_decay)
-    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-    torch._foreach_mul_(exp_avg_sqs, beta2)
-    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
-    denom = torch._foreach_sqrt(exp_avg_sqs)
-    torch._foreach_div_(denom, bc2_sqrts)
-    torch._foreach_add_(denom, eps)
-    u = torch._foreach_mul(exp_avgs, step_sizes)
-    torch._foreach_div_(u, denom)
+    u = adam_update_foreach_(grads, exp_avgs, exp_avg_sqs, steps=steps, lr=lr, betas=(beta1, beta2), eps=eps)
     torch._foreach_sub_(work, u)
     if mirror:
-        x = torch._foreach_sign(work)
-        torch._foreach_mul_(x, u)
-        torch._foreach_mul_(x, -alpha)
-        torch._foreach_add_(x, -lr * beta)
-        if exp_clamp is not None:
-            torch._foreach_clamp_min_(x, -exp_clamp)
-            torch._foreach_clamp_max_(x, exp_clamp)
-        torch._foreach_exp_(x)
-        torch._foreach_mul_(work, x)
+        hyperbolic_mirror_foreach_(work, u, alpha=alpha, lr_beta=lr * beta, clamp=exp_clamp)
     reverted = 0
     if nan_guard:
         for i, p in enumerate(work):
@@ -300,24 +285,18 @@ class HORST(Optimizer):
                 continue
             use_kernel = kernel is not None and _kernel_ok(p, state["exp_avg"], state["exp_avg_sq"], p.grad)
             key = (use_kernel, mirror, p.device, p.dtype)
-            lists = buckets.setdefault(key, ([], [], [], [], [], []))
+            lists = buckets.setdefault(key, ([], [], [], [], []))
             for lst, item in zip(
-                lists,
-                (
-                    p,
-                    p.grad,
-                    state["exp_avg"],
-                    state["exp_avg_sq"],
-                    group["lr"] / (1 - beta1**step),
-                    (1 - beta2**step) ** 0.5,
-                ),
-                strict=True,
+                lists, (p, p.grad, state["exp_avg"], state["exp_avg_sq"], step), strict=True
             ):
                 lst.append(item)
         for (use_kernel, mirror, _, _), lists in buckets.items():
             if use_kernel:
+                corrections = [bias_correction(k, lr=opts["lr"], betas=(beta1, beta2)) for k in lists[4]]
                 self.reverted += kernel.horst_step_(
-                    *lists,
+                    *lists[:4],
+                    [c[0] for c in corrections],
+                    [c[1] for c in corrections],
                     opts["lr"],
                     beta1,
                     beta2,
@@ -363,6 +342,9 @@ def horst_param_groups(
     **options: Any,
 ) -> list[dict[str, Any]]:
     """Split a model's trainable parameters into a mirrored group (ndim >= ``min_mirror_ndim``) and the rest.
+
+    Kept for existing callers; new code builds groups with :func:`descentlab.optim.config.param_groups`,
+    whose decay and mirror rules are explicit.
 
     Args:
         model: the model whose ``named_parameters`` are grouped (frozen parameters are skipped).

@@ -20,7 +20,12 @@ from descentlab.readout.base import Batch, Readout
 from descentlab.readout.causal_lm import CausalLMReadout, chunked_token_ce
 from descentlab.readout.custom import HeadReadout, find_readout, register_readout, registered
 from descentlab.readout.encoder import EncoderClassifierReadout
-from descentlab.readout.unrolled import UnrolledReadout, estimate_losses
+from descentlab.readout.unrolled import (
+    LayerEstimates,
+    UnrolledReadout,
+    estimate_losses,
+    returns_layer_estimates,
+)
 from descentlab.readout.vit import ViTReadout
 
 for _builtin in (EncoderClassifierReadout(), CausalLMReadout(), ViTReadout(), UnrolledReadout()):
@@ -65,6 +70,7 @@ __all__ = [
     "CausalLMReadout",
     "EncoderClassifierReadout",
     "HeadReadout",
+    "LayerEstimates",
     "Readout",
     "UnrolledReadout",
     "ViTReadout",
@@ -72,4 +78,5 @@ __all__ = [
     "estimate_losses",
     "layer_losses",
     "register_readout",
+    "returns_layer_estimates",
 ]

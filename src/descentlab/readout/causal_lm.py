@@ -19,14 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint as grad_checkpoint
 
 from descentlab.errors import ConfigError, DataError, ModelError
+from descentlab.losses import IGNORE_INDEX, chunked_token_nll, head_token_nll
 from descentlab.readout.base import Batch, InnerCall, Readout, accepts, hidden_states_of, model_inputs
 
-IGNORE_INDEX = -100
 NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "final_norm")
 
 
@@ -54,46 +52,9 @@ def next_token_targets(batch: Batch) -> Tensor:
     return labels[:, 1:]
 
 
-def token_ce(x: Tensor, targets: Tensor, logits_fn: Callable[[Tensor], Tensor]) -> Tensor:
-    """Per-token CE of ``logits_fn(x)`` against ``targets``, in float32 at least (as transformers does)."""
-    logits = logits_fn(x)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return F.cross_entropy(logits, targets, reduction="none")
-
-
-def chunked_token_ce(
-    x: Tensor,
-    targets: Tensor,
-    logits_fn: Callable[[Tensor], Tensor],
-    chunk_size: int | None,
-    checkpoint: bool = True,
-) -> Tensor:
-    """Per-token CE, computed ``chunk_size`` rows at a time: ce_i = -log softmax(logits_fn(x_i))[y_i].
-
-    With ``checkpoint`` and gradients on, a chunk's [chunk, V] logits are freed after its forward and
-    recomputed in the backward pass. ``chunk_size=None`` is the slow reference: all logits at once.
-
-    Args:
-        x: representations [N, H].
-        targets: token ids [N].
-        logits_fn: [n, H] -> [n, V].
-        chunk_size: rows per chunk, or None for one chunk.
-        checkpoint: recompute each chunk in the backward pass instead of storing its logits.
-
-    Returns:
-        ce [N].
-    """
-    if chunk_size is None or (x.shape[0] <= chunk_size and not checkpoint):
-        return token_ce(x, targets, logits_fn)
-    use_ckpt = checkpoint and torch.is_grad_enabled()
-    pieces = []
-    for start in range(0, x.shape[0], chunk_size):
-        xs, ys = x[start : start + chunk_size], targets[start : start + chunk_size]
-        if use_ckpt:
-            pieces.append(grad_checkpoint(token_ce, xs, ys, logits_fn, use_reentrant=False))
-        else:
-            pieces.append(token_ce(xs, ys, logits_fn))
-    return torch.cat(pieces)
+# the per-token CE lives in descentlab.losses; these names stay for existing callers
+token_ce = head_token_nll
+chunked_token_ce = chunked_token_nll
 
 
 class CausalLMReadout(Readout):

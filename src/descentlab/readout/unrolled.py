@@ -8,7 +8,9 @@ iterate's estimate) and ``final``; the batch carries the clean ``target``.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +20,7 @@ from descentlab.readout.base import Batch, InnerCall, Readout
 
 INPUT_KEYS = ("noisy", "input", "inputs", "x")
 TARGET_KEYS = ("target", "clean", "labels")
+LAYER_ESTIMATE_FIELDS = ("final", "layer_estimates")
 
 
 def estimate_losses(layer_estimates: Tensor | Sequence[Tensor], target: Tensor) -> Tensor:
@@ -31,6 +34,32 @@ def estimate_losses(layer_estimates: Tensor | Sequence[Tensor], target: Tensor) 
     return (est - target.to(est.dtype).unsqueeze(0)).pow(2).flatten(1).mean(1)
 
 
+@runtime_checkable
+class LayerEstimates(Protocol):
+    """What an unrolled model's forward returns: the final estimate and every layer's (index 0 first)."""
+
+    final: Tensor
+    layer_estimates: Tensor | Sequence[Tensor]
+
+
+def returns_layer_estimates(model: nn.Module) -> bool:
+    """Whether ``model.forward`` is annotated to return a :class:`LayerEstimates` (e.g. UnrolledOutput).
+
+    The model is recognised by its output type, read from the annotations, so no model class is imported.
+    """
+    forward = getattr(type(model), "forward", None)
+    try:
+        returned = typing.get_type_hints(forward).get("return") if forward is not None else None
+    except Exception:  # annotations that do not resolve: not a model this readout knows
+        return False
+    if not isinstance(returned, type):
+        return False
+    fields: set[str] = set()
+    for cls in returned.__mro__:
+        fields.update(getattr(cls, "__annotations__", {}))
+    return all(name in fields for name in LAYER_ESTIMATE_FIELDS)
+
+
 def _pick(batch: Mapping[str, object], keys: Sequence[str], what: str) -> Tensor:
     for key in keys:
         value = batch.get(key)
@@ -40,24 +69,12 @@ def _pick(batch: Mapping[str, object], keys: Sequence[str], what: str) -> Tensor
 
 
 class UnrolledReadout(Readout):
-    """Per-layer MSE of a model whose forward returns ``layer_estimates`` (e.g. UnrolledOutput)."""
+    """Per-layer MSE of a model whose forward returns a :class:`LayerEstimates` (e.g. UnrolledOutput)."""
 
     name = "unrolled"
 
     def supports(self, model: nn.Module) -> bool:
-        from importlib import import_module
-
-        classes = []
-        for module, names in (
-            ("descentlab.models.unrolled", ("UnrolledTransformer",)),
-            ("descentlab.models.dust", ("DUST",)),
-        ):
-            try:
-                mod = import_module(module)
-            except ImportError:
-                continue
-            classes += [getattr(mod, n) for n in names if hasattr(mod, n)]
-        return bool(classes) and isinstance(model, tuple(classes))
+        return returns_layer_estimates(model)
 
     def compute(self, model: nn.Module, batch: Batch, call_model: InnerCall) -> Tensor:
         if isinstance(batch, Mapping):

@@ -1,5 +1,6 @@
 """Test-time robustness: embedding and input perturbations (hooks), robustness curves, win rates."""
 
+from descentlab.robustness.config import NoiseEvalConfig
 from descentlab.robustness.curves import (
     DEFAULT_GAMMAS,
     DEFAULT_KINDS,
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_KINDS",
     "EMBEDDING_KINDS",
     "INPUT_KINDS",
+    "NoiseEvalConfig",
     "Perturbation",
     "RobustnessCurves",
     "WinRate",

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from descentlab.errors import ConfigError, ModelError
+from descentlab.losses import next_token_nll
 from descentlab.robustness.perturb import perturb_embeddings
 
 DEFAULT_GAMMAS: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0)
@@ -47,14 +48,12 @@ def token_nll_metric(model: nn.Module, batch: Mapping[str, Any]) -> tuple[Tensor
 
     Targets are ``batch["labels"]`` if present (-100 ignored), else ``input_ids`` with padding masked out.
     """
-    logits = model(**_model_inputs(batch)).logits[:, :-1].double()
+    logits = model(**_model_inputs(batch)).logits
     labels = batch.get("labels")
     if labels is None:
         labels = batch["input_ids"].masked_fill(batch.get("attention_mask", 1) == 0, -100)
     targets = labels[:, 1:]
-    nll = torch.nn.functional.cross_entropy(
-        logits.transpose(1, 2), targets.clamp(min=0), reduction="none"
-    ) * (targets != -100)
+    nll = next_token_nll(logits, labels, dtype=torch.float64)
     return nll.sum(dim=1), (targets != -100).sum(dim=1).to(torch.float64)
 
 

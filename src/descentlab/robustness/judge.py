@@ -22,18 +22,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from descentlab.errors import ConfigError, DataError, NumericalError
+from descentlab.losses import IGNORE_INDEX, next_token_nll
 from descentlab.robustness.winrate import WinRate
 
-IGNORE_INDEX = -100
 Example = Mapping[str, Sequence[int]]
 
 
@@ -79,31 +78,24 @@ class Scores:
         return math.exp(mean) if mean < 700 else math.inf
 
 
-def _collate(examples: Sequence[Example], pad_token_id: int) -> dict[str, Tensor]:
+Collate = Callable[[Sequence[Example], int], Mapping[str, Tensor]]
+
+
+def _default_collate() -> Collate:
+    # Compatibility default only, for callers written before collate_fn existed
+    # (experiments/llm_robustness_eval.py); drop it once every caller passes collate_fn.
     from descentlab.data.instructions import collate_causal
 
-    return collate_causal(examples, pad_token_id)
+    return collate_causal
 
 
 def token_nll(logits: Tensor, targets: Tensor, *, chunk: int = 128) -> Tensor:
-    """Per-position next-token NLL ``-log p(x_{t+1} | x_≤t)`` in float64, 0 where the target is -100.
+    """Per-position next-token NLL ``[B, T-1]`` in float64, 0 where the target is -100.
 
-    Args:
-        logits: ``[B, T, V]``, position t predicting token t+1.
-        targets: ``[B, T]`` label ids (the unshifted sequence, -100 where ignored).
-        chunk: positions per log-softmax call, so a float32 ``[B, T, V]`` upcast never exists at once.
-
-    Returns:
-        ``[B, T-1]``.
+    :func:`descentlab.losses.next_token_nll` of ``logits [B, T, V]`` (position t predicts token t+1) and
+    the unshifted ``targets [B, T]``, with a float32 log-softmax over ``chunk`` positions at a time.
     """
-    pred, tgt = logits[:, :-1], targets[:, 1:]
-    parts = []
-    for s in range(0, pred.shape[1], chunk):
-        lg = pred[:, s : s + chunk].float()
-        tg = tgt[:, s : s + chunk]
-        ce = F.cross_entropy(lg.transpose(1, 2), tg, ignore_index=IGNORE_INDEX, reduction="none")
-        parts.append(ce.double())
-    return torch.cat(parts, dim=1)
+    return next_token_nll(logits, targets, chunk=chunk, dtype=torch.float32, ignore_index=IGNORE_INDEX)
 
 
 @torch.no_grad()
@@ -114,8 +106,12 @@ def score_examples(
     pad_token_id: int,
     batch_size: int = 8,
     noise: Noise | None = None,
+    collate_fn: Collate | None = None,
 ) -> Scores:
     """NLL of each example's labelled tokens and of its whole sequence, batched and right-padded.
+
+    ``collate_fn(examples, pad_token_id)`` right-pads a list of examples into ``input_ids``,
+    ``attention_mask`` and ``labels`` (e.g. ``descentlab.data.collate_causal``, the default when None).
 
     One forward pass per batch gives both: the reference score the likelihood judge compares and the
     all-token score that makes the held-out perplexity. The model runs in eval mode under ``noise``.
@@ -127,10 +123,11 @@ def score_examples(
     was_training = model.training
     model.eval()
     out: list[Tensor] = []
+    collate = collate_fn or _default_collate()
     try:
         with (noise or Noise()).apply(model, pad_token_id=pad_token_id):
             for s in range(0, len(examples), batch_size):
-                batch = _collate(examples[s : s + batch_size], pad_token_id)
+                batch = collate(examples[s : s + batch_size], pad_token_id)
                 batch = {k: v.to(device) for k, v in batch.items()}
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
                 full_targets = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
