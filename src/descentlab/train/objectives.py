@@ -71,3 +71,26 @@ class Constrained:
         hook = getattr(self.constraint, "end_epoch", None)
         if callable(hook):
             hook()
+
+
+class DeepSupervision:
+    """Deep supervision with fixed weights: the mean of the losses read out at layers 1..L.
+
+    loss = (1/L) Σ_{l=1..L} f_l. The control for the constrained objective: every layer is pushed down,
+    but with constant weights instead of multipliers.
+
+    Args:
+        readout: passed to ``dl.layer_losses`` (None: dispatch by model family).
+    """
+
+    def __init__(self, readout: Any = None) -> None:
+        self.readout = readout
+
+    def __call__(
+        self, model: torch.nn.Module, batch: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        from descentlab.readout import layer_losses
+
+        f = layer_losses(model, batch, readout=self.readout)
+        loss = f[1:].mean()
+        return loss, {"loss": float(f[-1].detach()), "mean_layer_loss": float(loss.detach())}
