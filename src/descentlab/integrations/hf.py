@@ -34,6 +34,7 @@ from transformers import Trainer, TrainerCallback
 
 from descentlab.constrained.primal_dual import PrimalDual
 from descentlab.errors import ConfigError
+from descentlab.train.protocols import MasksGradients, ReportsSparsity
 
 SPARSITY_FILE = "descentlab_sparsity.pt"
 
@@ -46,7 +47,7 @@ class _SparsityHooks(TrainerCallback):
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         controller = self.trainer.sparsity_controller
-        if controller is not None and hasattr(controller, "before_optimizer_step"):
+        if isinstance(controller, MasksGradients):
             controller.before_optimizer_step()
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -120,7 +121,7 @@ class DescentTrainer(Trainer):
             if self.constraint is not None:
                 logs.update({f"descent/{k}": float(v) for k, v in self.constraint.log_dict().items()})
             controller = self.sparsity_controller
-            if controller is not None and hasattr(controller, "report"):
+            if isinstance(controller, ReportsSparsity):
                 logs["sparsity/global"] = float(controller.report().global_sparsity)
         super().log(logs, *args, **kwargs)
 

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from descentlab.errors import ConfigError
+from descentlab.io import atomic_write_text
 from descentlab.report.figures import plot_curves, plot_layer_loss
+from descentlab.report.registry import experiment_figures
 from descentlab.report.tables import (
     csv_table,
     curve_names,
@@ -22,7 +24,6 @@ from descentlab.report.tables import (
     markdown_table,
     metrics_table,
 )
-from descentlab.train.rundir import atomic_write_text
 
 
 def load_results(run_dir: Path) -> dict[str, Any]:
@@ -75,7 +76,10 @@ def _section(results: dict[str, Any], run_dir: Path, heading: str, link_prefix: 
         figures.append(("figures/curves.png", "Metric against perturbation level or sparsity, mean ± std"))
     if plot_layer_loss(methods, run_dir / "figures" / "layer-loss.png", title=name):
         figures.append(("figures/layer-loss.png", "Loss read out at each layer"))
-    figures.extend((f["path"], f.get("caption", "")) for f in results.get("figures", []))
+    # figures the run wrote itself, then those the experiment's figure module (re)draws from saved data
+    for f in [*results.get("figures", []), *experiment_figures(results, run_dir)]:
+        if f["path"] not in (p for p, _ in figures):
+            figures.append((f["path"], f.get("caption", "")))
     for path, caption in figures:
         lines.extend([f"![{caption}]({link_prefix}{path})", f"*{caption}*", ""])
     for note in results.get("notes", []):

@@ -1,7 +1,12 @@
-"""Standard figures drawn from results.json: robustness curves with std bands, per-layer loss profiles."""
+"""Standard figures drawn from results.json: robustness curves with std bands, per-layer loss profiles.
+
+This module is the one place that picks matplotlib's backend (Agg: files only, no display, safe in worker
+processes); figure code elsewhere imports :func:`new_figure` / :func:`save_figure` from here.
+"""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,7 +16,29 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from descentlab.io import atomic_write_bytes
 from descentlab.report.tables import curve_names
+
+__all__ = ["new_figure", "plot_curves", "plot_layer_loss", "plt", "save_figure"]
+
+
+def new_figure(
+    nrows: int = 1, ncols: int = 1, *, panel_size: tuple[float, float] = (4.2, 3.4), **kwargs: Any
+) -> tuple[Any, Any]:
+    """``(figure, axes)`` with ``axes`` always a 2-D ``[nrows, ncols]`` array, each panel ``panel_size`` inches."""
+    figsize = kwargs.pop("figsize", (panel_size[0] * ncols, panel_size[1] * nrows))
+    return plt.subplots(nrows, ncols, figsize=figsize, squeeze=False, **kwargs)
+
+
+def save_figure(fig: Any, path: Path | str, *, dpi: int = 120) -> Path:
+    """Save ``fig`` as a PNG at ``path`` atomically and close it (Agg PNGs are byte-for-byte reproducible)."""
+    path = Path(path)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
 
 Methods = Mapping[str, Mapping[str, Any]]
 
@@ -20,7 +47,7 @@ def _panels(names: Sequence[str], draw: Callable[[Any, str], None], path: Path, 
     """One panel per name, drawn by ``draw(ax, name)``, saved as a PNG; None when there is nothing to draw."""
     if not names:
         return None
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+    fig, axes = new_figure(1, len(names))
     for ax, name in zip(axes[0], names, strict=True):
         draw(ax, name)
         ax.set_title(name)
@@ -29,9 +56,7 @@ def _panels(names: Sequence[str], draw: Callable[[Any, str], None], path: Path, 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def plot_curves(methods: Methods, path: Path, title: str = "") -> Path | None:

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from descentlab.errors import CheckpointError
-from descentlab.train.rundir import atomic_write_text
+from descentlab.io import atomic_write_text
 
 MANIFEST = "MANIFEST.json"
 _PREFIX = "step-"

@@ -25,7 +25,30 @@ from tqdm.auto import tqdm
 
 from descentlab.errors import ConfigError, DataError, NumericalError
 from descentlab.train.checkpoint import load_latest, save_checkpoint, set_rng_state
+from descentlab.train.protocols import (
+    EpochEndHook,
+    MasksGradients,
+    Objective,
+    SparsityController,
+    Stateful,
+)
 from descentlab.train.rundir import RunDir
+
+__all__ = [
+    "EpochEndHook",
+    "FitResult",
+    "MasksGradients",
+    "Objective",
+    "SparsityController",
+    "Stateful",
+    "TrainConfig",
+    "TrainingInterrupted",
+    "check_finite_batch",
+    "epoch_order",
+    "fit",
+    "global_batches",
+    "rank_share",
+]
 
 
 @dataclass
@@ -54,6 +77,14 @@ class TrainConfig:
             raise ConfigError(f"train.grad_clip must be > 0 or null, got {self.grad_clip}")
         if self.mixed_precision not in ("no", "bf16", "fp16"):
             raise ConfigError(f"train.mixed_precision must be no, bf16 or fp16, got {self.mixed_precision!r}")
+
+    def total_steps(self, n_train: int) -> int:
+        """Optimizer steps ``fit`` takes on ``n_train`` examples: ``max_steps``, else ``epochs · ⌈n / B⌉``.
+
+        ``batch_size`` B is the global batch (all ranks together), so the count does not depend on the
+        number of processes.
+        """
+        return self.max_steps if self.max_steps is not None else self.epochs * -(-n_train // self.batch_size)
 
 
 @dataclass
@@ -148,11 +179,11 @@ def fit(
     model: torch.nn.Module,
     train_data: Sequence[Any],
     *,
-    objective: Callable[[torch.nn.Module, Any], tuple[torch.Tensor, dict[str, float]]],
+    objective: Objective,
     optimizer: torch.optim.Optimizer,
     cfg: TrainConfig,
     collate_fn: Callable[[list[Any]], Any] | None = None,
-    sparsity: Any = None,
+    sparsity: SparsityController | None = None,
     scheduler: Any = None,
     run: RunDir | None = None,
     tag: str = "",
@@ -178,7 +209,7 @@ def fit(
     if cfg.batch_size < world:
         raise ConfigError(f"train.batch_size={cfg.batch_size} is smaller than the {world} processes")
     steps_per_epoch = math.ceil(n / cfg.batch_size)
-    total = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * steps_per_epoch
+    total = cfg.total_steps(n)
     raw_model, raw_optimizer = model, optimizer
     model, optimizer = accelerator.prepare(model, optimizer)
 
@@ -191,7 +222,7 @@ def fit(
             raw_optimizer.load_state_dict(ckpt.optimizer_state())
             extra = ckpt.extra_state()
             for name, obj in (("sparsity", sparsity), ("scheduler", scheduler), ("objective", objective)):
-                if name in extra and obj is not None and hasattr(obj, "load_state_dict"):
+                if name in extra and obj is not None and isinstance(obj, Stateful):
                     obj.load_state_dict(extra[name])
             set_rng_state(ckpt.rng_state())
             step, skipped, resumed_from = ckpt.step, int(ckpt.state.get("skipped", 0)), ckpt.step
@@ -202,7 +233,7 @@ def fit(
         extra = {
             name: obj.state_dict()
             for name, obj in (("sparsity", sparsity), ("scheduler", scheduler), ("objective", objective))
-            if obj is not None and hasattr(obj, "state_dict")
+            if obj is not None and isinstance(obj, Stateful)
         }
         save_checkpoint(
             ckpt_dir,
@@ -247,7 +278,7 @@ def fit(
                         sparsity.step()
                 else:
                     accelerator.backward(loss)
-                    if sparsity is not None and hasattr(sparsity, "before_optimizer_step"):
+                    if isinstance(sparsity, MasksGradients):
                         sparsity.before_optimizer_step()
                     if cfg.grad_clip is not None:
                         accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -260,7 +291,7 @@ def fit(
                     last = logs
                 step += 1
                 bar.update(1)
-                if step % steps_per_epoch == 0 and hasattr(objective, "end_epoch"):
+                if step % steps_per_epoch == 0 and isinstance(objective, EpochEndHook):
                     objective.end_epoch()
                 if (
                     run is not None

@@ -8,55 +8,17 @@ rename), so a killed run leaves either the old or the new version of a file, nev
 from __future__ import annotations
 
 import json
-import math
-import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from descentlab.errors import ConfigError
+from descentlab.io import atomic_write_bytes, atomic_write_text, dumps_json, save_arrays, save_json
+from descentlab.io import jsonable as _jsonable
 
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else (1e308 if value > 0 else -1e308)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
-        return _jsonable(value.item())
-    if hasattr(value, "tolist"):
-        return _jsonable(value.tolist())
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def dumps_json(obj: Any) -> str:
-    """JSON text with tensors/arrays turned into lists and NaN written as null."""
-    return json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n"
+# the writers moved to descentlab.io; experiments import them from here
+__all__ = ["RunDir", "atomic_write_bytes", "atomic_write_text", "dumps_json"]
 
 
 class RunDir:
@@ -118,7 +80,14 @@ class RunDir:
     def save_json(self, name: str, obj: Any) -> Path:
         path = self.path / name
         if self.writer:
-            atomic_write_text(path, dumps_json(obj))
+            save_json(path, obj)
+        return path
+
+    def save_arrays(self, name: str, **arrays: Any) -> Path:
+        """Figure data as ``<name>`` (an ``.npz`` file, see :func:`descentlab.io.save_arrays`); rank 0 only."""
+        path = self.path / name
+        if self.writer:
+            save_arrays(path, **arrays)
         return path
 
     def load_json(self, name: str) -> Any:

@@ -1,0 +1,164 @@
+"""One runner for an experiment's (method, seed) jobs: inline or in 1-thread worker processes, cached.
+
+Jobs are independent (own seed, own checkpoint folder), so running them in parallel changes nothing but
+the wall-clock time. Each finished job's result is written to ``<cache_dir>/<key>.json``; a resumed
+experiment gets those results back at once and runs only the jobs that had not finished.
+
+Results must be JSON-able: dicts with string keys, lists, str, int, float (NaN and ±Inf included), bool,
+None; tuples come back as lists. Anything else (tensors, curve objects) goes through an ``encode`` /
+``decode`` pair: the cache stores ``encode(result)`` and every result handed back, fresh or cached, is
+``decode(json round trip of encode(result))``, so a resumed run sees exactly what an uninterrupted one does.
+
+Usage::
+
+    with JobRunner(train_and_eval, workers=cfg.workers, cache_dir=run.path / "jobs") as jobs:
+        erm = jobs.submit("erm-seed0", cfg, "erm", 0)          # a Future
+        others = jobs.map(["cons-seed0", "cons-seed1"], [cfg, cfg], ["cons", "cons"], [0, 1])
+        erm.result()
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import re
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from descentlab.io import atomic_write_text
+
+_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+=-]*")
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _init_worker(threads: int, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+    # one intra-op thread per worker: `workers` processes share the cores instead of oversubscribing them
+    torch.set_num_threads(threads)
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def _run_and_encode(fn: Callable[..., Any], encode: Callable[[Any], Any], args: tuple[Any, ...]) -> str:
+    # encoded in the worker: the JSON text is what travels back, so inline and pooled runs agree exactly
+    return json.dumps(encode(fn(*args)))
+
+
+class JobRunner:
+    """Runs ``fn(*args)`` once per key, inline (``workers <= 1``) or in ``workers`` spawned processes.
+
+    Args:
+        fn: the job, a top-level (picklable) function; its arguments must be picklable when ``workers > 1``.
+        workers: processes; ``<= 1`` runs each job in this process when it is submitted.
+        cache_dir: folder of the per-job result files (``run.path / "jobs"``); None caches nothing.
+        initializer, initargs: run once in each worker process after ``torch.set_num_threads(threads)``
+            (e.g. to load the data once per worker).
+        threads: intra-op threads of each worker.
+        encode, decode: map a result to JSON-able data and back (identity by default).
+
+    Use it as a context manager: leaving the block waits for the running jobs; leaving it by an exception
+    (a failed job, Ctrl-C) cancels the queued ones instead, and the finished ones stay cached.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        workers: int = 1,
+        cache_dir: Path | str | None = None,
+        initializer: Callable[..., None] | None = None,
+        initargs: tuple[Any, ...] = (),
+        threads: int = 1,
+        encode: Callable[[Any], Any] = _identity,
+        decode: Callable[[Any], Any] = _identity,
+    ) -> None:
+        self.fn, self.workers, self.encode, self.decode = fn, workers, encode, decode
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self._init = (threads, initializer, initargs)
+        self._futures: dict[str, Future] = {}
+        self._pool: ProcessPoolExecutor | None = None
+        self._queued: list[Future] = []  # the pool's futures, cancelled when the block fails
+
+    def __enter__(self) -> JobRunner:
+        if self.workers > 1:
+            # spawn, not fork: forking after torch / OpenMP start-up is not safe
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=self._init,
+            )
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if self._pool is None:
+            return
+        if exc_type is not None:
+            # cancelled here, synchronously: the pool's own cancel_futures runs later in its manager thread
+            # and only while the executor object is still referenced
+            for raw in self._queued:
+                raw.cancel()
+        self._pool.shutdown(wait=exc_type is None, cancel_futures=exc_type is not None)
+
+    def cache_path(self, key: str) -> Path | None:
+        if not _KEY.fullmatch(key):
+            raise ValueError(f"job key {key!r} must match {_KEY.pattern} (it names a file)")
+        return self.cache_dir / f"{key}.json" if self.cache_dir is not None else None
+
+    def submit(self, key: str, *args: Any) -> Future:
+        """A Future of ``fn(*args)``: already done when cached, run now inline, else queued to a worker.
+
+        A key submitted twice returns the first Future (the job runs once). Inline, a failing job raises
+        here; in workers, it raises from ``Future.result()``.
+        """
+        if key in self._futures:
+            return self._futures[key]
+        path = self.cache_path(key)
+        future: Future
+        if path is not None and path.is_file():
+            future = Future()
+            future.set_result(self.decode(json.loads(path.read_text())))
+        elif self._pool is None:
+            if self.workers > 1:
+                raise RuntimeError("JobRunner with workers > 1 must be used as a context manager")
+            future = Future()
+            future.set_result(self._finish(path, _run_and_encode(self.fn, self.encode, args)))
+        else:
+            raw = self._pool.submit(_run_and_encode, self.fn, self.encode, args)
+            self._queued.append(raw)
+            future = Future()
+
+            def done(f: Future, out: Future = future, path: Path | None = path) -> None:
+                if f.cancelled():
+                    out.cancel()
+                elif f.exception() is not None:
+                    out.set_exception(f.exception())  # type: ignore[arg-type]
+                else:
+                    try:
+                        out.set_result(self._finish(path, f.result()))
+                    except BaseException as exc:  # a failing decode or write belongs to this job
+                        out.set_exception(exc)
+
+            # kept pending (not marked running) so that a job the pool cancels reads as cancelled here too
+            raw.add_done_callback(done)
+        self._futures[key] = future
+        return future
+
+    def map(self, keys: Sequence[str], *iterables: Iterable[Any]) -> list[Any]:
+        """``[fn(*args) for args in zip(*iterables)]`` keyed by ``keys``, run in parallel, in order."""
+        columns = [list(it) for it in iterables]
+        if any(len(c) != len(keys) for c in columns):
+            raise ValueError("map needs one argument per key in each iterable")
+        futures = [self.submit(key, *args) for key, *args in zip(keys, *columns, strict=True)]
+        return [f.result() for f in futures]
+
+    def _finish(self, path: Path | None, text: str) -> Any:
+        if path is not None:
+            atomic_write_text(path, text)
+        return self.decode(json.loads(text))
