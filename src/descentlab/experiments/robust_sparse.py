@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from descentlab.data.text_batches import TextDataConfig as TextData
+from descentlab.data.text_batches import encode, eval_batches
 from descentlab.distributed import is_main_process, sharded_curve, sharded_layer_profile
 from descentlab.errors import ConfigError
 from descentlab.experiments.base import seed_everything
@@ -27,8 +29,7 @@ from descentlab.experiments.robust_sparse_results import (
     method_block,
     summary_notes,
 )
-from descentlab.experiments.text_robustness import ConstraintSettings, Evaluation, TextData, build_constraint
-from descentlab.experiments.text_robustness_data import encode, eval_batches
+from descentlab.experiments.text_robustness import ConstraintSettings, Evaluation, build_constraint
 from descentlab.robustness import RobustnessCurves
 from descentlab.train.loop import TrainConfig, fit
 from descentlab.train.objectives import ERM, Constrained

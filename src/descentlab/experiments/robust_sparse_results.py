@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from descentlab.experiments.text_robustness_results import multiplier_tables
+from descentlab.report.tables import multiplier_tables
 from descentlab.robustness import RobustnessCurves
 
 

@@ -24,28 +24,16 @@ import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from descentlab.data.text_batches import Prepared, TextDataConfig, prepare_data
 from descentlab.errors import ConfigError
 from descentlab.experiments import text_robustness_results as results
 from descentlab.experiments.base import seed_everything
-from descentlab.experiments.text_robustness_data import Prepared, prepare_data
 from descentlab.robustness import DEFAULT_GAMMAS, RobustnessCurves, layer_loss_profile, robustness_curve
 from descentlab.train.loop import TrainConfig, fit
 from descentlab.train.objectives import ERM, Constrained
 from descentlab.train.rundir import RunDir, atomic_write_text
 
 METHODS = ("erm", "constrained", "resilient")
-
-
-@dataclass
-class TextData:
-    name: str = "rotten_tomatoes"  # offline default; or an HF hub name / local path (imdb, sst2, mnli, ...)
-    text_fields: list[str] | None = None
-    split_seed: int = 0
-    n_train: int | None = 3000
-    n_eval: int | None = 1000  # cap of validation and test (stratified)
-    max_length: int = 64
-    eval_batch_size: int = 64
-    shift: list[str] = field(default_factory=list)  # extra test sets (names/paths), same label space
 
 
 @dataclass
@@ -89,7 +77,7 @@ class TextRobustnessConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     lr: float = 5e-5
     weight_decay: float = 0.01
-    data: TextData = field(default_factory=TextData)
+    data: TextDataConfig = field(default_factory=TextDataConfig)
     constraint: ConstraintSettings = field(default_factory=ConstraintSettings)
     selection: Selection = field(default_factory=Selection)
     evaluation: Evaluation = field(default_factory=Evaluation)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from descentlab.report.tables import multiplier_tables
 from descentlab.robustness import RobustnessCurves
 
 
@@ -148,15 +149,6 @@ def extra_tables(
         )
     tables.extend(multiplier_tables(methods))
     return tables
-
-
-def multiplier_tables(methods: dict[str, Any]) -> list[dict[str, Any]]:
-    """A table of each method's final λ_l (mean over seeds), or nothing when no method has multipliers."""
-    rows = [[m, *[f"{x:.3f}" for x in b["multipliers"]]] for m, b in methods.items() if "multipliers" in b]
-    if not rows:
-        return []
-    columns = ["method", *[f"λ{i + 1}" for i in range(len(rows[0]) - 1)]]
-    return [{"title": "Final multipliers λ_l (mean over seeds)", "columns": columns, "rows": rows}]
 
 
 def notes(methods: Mapping[str, Mapping[str, Any]], n_seeds: int) -> list[str]:

@@ -95,3 +95,12 @@ def layer_loss_table(methods: Mapping[str, Mapping[str, Any]]) -> tuple[list[str
                 [method, condition, *values, *[""] * (depth - len(values)), "yes" if monotone else "no"]
             )
     return ["method", "condition", *[f"L{i}" for i in range(depth)], "monotone"], rows
+
+
+def multiplier_tables(methods: dict[str, Any]) -> list[dict[str, Any]]:
+    """A table of each method's final λ_l (mean over seeds), or nothing when no method has multipliers."""
+    rows = [[m, *[f"{x:.3f}" for x in b["multipliers"]]] for m, b in methods.items() if "multipliers" in b]
+    if not rows:
+        return []
+    columns = ["method", *[f"λ{i + 1}" for i in range(len(rows[0]) - 1)]]
+    return [{"title": "Final multipliers λ_l (mean over seeds)", "columns": columns, "rows": rows}]

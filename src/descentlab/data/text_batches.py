@@ -1,11 +1,43 @@
-"""Data of text-robustness: splits tokenized once, fixed evaluation batches, shift sets."""
+"""Text classification data ready for training and evaluation: splits tokenized once, fixed evaluation
+batches sorted by length (dynamic padding), and optional dataset-shift test sets.
+
+Used by every experiment that fine-tunes an encoder classifier (text-robustness, robust-sparse).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from descentlab.errors import ConfigError
+
+
+@dataclass
+class TextDataConfig:
+    """Which text-classification data, how much of it, and how it is tokenized."""
+
+    name: str = "rotten_tomatoes"  # offline default; or an HF hub name / local path (imdb, sst2, mnli, ...)
+    text_fields: list[str] | None = None
+    split_seed: int = 0
+    n_train: int | None = 3000  # None: the whole training split
+    n_eval: int | None = 1000  # cap of validation and test (stratified)
+    max_length: int = 64
+    eval_batch_size: int = 64
+    shift: list[str] = field(default_factory=list)  # extra test sets (names/paths), same label space
+
+    def __post_init__(self) -> None:
+        for key in ("n_train", "n_eval"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(
+                    f"data.{key} must be >= 1 (a number of examples) or null for all, got {value}"
+                )
+        if self.max_length < 2:
+            raise ConfigError(f"data.max_length must be >= 2 tokens, got {self.max_length}")
+        if self.eval_batch_size < 1:
+            raise ConfigError(f"data.eval_batch_size must be >= 1, got {self.eval_batch_size}")
 
 
 def encode(split: Any, tokenizer: Any, max_length: int) -> list[dict[str, Any]]:
@@ -34,8 +66,8 @@ class Prepared:
     num_labels: int
 
 
-def prepare_data(d: Any, model: str) -> Prepared:
-    """Load, subsample and tokenize the splits named by ``d`` (a ``TextData``) with ``model``'s tokenizer."""
+def prepare_data(d: TextDataConfig, model: str) -> Prepared:
+    """Load, subsample and tokenize the splits named by ``d`` with ``model``'s tokenizer."""
     from transformers import DataCollatorWithPadding
 
     from descentlab.data import load_encoder_classifier, load_text_classification
