@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from descentlab.data.instructions import collate_causal
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.robustness.judge import (
     GenerativeJudge,
@@ -59,7 +60,9 @@ def random_examples(n: int, seed: int = 0) -> list[dict[str, list[int]]]:
 @pytest.mark.parametrize("noise", [None, Noise("gaussian", 1.0, seed=3), Noise("discrete", 0.5, seed=1)])
 def test_batched_scores_match_unpadded_reference(noise: Noise | None) -> None:
     model, examples = tiny_gpt2(0), random_examples(9)
-    fast = score_examples(model, examples, pad_token_id=PAD, batch_size=4, noise=noise)
+    fast = score_examples(
+        model, examples, pad_token_id=PAD, collate_fn=collate_causal, batch_size=4, noise=noise
+    )
     slow = score_examples_reference(model, examples, pad_token_id=PAD, noise=noise)
     torch.testing.assert_close(fast.reference_nll, slow.reference_nll, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(fast.all_nll, slow.all_nll, rtol=1e-5, atol=1e-4)
@@ -69,10 +72,14 @@ def test_batched_scores_match_unpadded_reference(noise: Noise | None) -> None:
 
 def test_noise_changes_scores_and_is_shared_across_batchings() -> None:
     model, examples = tiny_gpt2(0), random_examples(6)
-    clean = score_examples(model, examples, pad_token_id=PAD)
+    clean = score_examples(model, examples, pad_token_id=PAD, collate_fn=collate_causal)
     noisy = Noise("uniform", 2.0, seed=5)
-    a = score_examples(model, examples, pad_token_id=PAD, batch_size=6, noise=noisy)
-    b = score_examples(model, examples[::-1], pad_token_id=PAD, batch_size=1, noise=noisy)
+    a = score_examples(
+        model, examples, pad_token_id=PAD, collate_fn=collate_causal, batch_size=6, noise=noisy
+    )
+    b = score_examples(
+        model, examples[::-1], pad_token_id=PAD, collate_fn=collate_causal, batch_size=1, noise=noisy
+    )
     assert (a.all_nll - clean.all_nll).abs().min() > 1e-4
     torch.testing.assert_close(a.all_nll, b.all_nll.flip(0), rtol=1e-5, atol=1e-4)
 
@@ -83,7 +90,7 @@ def test_all_token_perplexity_matches_lm_eval() -> None:
     model = tiny_gpt2(1)
     blocks = torch.randint(1, VOCAB, (5, 12), generator=torch.Generator().manual_seed(2))
     examples = [{"input_ids": b.tolist(), "labels": b.tolist()} for b in blocks]
-    ours = score_examples(model, examples, pad_token_id=PAD, batch_size=2)
+    ours = score_examples(model, examples, pad_token_id=PAD, collate_fn=collate_causal, batch_size=2)
     theirs = evaluate_lm(model, blocks, batch_size=3)
     assert int(ours.all_tokens.sum()) == theirs.tokens
     assert ours.perplexity("all") == pytest.approx(theirs.perplexity, rel=1e-5)
@@ -114,7 +121,7 @@ def test_preferences_agree_with_robustness_win_rate() -> None:
 @pytest.mark.parametrize("noise", [None, Noise("gaussian", 1.5, seed=0)])
 def test_likelihood_judge_is_symmetric(noise: Noise | None) -> None:
     a, b, examples = tiny_gpt2(0), tiny_gpt2(1), random_examples(16)
-    judge = LikelihoodJudge(pad_token_id=PAD, batch_size=8)
+    judge = LikelihoodJudge(pad_token_id=PAD, collate_fn=collate_causal, batch_size=8)
     p_ab = judge.preferences(a, b, examples, noise=noise)
     p_ba = judge.preferences(b, a, examples, noise=noise)
     torch.testing.assert_close(p_ba, 1.0 - p_ab)
@@ -125,7 +132,7 @@ def test_likelihood_judge_is_symmetric(noise: Noise | None) -> None:
 @pytest.mark.parametrize("noise", [None, Noise("discrete", 1.0, seed=4)])
 def test_model_against_itself_is_half(noise: Noise | None) -> None:
     model, examples = tiny_gpt2(0), random_examples(12)
-    judge = LikelihoodJudge(pad_token_id=PAD)
+    judge = LikelihoodJudge(pad_token_id=PAD, collate_fn=collate_causal)
     assert win_rate(judge.preferences(model, model, examples, noise=noise)) == 0.5
     twin = copy.deepcopy(model)  # another object, the same weights
     assert win_rate(judge.preferences(model, twin, examples, noise=noise)) == 0.5
@@ -148,7 +155,7 @@ def test_likelihood_judge_prefers_the_model_that_learned_the_text() -> None:
         {"input_ids": text[s : s + 16].tolist(), "labels": [-100] * 10 + text[s + 10 : s + 16].tolist()}
         for s in range(1, 100, 9)
     ]
-    judge = LikelihoodJudge(pad_token_id=PAD)
+    judge = LikelihoodJudge(pad_token_id=PAD, collate_fn=collate_causal)
     assert win_rate(judge.preferences(trained, start, examples)) == 1.0
 
 
@@ -189,7 +196,7 @@ def biased_judge(tokenizer, label: str) -> GPT2LMHeadModel:
 
 
 def test_generative_judge_cancels_position_bias(tokenizer) -> None:
-    judge = GenerativeJudge(biased_judge(tokenizer, " 1"), tokenizer)
+    judge = GenerativeJudge(biased_judge(tokenizer, " 1"), tokenizer, collate_fn=collate_causal)
     prompts = ["Write a greeting.", "Name a colour."]
     assert judge.verdicts(prompts, ["Hello.", "Red."], ["Goodbye.", "Blue."]).tolist() == [1.0, 1.0]
     assert judge.verdicts(prompts, ["Goodbye.", "Blue."], ["Hello.", "Red."]).tolist() == [1.0, 1.0]
@@ -197,14 +204,16 @@ def test_generative_judge_cancels_position_bias(tokenizer) -> None:
 
 
 def test_generative_judge_symmetric_and_self_half(tokenizer) -> None:
-    judge = GenerativeJudge(tiny_gpt2(5, vocab=len(tokenizer)), tokenizer, batch_size=3)
+    judge = GenerativeJudge(
+        tiny_gpt2(5, vocab=len(tokenizer)), tokenizer, collate_fn=collate_causal, batch_size=3
+    )
     prompts = ["Describe the weather.", "Say something kind.", "Count to three."]
     a = ["It is raining hard today.", "You did well.", "One, two, three."]
     b = ["Sunny.", "Go away.", "1 2 3"]
     p_ab, p_ba = judge.compare_texts(prompts, a, b), judge.compare_texts(prompts, b, a)
     torch.testing.assert_close(p_ba, 1.0 - p_ab)
     assert judge.compare_texts(prompts, a, a).tolist() == [0.5, 0.5, 0.5]
-    soft = GenerativeJudge(judge.model, tokenizer, soft=True)
+    soft = GenerativeJudge(judge.model, tokenizer, collate_fn=collate_causal, soft=True)
     p = soft.compare_texts(prompts, a, b)
     assert ((p > 0) & (p < 1)).all()
     torch.testing.assert_close(soft.compare_texts(prompts, b, a), 1.0 - p)
@@ -212,7 +221,7 @@ def test_generative_judge_symmetric_and_self_half(tokenizer) -> None:
 
 def test_generate_then_judge_model_against_itself(tokenizer) -> None:
     gen = tiny_gpt2(2, vocab=len(tokenizer))
-    judge = GenerativeJudge(tiny_gpt2(5, vocab=len(tokenizer)), tokenizer)
+    judge = GenerativeJudge(tiny_gpt2(5, vocab=len(tokenizer)), tokenizer, collate_fn=collate_causal)
     examples = [
         {"input_ids": tokenizer(t)["input_ids"], "prompt_length": [len(tokenizer(t)["input_ids"])]}
         for t in ("It was a truth", "Emma Woodhouse, handsome,")
@@ -224,6 +233,13 @@ def test_generate_then_judge_model_against_itself(tokenizer) -> None:
 
 def test_generative_judge_rejects_bad_labels(tokenizer) -> None:
     with pytest.raises(ConfigError):
-        GenerativeJudge(tiny_gpt2(0, vocab=len(tokenizer)), tokenizer, labels=(" 1", " 1"))
+        GenerativeJudge(
+            tiny_gpt2(0, vocab=len(tokenizer)), tokenizer, collate_fn=collate_causal, labels=(" 1", " 1")
+        )
     with pytest.raises(ConfigError):
-        GenerativeJudge(tiny_gpt2(0, vocab=len(tokenizer)), tokenizer, template="{prompt} {first}")
+        GenerativeJudge(
+            tiny_gpt2(0, vocab=len(tokenizer)),
+            tokenizer,
+            collate_fn=collate_causal,
+            template="{prompt} {first}",
+        )

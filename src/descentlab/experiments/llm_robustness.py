@@ -10,15 +10,14 @@ Protocol, top to bottom:
 1. Data. Austen: training windows of ``seq_len`` tokens from the four training novels (labels on every
    token); held-out examples from Persuasion, a passage of ``prompt_tokens`` followed by the reference
    continuation of ``continuation_tokens``. Alpaca: labels on the response tokens only.
-2. Fine-tune every method from the same pretrained weights, same data order: ERM (the model's own loss),
-   constrained (f_l <= (1-α) f_{l-1} through the logit-lens readout, primal-dual) and resilient (the same
-   with slacks).
-3. Evaluate each model on the same held-out examples under each (kind, γ, draw) of embedding noise. Noise
-   is keyed by example content, so every model sees the same noisy embeddings. One forward pass gives the
-   held-out perplexity and each example's NLL of its reference continuation.
+2. For each (method, seed) job: fine-tune from the same pretrained weights, same data order. Methods are
+   ``MethodConfig`` edits of one base (``specs``): ERM (the model's own loss), constrained
+   (f_l <= (1-α) f_{l-1} through the logit-lens readout, primal-dual) and resilient (the same with slacks).
+3. Evaluate the model on the same held-out examples under each (kind, γ, draw) of embedding noise
+   (:func:`~descentlab.robustness.lm_eval.evaluate_lm`): held-out perplexity, each example's NLL of its
+   reference continuation, logit-lens loss profiles clean and noisy.
 4. Win rate of each method against the baseline (ERM) on the same examples and noise draws: the likelihood
    judge (lower reference NLL wins, ties split), or generate-then-judge with a local causal LM.
-5. Logit-lens loss profile of every model, clean and noisy.
 
 Larger runs, e.g. on a GPU: ``descentlab run llm-robustness --preset full model.name=<HF id or folder>
 data.source=alpaca data.path=alpaca_data.json eval.perplexity_on=reference eval.judge=generate
@@ -33,32 +32,32 @@ from typing import Any
 
 import torch
 
-from descentlab.constrained.descent import LayerwiseDescent, constraint_mask
-from descentlab.constrained.dual import Resilience
-from descentlab.constrained.primal_dual import PrimalDual
+from descentlab.constrained.config import DescentConfig
 from descentlab.data import load_causal_lm
-from descentlab.data.instructions import (
-    CausalCollator,
-    austen_examples,
-    encode_example,
-    load_alpaca_json,
-    split_examples,
-)
+from descentlab.data.causal_lm import CausalLMDataConfig, prepare_causal_lm_data
+from descentlab.data.instructions import CausalCollator, collate_causal
 from descentlab.errors import ConfigError
 from descentlab.experiments.base import seed_everything
-from descentlab.experiments.llm_robustness_eval import (
-    EvalConfig,
-    evaluate,
-    judged_curves,
-    summarise,
-    win_rate_figure,
-)
+from descentlab.models.checkpointing import enable_activation_checkpointing
+from descentlab.optim.config import OptimizerConfig
 from descentlab.readout import CausalLMReadout
+from descentlab.report import llm_robustness as report
+from descentlab.report.results import Curve, MethodResult
+from descentlab.report.stats import column_mean_std, mean_std
+from descentlab.robustness.config import NoiseEvalConfig
+from descentlab.robustness.judge import GenerativeJudge
+from descentlab.robustness.lm_eval import (
+    Evaluation,
+    evaluate_lm,
+    judged_win_rate_curves,
+    perplexity_curves,
+    prompt_ids,
+    win_rate_curves,
+)
+from descentlab.train.jobs import JobRunner
 from descentlab.train.loop import TrainConfig, fit
-from descentlab.train.objectives import ERM, Constrained
+from descentlab.train.recipe import MethodConfig, Recipe, build_recipe, with_overrides
 from descentlab.train.rundir import RunDir
-
-METHODS = ("erm", "constrained", "resilient")
 
 
 @dataclass
@@ -68,60 +67,82 @@ class ModelConfig:
 
 
 @dataclass
-class DataConfig:
-    source: str = "austen"  # "austen" (continuation) or "alpaca" (instruction file at `path`)
-    path: str | None = None
-    seq_len: int = 128  # training window (austen) or token budget per example (alpaca)
-    n_train: int | None = 4000
-    prompt_tokens: int = 64
-    continuation_tokens: int = 32
-    n_eval: int = 200
-    max_chars: int | None = None  # read at most this many characters of each Austen split
-    seed: int = 0
+class ReadoutConfig:
+    """The logit-lens readout of the constrained objective (:class:`~descentlab.readout.CausalLMReadout`)."""
 
-    def __post_init__(self) -> None:
-        if self.source not in ("austen", "alpaca"):
-            raise ConfigError(f"data.source must be 'austen' or 'alpaca', got {self.source!r}")
-        if self.source == "alpaca" and not self.path:
-            raise ConfigError("data.source=alpaca needs data.path=<Alpaca-format JSON or JSONL file>")
-        if min(self.seq_len, self.prompt_tokens, self.continuation_tokens, self.n_eval) < 1:
-            raise ConfigError("data.seq_len, prompt_tokens, continuation_tokens and n_eval must be >= 1")
+    chunk_size: int = 1024  # tokens per CE chunk
+    sample_tokens: int | None = 64  # tokens per batch read out at layers 0..L-1 (None: all)
+
+    def build(self) -> CausalLMReadout:
+        return CausalLMReadout(chunk_size=self.chunk_size, sample_tokens=self.sample_tokens)
 
 
 @dataclass
-class ConstraintConfig:
+class EvalConfig:
+    """The noise grid (shared with every robustness experiment) plus the LM evaluation's own settings."""
+
+    # the noisy layer profile sits at the paper's γ = 1.5
+    noise: NoiseEvalConfig = field(default_factory=lambda: NoiseEvalConfig(profile_gamma=1.5))
+    batch_size: int = 8
+    perplexity_on: str = "all"  # "all" tokens of each example, or the "reference" tokens only
+    judge: str = "likelihood"  # "likelihood", or "generate" (adds generate-then-judge curves)
+    judge_model: str = "smollm2"  # any local causal LM for the generate-then-judge comparison
+    judge_examples: int = 32
+    max_new_tokens: int = 48
+    tie_tol: float = 1e-6  # NLLs closer than this (nats) tie
+    layer_examples: int = 32
+    layer_chunk: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.judge not in ("likelihood", "generate"):
+            raise ConfigError(f"eval.judge must be 'likelihood' or 'generate', got {self.judge!r}")
+        if self.perplexity_on not in ("all", "reference"):
+            raise ConfigError(f"eval.perplexity_on must be 'all' or 'reference', got {self.perplexity_on!r}")
+
+
+def _base_method() -> MethodConfig:
     # SmolLM2's pretrained logit-lens loss rises from 16 nats (layer 1) to 22 (layer 17) before it falls to 4:
-    # a deep LM has little room per layer, so α is small (α = 0.1 over 29 layers would ask for a 21x drop)
-    alpha: float = 0.01
-    dual_lr: float = 0.05
-    layers: list[int] | None = None  # constrained layers (1-based); None = all
-    detach_prev: bool = False
-    constrain_first: bool = True
-    penalty: float = 1.0  # resilient: slack cost a in h(u) = (a/2)|u|^2
-    slack_lr: float | None = None  # resilient: slack step η_u (None: 1/a)
-    chunk_size: int = 1024  # logit-lens CE chunk (tokens)
-    sample_tokens: int | None = 64  # tokens per batch read out at layers 0..L-1 (None: all)
+    # a deep LM has little room per layer, so α is small (α = 0.1 over 29 layers would ask for a 21x drop).
+    # Fused AdamW is the fast CPU path (METHODS.md §2.5); no weight decay, as in the paper's fine-tunes.
+    return MethodConfig(
+        optimizer=OptimizerConfig(name="adamw", lr=2e-5, weight_decay=0.0, decay="all", fused=True),
+        constraint=DescentConfig(alpha=0.01, dual_lr=0.05),
+    )
+
+
+SPECS = {
+    "erm": "",
+    "constrained": "objective=constrained",
+    "resilient": "objective=constrained constraint.resilient=true",
+}
 
 
 @dataclass
 class LlmRobustnessConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    constraint: ConstraintConfig = field(default_factory=ConstraintConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    data: CausalLMDataConfig = field(default_factory=CausalLMDataConfig)
+    method: MethodConfig = field(default_factory=_base_method)  # the base every entry of `specs` edits
+    specs: dict[str, str] = field(default_factory=lambda: dict(SPECS))  # label -> `method` overrides
+    methods: list[str] = field(default_factory=lambda: list(SPECS))  # the labels to run, in order
     baseline: str = "erm"
-    lr: float = 2e-5
-    weight_decay: float = 0.0
+    readout: ReadoutConfig = field(default_factory=ReadoutConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     seeds: list[int] = field(default_factory=lambda: [0])
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=300, batch_size=8, log_every=10))
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.methods if m not in METHODS]
+        unknown = [m for m in self.methods if m not in self.specs]
         if unknown or self.baseline not in self.methods:
-            raise ConfigError(f"methods must be drawn from {METHODS} and include baseline={self.baseline!r}")
-        if self.lr <= 0 or not self.seeds:
-            raise ConfigError("lr must be > 0 and seeds non-empty")
+            raise ConfigError(
+                f"methods must be labels of specs ({sorted(self.specs)}) and include baseline={self.baseline!r}; "
+                f"got {self.methods}"
+            )
+        if not self.seeds:
+            raise ConfigError("seeds must be non-empty")
+
+    def method_config(self, label: str) -> MethodConfig:
+        """The MethodConfig of one label: ``method`` edited by ``specs[label]``."""
+        return with_overrides(self.method, self.specs[label])
 
 
 CONFIG = LlmRobustnessConfig
@@ -135,19 +156,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.max_steps": 24,
         "train.batch_size": 4,
         "train.log_every": 4,
-        "lr": 5e-5,
+        "method.optimizer.lr": 5e-5,
         "data.seq_len": 64,
         "data.n_train": 96,
         "data.prompt_tokens": 48,
         "data.continuation_tokens": 16,
         "data.n_eval": 16,
         "data.max_chars": 200_000,
-        "constraint.sample_tokens": 32,
-        "eval.gammas": [0.0, 1.5, 3.0],
+        "readout.sample_tokens": 32,
+        "eval.noise.gammas": [0.0, 1.5, 3.0],
         # gaussian only: with all three kinds the quick run took 10 min wall (10.3 min CPU) here, over the
         # 6 min budget; evaluation, not training, dominated. `full` evaluates every kind.
-        "eval.kinds": ["gaussian"],
-        "eval.draws": 1,
+        "eval.noise.kinds": ["gaussian"],
+        "eval.noise.draws": 1,
         "eval.layer_examples": 4,
     },
     "full": {
@@ -162,163 +183,152 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-# -- 1. data ----------------------------------------------------------------------------------------------
-def build_data(cfg: DataConfig, tokenizer: Any) -> tuple[list[dict], list[dict], dict[str, Any]]:
-    """(training examples, held-out examples, protocol entries)."""
-    if cfg.source == "alpaca":
-        records = load_alpaca_json(cfg.path)
-        train, held = split_examples(records, eval_size=min(cfg.n_eval, len(records) - 1), seed=cfg.seed)
-        enc = [encode_example(tokenizer, x, max_length=cfg.seq_len) for x in train[: cfg.n_train]]
-        evl = [encode_example(tokenizer, x, max_length=cfg.seq_len) for x in held]
-        return enc, evl, {"dataset": f"alpaca:{cfg.path}", "split": "seeded hold-out, labels on responses"}
-    train, held = austen_examples(
-        tokenizer,
-        seq_len=cfg.seq_len,
-        n_train=cfg.n_train,
-        prompt_tokens=cfg.prompt_tokens,
-        continuation_tokens=cfg.continuation_tokens,
-        n_eval=cfg.n_eval,
-        max_chars=cfg.max_chars,
-        seed=cfg.seed,
-    )
-    protocol = {
-        "dataset": "Austen (janeaustenr): train = 4 novels, eval = Persuasion",
-        "split": "test",
-        "eval_example": f"{cfg.prompt_tokens}-token passage -> next {cfg.continuation_tokens} tokens",
-    }
-    return train, held, protocol
+# -- 2. one (method, seed) job: recipe -> fit -> evaluate -------------------------------------------------
+@dataclass
+class Context:
+    """What every job shares: the model (reset to ``pretrained`` per job), its tokenizer, the data."""
+
+    cfg: LlmRobustnessConfig
+    model: torch.nn.Module
+    tokenizer: Any
+    pretrained: dict[str, torch.Tensor]
+    train: list[dict]
+    held: list[dict]
+    run: RunDir | None = None
 
 
-# -- 2. fine-tuning ---------------------------------------------------------------------------------------
-def make_objective(method: str, cfg: LlmRobustnessConfig, num_layers: int) -> tuple[Any, Any]:
-    """(objective, constraint or None) of a method."""
-    if method == "erm":
-        return ERM(), None
-    c = cfg.constraint
-    resilience = Resilience(penalty=c.penalty, lr=c.slack_lr) if method == "resilient" else None
-    constraint = LayerwiseDescent(
-        num_layers=num_layers,
-        alpha=c.alpha,
-        dual_lr=c.dual_lr,
-        resilience=resilience,
-        detach_prev=c.detach_prev,
-        constrain_first=c.constrain_first,
-        layers=c.layers,
-    )
-    readout = CausalLMReadout(chunk_size=c.chunk_size, sample_tokens=c.sample_tokens)
-    return Constrained(constraint, readout=readout), constraint
+def make_recipe(ctx: Context, label: str) -> Recipe:
+    """The objective, optimizer and constraint of method ``label`` on ``ctx.model`` (its logit-lens readout)."""
+    method, steps = ctx.cfg.method_config(label), ctx.cfg.train.total_steps(len(ctx.train))
+    return build_recipe(method, ctx.model, total_steps=steps, readout=ctx.cfg.readout.build())
 
 
-def fine_tune(
-    model: torch.nn.Module,
-    objective: Any,
-    constraint: LayerwiseDescent | None,
-    train: list[dict],
-    cfg: LlmRobustnessConfig,
-    *,
-    seed: int,
-    pad: int,
-    run: RunDir | None = None,
-    tag: str = "",
-) -> dict[str, Any]:
-    """Train ``model`` in place with ``objective`` (primal-dual when there is a constraint); training facts."""
+def fine_tune(ctx: Context, recipe: Recipe, *, seed: int, tag: str = "") -> dict[str, Any]:
+    """Train ``ctx.model`` in place with ``recipe`` (primal-dual when constrained); the training facts."""
     seed_everything(seed)
-    # fused AdamW is the fast CPU path (METHODS.md §2.5)
-    optimizer: torch.optim.Optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True
-    )
-    if constraint is not None:
-        optimizer = PrimalDual(optimizer, constraint)
+    train_cfg = TrainConfig(**{**vars(ctx.cfg.train), "seed": seed})
+    pad = int(ctx.tokenizer.pad_token_id)
     started = time.perf_counter()
-    train_cfg = TrainConfig(**{**vars(cfg.train), "seed": seed})
     result = fit(
-        model,
-        train,
-        objective=objective,
-        optimizer=optimizer,
+        ctx.model,
+        ctx.train,
         cfg=train_cfg,
         collate_fn=CausalCollator(pad),
-        run=run,
+        run=ctx.run,
         tag=tag,
+        **recipe.fit_kwargs(),
     )
-    facts: dict[str, Any] = {"steps": result.steps, "train_seconds": time.perf_counter() - started}
-    facts["final_train_loss"] = result.last_logs.get("loss")
-    if constraint is not None:
-        facts["multipliers"] = constraint.multipliers.tolist()
-        if constraint.slacks is not None:
-            facts["slacks"] = constraint.slacks.tolist()
+    seconds, loss = time.perf_counter() - started, result.last_logs.get("loss")
+    facts: dict[str, Any] = {
+        "seed": seed,
+        "steps": result.steps,
+        "train_seconds": seconds,
+        "final_train_loss": loss,
+    }
+    if recipe.constraint is not None:
+        facts["multipliers"] = recipe.constraint.multipliers.tolist()
+        if recipe.constraint.slacks is not None:
+            facts["slacks"] = recipe.constraint.slacks.tolist()
     return facts
 
 
-def enable_activation_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute each decoder layer in the backward pass (transformers >= 5 name, else the older one)."""
-    kwargs = {"use_reentrant": False}  # the non-reentrant form supports the readout's extra graph branches
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model.config.use_cache = False
+def train_and_evaluate(ctx: Context, label: str, seed: int) -> Evaluation:
+    """One job: fine-tune ``label`` from the pretrained weights, then evaluate it under every noise."""
+    ctx.model.load_state_dict(ctx.pretrained)
+    facts = fine_tune(ctx, make_recipe(ctx, label), seed=seed, tag=f"{label}-seed{seed}")
+    e, tok = ctx.cfg.eval, ctx.tokenizer
+    ev = evaluate_lm(
+        ctx.model,
+        ctx.held,
+        e.noise,
+        pad_token_id=int(tok.pad_token_id),
+        collate_fn=collate_causal,
+        batch_size=e.batch_size,
+        perplexity_on=e.perplexity_on,
+        layer_examples=e.layer_examples,
+        layer_chunk=e.layer_chunk,
+        generate_examples=e.judge_examples if e.judge == "generate" else 0,
+        eos_token_id=tok.eos_token_id,
+        max_new_tokens=e.max_new_tokens,
+    )
+    return {**ev, "train": facts}
+
+
+# -- 3. results -------------------------------------------------------------------------------------------
+def method_result(evals: list[Evaluation], base: list[Evaluation] | None, e: EvalConfig) -> MethodResult:
+    """A method's results block; ``base`` (the baseline's evaluations) adds the head-to-head curves."""
+    grid = e.noise
+    curves = perplexity_curves(evals, grid)
+    metrics: dict[str, Any] = {
+        "perplexity": mean_std([x["perplexity"]["clean"] for x in evals], impl="numpy")[0]
+    }
+    metrics.update({f"perplexity_mean@{k}": c["summary"] for k, c in curves.items()})
+    layer_loss = {
+        c: column_mean_std([x["layer_loss"][c] for x in evals], impl="numpy")[0]
+        for c in evals[0]["layer_loss"]
+    }
+    metrics["train_seconds"] = mean_std([x["train"]["train_seconds"] for x in evals], impl="numpy")[0]
+    if base is not None:
+        curves.update(win_rate_curves(evals, base, grid, tol=e.tie_tol))
+        metrics["win_rate"] = curves[f"win_rate@{grid.kinds[0]}"]["mean"][grid.gammas.index(0.0)]
+        if 1.5 in grid.gammas and "gaussian" in grid.kinds:
+            metrics["win_rate@gaussian1.5"] = curves["win_rate@gaussian"]["mean"][grid.gammas.index(1.5)]
+    return MethodResult(
+        metrics=metrics,
+        curves={name: Curve.from_dict(c) for name, c in curves.items()},
+        layer_loss=layer_loss,
+        extra={"train": [x["train"] for x in evals]},
+    )
+
+
+def judged_curves(
+    cfg: LlmRobustnessConfig, evals: dict[str, list[Evaluation]], held: list[dict], tok: Any
+) -> dict:
+    """Generate-then-judge curves of every method against the baseline, judged by ``eval.judge_model``."""
+    judge_model, judge_tok = load_causal_lm(cfg.eval.judge_model)
+    judge = GenerativeJudge(judge_model, judge_tok, batch_size=cfg.eval.batch_size, collate_fn=collate_causal)
+    prompts = [tok.decode(prompt_ids(x), skip_special_tokens=True) for x in held]
+
+    def decode(ids: list[int]) -> str:
+        return tok.decode(ids, skip_special_tokens=True).strip()
+
+    base = evals[cfg.baseline]
+    return {
+        m: judged_win_rate_curves(judge, prompts, ev, base, cfg.eval.noise, decode)
+        for m, ev in evals.items()
+        if m != cfg.baseline
+    }
 
 
 def run(cfg: LlmRobustnessConfig, run: RunDir) -> dict:
+    # 1. data
     model, tok = load_causal_lm(cfg.model.name)
-    pad, num_layers = int(tok.pad_token_id), int(model.config.num_hidden_layers)
+    num_layers = int(model.config.num_hidden_layers)
     if cfg.model.gradient_checkpointing:
         enable_activation_checkpointing(model)
     pretrained = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    train, held, data_protocol = build_data(cfg.data, tok)
+    train, held, data_protocol = prepare_causal_lm_data(cfg.data, tok)
+    ctx = Context(cfg, model, tok, pretrained, train, held, run)
+
+    # 2. every (method, seed) from the same weights, evaluated on the same examples and noise; a resumed
+    # run takes finished jobs from the cache and the interrupted fit from its checkpoint. Inline: the
+    # jobs share the one loaded model.
+    evals: dict[str, list[Evaluation]] = {}
+    with JobRunner(train_and_evaluate, cache_dir=run.path / "jobs") as jobs:
+        for label in cfg.methods:
+            evals[label] = [jobs.submit(f"{label}-seed{s}", ctx, label, s).result() for s in cfg.seeds]
+
+    # 3. results: perplexity curves, head to head against the baseline on the same examples and draws
     e = cfg.eval
-
-    # fine-tune each method from the same weights, then evaluate it on the same examples and noise
-    evals: dict[str, list[dict]] = {m: [] for m in cfg.methods}
-    for seed in cfg.seeds:
-        for method in cfg.methods:
-            saved = f"eval-{method}-seed{seed}.json"
-            if (run.path / saved).is_file():  # a resumed run keeps what it already measured
-                evals[method].append(run.load_json(saved))
-                continue
-            model.load_state_dict(pretrained)
-            objective, constraint = make_objective(method, cfg, num_layers)
-            facts = fine_tune(
-                model,
-                objective,
-                constraint,
-                train,
-                cfg,
-                seed=seed,
-                pad=pad,
-                run=run,
-                tag=f"{method}-seed{seed}",
-            )
-            ev = {**evaluate(model, held, e, pad, tok.eos_token_id), "train": facts}
-            run.save_json(saved, ev)
-            evals[method].append(ev)
-
-    # head to head against the baseline, on the same examples and noise draws
-    methods, h2h_rows, paper_rows, wr_curves = summarise(evals, e, cfg.baseline)
+    base = evals[cfg.baseline]
+    methods = {m: method_result(ev, None if m == cfg.baseline else base, e) for m, ev in evals.items()}
     if e.judge == "generate":
-        for method, curves in judged_curves(e, evals, cfg.baseline, held, tok).items():
-            methods[method]["curves"].update(curves)
-            wr_curves[method].update(curves)
-    figures = []
-    if win_rate_figure(run.figure("win-rate"), cfg.baseline, wr_curves):
-        caption = f"Head-to-head win rate vs {cfg.baseline} (± s.e. over examples); stars: the paper"
-        figures.append({"path": "figures/win-rate.png", "caption": caption})
-    train_rows = [
-        [
-            m,
-            seed,
-            x["train"]["steps"],
-            x["train"]["train_seconds"],
-            x["train"]["final_train_loss"],
-            max(x["train"].get("multipliers", [0.0])),
-        ]
-        for m, ev in evals.items()
-        for seed, x in zip(cfg.seeds, ev, strict=True)
-    ]
-    c = cfg.constraint
-    mask = constraint_mask(num_layers, c.constrain_first, c.layers)
-    constrained_layers = [i + 1 for i in range(num_layers) if mask[i]]
+        for m, curves in judged_curves(cfg, evals, held, tok).items():
+            methods[m].curves.update({name: Curve.from_dict(c) for name, c in curves.items()})
+    blocks = {m: r.to_dict() for m, r in methods.items()}
+    c = cfg.method.constraint
+    constrained_layers = [i + 1 for i, on in enumerate(c.build(num_layers).mask.tolist()) if on]
+    grid = e.noise
     return {
         "protocol": {
             **data_protocol,
@@ -330,9 +340,9 @@ def run(cfg: LlmRobustnessConfig, run: RunDir) -> dict:
             "batch_size": cfg.train.batch_size,
             "seq_len": cfg.data.seq_len,
             "seeds": list(cfg.seeds),
-            "draws": e.draws,
-            "gammas": list(e.gammas),
-            "kinds": list(e.kinds),
+            "draws": grid.draws,
+            "gammas": list(grid.gammas),
+            "kinds": list(grid.kinds),
             "noise": "added to the input-embedding output, std γ·σ_E, keyed by example content",
             "perplexity_on": e.perplexity_on,
             "judge": e.judge
@@ -341,30 +351,15 @@ def run(cfg: LlmRobustnessConfig, run: RunDir) -> dict:
             "constrained_layers": constrained_layers,
             "alpha": c.alpha,
             "dual_lr": c.dual_lr,
-            "readout": f"logit lens, CE chunk {c.chunk_size}, {c.sample_tokens or 'all'} tokens at layers 0..L-1",
+            "readout": f"logit lens, CE chunk {cfg.readout.chunk_size}, "
+            f"{cfg.readout.sample_tokens or 'all'} tokens at layers 0..L-1",
         },
-        "methods": methods,
-        "tables": [
-            {
-                "title": f"Head-to-head vs {cfg.baseline}, likelihood judge (pooled over seeds, draw 0)",
-                "columns": ["method", "kind", "gamma", "win rate", "s.e.", "wins", "ties", "losses"],
-                "rows": h2h_rows,
-            },
-            {
-                "title": "Against the paper",
-                "columns": ["method", "gamma", "paper", "here"],
-                "rows": paper_rows,
-            },
-            {
-                "title": "Fine-tuning",
-                "columns": ["method", "seed", "steps", "seconds", "final loss", "max lambda"],
-                "rows": train_rows,
-            },
-        ],
-        "figures": figures,
+        "methods": blocks,
+        "tables": report.tables(blocks, cfg.baseline),
         "notes": [
             f"Descent constraints enforced at layers {constrained_layers} of {num_layers}; all are read out.",
             "Win rate: ties count half, 50 % is parity. The paper's 50 % -> 69.93 % is Llama 3.1 8B judged on "
             "AlpacaEval (generative); the default judge here compares reference likelihoods.",
+            "Per-example NLLs and generations of every (method, seed) are in jobs/<method>-seed<seed>.json.",
         ],
     }

@@ -81,14 +81,6 @@ class Scores:
 Collate = Callable[[Sequence[Example], int], Mapping[str, Tensor]]
 
 
-def _default_collate() -> Collate:
-    # Compatibility default only, for callers written before collate_fn existed
-    # (experiments/llm_robustness_eval.py); drop it once every caller passes collate_fn.
-    from descentlab.data.instructions import collate_causal
-
-    return collate_causal
-
-
 def token_nll(logits: Tensor, targets: Tensor, *, chunk: int = 128) -> Tensor:
     """Per-position next-token NLL ``[B, T-1]`` in float64, 0 where the target is -100.
 
@@ -105,13 +97,14 @@ def score_examples(
     *,
     pad_token_id: int,
     batch_size: int = 8,
+    collate_fn: Collate,
     noise: Noise | None = None,
-    collate_fn: Collate | None = None,
 ) -> Scores:
     """NLL of each example's labelled tokens and of its whole sequence, batched and right-padded.
 
     ``collate_fn(examples, pad_token_id)`` right-pads a list of examples into ``input_ids``,
-    ``attention_mask`` and ``labels`` (e.g. ``descentlab.data.collate_causal``, the default when None).
+    ``attention_mask`` and ``labels`` (e.g. ``descentlab.data.instructions.collate_causal``); the caller
+    passes it, so this module never loads data code.
 
     One forward pass per batch gives both: the reference score the likelihood judge compares and the
     all-token score that makes the held-out perplexity. The model runs in eval mode under ``noise``.
@@ -123,11 +116,10 @@ def score_examples(
     was_training = model.training
     model.eval()
     out: list[Tensor] = []
-    collate = collate_fn or _default_collate()
     try:
         with (noise or Noise()).apply(model, pad_token_id=pad_token_id):
             for s in range(0, len(examples), batch_size):
-                batch = collate(examples[s : s + batch_size], pad_token_id)
+                batch = collate_fn(examples[s : s + batch_size], pad_token_id)
                 batch = {k: v.to(device) for k, v in batch.items()}
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
                 full_targets = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
@@ -216,12 +208,16 @@ class LikelihoodJudge:
 
     Args:
         pad_token_id: padding id for batching.
+        collate_fn: right-pads examples into a batch (see :func:`score_examples`).
         batch_size: examples per forward pass.
         tol: NLL difference (nats) below which two models tie.
     """
 
-    def __init__(self, *, pad_token_id: int, batch_size: int = 8, tol: float = 1e-6) -> None:
+    def __init__(
+        self, *, pad_token_id: int, collate_fn: Collate, batch_size: int = 8, tol: float = 1e-6
+    ) -> None:
         self.pad_token_id, self.batch_size, self.tol = int(pad_token_id), int(batch_size), float(tol)
+        self.collate_fn = collate_fn
 
     def preferences(
         self,
@@ -233,8 +229,8 @@ class LikelihoodJudge:
     ) -> Tensor:
         """Per-example preference for ``model_a`` over ``model_b`` under the same noise."""
         kw = {"pad_token_id": self.pad_token_id, "batch_size": self.batch_size, "noise": noise}
-        a = score_examples(model_a, examples, **kw)
-        b = score_examples(model_b, examples, **kw)
+        a = score_examples(model_a, examples, collate_fn=self.collate_fn, **kw)
+        b = score_examples(model_b, examples, collate_fn=self.collate_fn, **kw)
         return likelihood_preferences(a.reference_nll, b.reference_nll, tol=self.tol)
 
 
@@ -310,6 +306,7 @@ class GenerativeJudge:
         judge_tokenizer: its tokenizer.
         template: pairwise prompt with ``{prompt}``, ``{first}`` and ``{second}``.
         labels: the answers meaning "the first is better" and "the second is better".
+        collate_fn: right-pads the judge's sequences into a batch (see :func:`score_examples`).
         soft: use σ(s_1 - s_2) instead of the hard verdict.
         batch_size: judge sequences per forward pass.
     """
@@ -319,6 +316,7 @@ class GenerativeJudge:
         judge_model: nn.Module,
         judge_tokenizer: Any,
         *,
+        collate_fn: Collate,
         template: str = PAIRWISE_TEMPLATE,
         labels: tuple[str, str] = (" 1", " 2"),
         soft: bool = False,
@@ -333,6 +331,7 @@ class GenerativeJudge:
         self.model, self.tokenizer, self.template = judge_model, judge_tokenizer, template
         self.label_ids = (ids[0], ids[1])
         self.soft, self.batch_size = bool(soft), int(batch_size)
+        self.collate_fn = collate_fn
 
     def verdicts(self, prompts: Sequence[str], firsts: Sequence[str], seconds: Sequence[str]) -> Tensor:
         """For each triple, the judge's verdict that the first response is better (1, 0, 1/2 on a tie)."""
@@ -342,7 +341,9 @@ class GenerativeJudge:
             for label in self.label_ids:
                 examples.append({"input_ids": ids + label, "labels": [IGNORE_INDEX] * len(ids) + label})
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        scores = score_examples(self.model, examples, pad_token_id=pad, batch_size=self.batch_size)
+        scores = score_examples(
+            self.model, examples, pad_token_id=pad, batch_size=self.batch_size, collate_fn=self.collate_fn
+        )
         nll = scores.reference_nll.view(-1, 2)
         margin = nll[:, 1] - nll[:, 0]  # s_1 - s_2
         return torch.sigmoid(margin) if self.soft else 0.5 + 0.5 * torch.sign(margin)
@@ -368,9 +369,7 @@ class GenerativeJudge:
         max_new_tokens: int = 64,
     ) -> Tensor:
         """Generate from each example's prompt with both models under the same noise, then judge the pairs."""
-        from descentlab.data.instructions import example_prompt
-
-        prompt_ids = [example_prompt(e) for e in examples]
+        prompt_ids = [list(e["input_ids"][: e["prompt_length"][0]]) for e in examples]
         kw = {
             "pad_token_id": tokenizer.pad_token_id,
             "eos_token_id": tokenizer.eos_token_id,
