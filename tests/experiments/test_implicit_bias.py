@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
 
 from descentlab.experiments import implicit_bias as ib
-from descentlab.train.rundir import RunDir
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -106,24 +106,85 @@ def test_horst_l1_margin_beats_adam(classification):
     assert horst_nnz < adam_nnz
 
 
-def test_run_writes_tables_and_figures(tmp_path):
-    cfg = ib.ImplicitBiasConfig(
-        seeds=[0],
-        methods=["gd", "horst", "sign+mirror_before"],
-        regression=ib.RegressionConfig(n=8, d=20, support=2, steps=60),
-        classification=ib.ClassificationConfig(n=10, d=20, support=2, steps=60),
-        curve_points=4,
-    )
-    run = RunDir.create(tmp_path, "implicit-bias")
-    body = ib.run(cfg, run)
-    json.dumps(body)  # results.json must be plain data
-    assert set(body["methods"]) == {"gd", "horst", "sign+mirror_before"}
-    assert body["methods"]["horst"]["curves"]["cls_margin"]["x"] == ib.log_grid(60, 4)
-    assert len(body["tables"]) == 2 and len(body["tables"][0]["rows"]) == 3
-    for fig in body["figures"]:
-        assert (run.path / fig["path"]).is_file()
+TINY = [
+    "seeds=[0,1]",
+    "methods=[gd,horst,ham,sign+mirror_before]",
+    "regression.n=8",
+    "regression.d=20",
+    "regression.support=2",
+    "regression.steps=60",
+    "classification.n=10",
+    "classification.d=20",
+    "classification.support=2",
+    "classification.steps=60",
+    "curve_points=4",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from descentlab.experiments.base import run_experiment
+
+    path = run_experiment("implicit-bias", overrides=TINY, out=tmp_path_factory.mktemp("runs"))
+    return path, json.loads((path / "results.json").read_text())
+
+
+def test_run_writes_tables_and_figure_data(tiny_run):
+    from descentlab.io import load_arrays
+
+    path, res = tiny_run
+    assert list(res["methods"]) == ["gd", "horst", "ham", "sign+mirror_before"]
+    horst = res["methods"]["horst"]
+    assert horst["curves"]["cls_margin"]["x"] == ib.log_grid(60, 4)
+    assert len(horst["curves"]["cls_margin"]["std"]) == 4  # two seeds: a real spread
+    assert len(res["tables"]) == 2 and len(res["tables"][0]["rows"]) == 4
+    # the figure data is the first seed's: the final classification weights reproduce its margin
+    z = ib.make_classification(10, 20, 2, seed=0)
+    final = load_arrays(path / "arrays" / "final-weights.npz")
+    margins = load_arrays(path / "arrays" / "margins.npz")
+    assert list(final) == list(res["methods"]) and margins["steps"][-1] == 60
+    w = torch.from_numpy(final["horst"])
+    assert margins["horst"][-1] == pytest.approx(ib.normalized_margin(w, z, 1) / ib.optimal_margins(z)["l1"])
+    traj = load_arrays(path / "arrays" / "trajectories.npz")
+    assert traj["gd"].shape == (len(traj["steps"]), 20)
+    for name in ("regression-trajectories", "classification-margins", "classification-weights"):
+        assert (path / "figures" / f"{name}.png").stat().st_size > 0
+        assert f"figures/{name}.png" in (path / "report.md").read_text()
     with pytest.raises(ib.ConfigError):
         ib.ImplicitBiasConfig(methods=["lion"])
+
+
+def test_report_rebuilds_the_same_figures_and_report(tiny_run, tmp_path):
+    from descentlab.cli import main
+
+    path = tmp_path / "run"
+    shutil.copytree(tiny_run[0], path)
+
+    def files(folder):
+        return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+    figures, report = files(path / "figures"), (path / "report.md").read_bytes()
+    shutil.rmtree(path / "figures")
+    (path / "report.md").unlink()
+    assert main(["report", str(path)]) == 0
+    assert files(path / "figures") == figures
+    assert (path / "report.md").read_bytes() == report
+
+
+def test_horst_and_ham_are_the_optimizers_of_the_config_layer():
+    """HORST / HAM over the raw vector: mirror step on it, no weight decay, the configured strengths."""
+    from descentlab.optim.ham import HAM
+    from descentlab.optim.horst import HORST
+
+    cfg = ib.ImplicitBiasConfig(horst_alpha=2.0, ham_alpha=3.0)
+    w = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
+    horst = ib.make_optimizer("horst", w, 1e-2, cfg, regression=False)
+    ham = ib.make_optimizer("ham", w, 1e-2, cfg, regression=False)
+    assert isinstance(horst, HORST) and isinstance(ham, HAM)
+    (group,) = horst.param_groups
+    assert (group["mirror"], group["alpha"], group["weight_decay"], group["lr"]) == (True, 2.0, 0.0, 1e-2)
+    (group,) = ham.param_groups
+    assert (group["mirror"], group["alpha"], group["beta"], group["weight_decay"]) == (True, 3.0, 0.0, 0.0)
 
 
 def test_registry_and_presets_resolve():

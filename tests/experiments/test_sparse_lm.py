@@ -1,12 +1,13 @@
-"""sparse-lm end to end on a tiny model: results shape, fairness of the budget, pruning read back from disk."""
+"""sparse-lm end to end on a tiny model: results shape, fairness of the budget, pruning read back from disk,
+figures rebuilt from the run directory, resume from the job cache."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
-import torch
 
 from descentlab.errors import AssetMissingError, ConfigError
 
@@ -101,25 +102,75 @@ def test_same_budget_horst_without_mirror_is_adamw_and_workers_do_not_change_res
 
     Run in two worker processes; the AdamW numbers must match the sequential run of the fixture.
     """
-    _, res = _run(tmp_path, "seeds=[0]", "optimizers=[adamw,'horst:alpha=0,beta=0']", "workers=2")
+    _, res = _run(
+        tmp_path,
+        "seeds=[0]",
+        "methods.horst=null",
+        "methods.ham=null",
+        "methods.horst0=optimizer.name=horst optimizer.alpha=0 optimizer.beta=0",
+        "workers=2",
+    )
+    assert list(res["methods"]) == ["adamw", "horst0"]
     adamw = res["methods"]["adamw"]["curves"]["layerwise"]["mean"]
-    horst0 = res["methods"]["horst(alpha=0,beta=0)"]["curves"]["layerwise"]["mean"]
+    horst0 = res["methods"]["horst0"]["curves"]["layerwise"]["mean"]
     assert horst0 == pytest.approx(adamw, rel=1e-4)
     sequential = seq_run[1]["methods"]["adamw"]["curves"]["layerwise"]["per_seed"][0]
     assert adamw == pytest.approx(sequential, rel=1e-4)
 
 
+def _files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_report_rebuilds_the_same_figures_and_report(seq_run, tmp_path):
+    from descentlab.cli import main
+
+    path = tmp_path / "run"
+    shutil.copytree(seq_run[0], path)
+    figures, report = _files(path / "figures"), (path / "report.md").read_bytes()
+    assert {"perplexity-vs-sparsity.png", "weight-histograms.png"} <= {p.name for p in figures}
+    shutil.rmtree(path / "figures")
+    (path / "report.md").unlink()
+    assert main(["report", str(path)]) == 0
+    assert _files(path / "figures") == figures
+    assert (path / "report.md").read_bytes() == report
+
+
+def test_resume_takes_finished_jobs_from_the_cache(seq_run, tmp_path):
+    """A resumed run trains nothing that had finished: no checkpoint is rewritten, the numbers are the same."""
+    from descentlab.experiments.base import run_experiment
+
+    path = tmp_path / "run"
+    shutil.copytree(seq_run[0], path)
+    assert len(list((path / "jobs").glob("*.json"))) == 6  # 3 methods x 2 seeds
+    shutil.rmtree(path / "checkpoints")  # a job that ran again would write its checkpoint back
+    run_experiment("sparse-lm", resume=path)
+    assert not (path / "checkpoints").exists() or not any((path / "checkpoints").iterdir())
+    resumed = json.loads((path / "results.json").read_text())
+    assert resumed["methods"] == seq_run[1]["methods"] and resumed["tables"] == seq_run[1]["tables"]
+
+
 def test_config_errors_are_clear():
     from descentlab.config import resolve_config
-    from descentlab.experiments.sparse_lm import SparseLMConfig, parse_optimizer
+    from descentlab.experiments.sparse_lm import SparseLMConfig
 
-    with pytest.raises(ConfigError, match="unknown optimizer"):
-        resolve_config(SparseLMConfig, overrides=["optimizers=[adamw,sgd]"])
-    with pytest.raises(ConfigError, match="bad option"):
-        parse_optimizer("adamw:alpha=3")
+    with pytest.raises(ConfigError, match="bad method spec"):
+        resolve_config(SparseLMConfig, overrides=["methods.sgd=optimizer.name=sgd"])
+    with pytest.raises(ConfigError, match="at least one method"):
+        resolve_config(
+            SparseLMConfig, overrides=["methods.adamw=null", "methods.horst=null", "methods.ham=null"]
+        )
+    with pytest.raises(ConfigError, match="labels"):
+        resolve_config(SparseLMConfig, overrides=["methods.h@1=optimizer.name=horst"])
     with pytest.raises(ConfigError, match="sparsities"):
         resolve_config(SparseLMConfig, overrides=["sparsities=[0.5,1.0]"])
-    assert parse_optimizer("horst:alpha=10") == ("horst(alpha=10)", "horst", {"alpha": 10.0})
+    with pytest.raises(ConfigError, match="unknown config key 'optimizers'"):
+        resolve_config(SparseLMConfig, overrides=["optimizers=[adamw]"])
+    methods = resolve_config(SparseLMConfig, overrides=["methods.ham=null"]).method_configs()
+    assert list(methods) == ["adamw", "horst"]
+    # one budget: the methods differ in the optimizer's name and mirror strength only
+    assert methods["horst"].optimizer.lr == methods["adamw"].optimizer.lr
+    assert methods["horst"].optimizer.decay == "matrices" and methods["horst"].optimizer.alpha == 1.0
 
 
 def test_presets_resolve():
@@ -129,5 +180,6 @@ def test_presets_resolve():
     quick = resolve_config(SparseLMConfig, preset="quick", presets=PRESETS)
     full = resolve_config(SparseLMConfig, preset="full", presets=PRESETS)
     assert quick.train.max_steps < full.train.max_steps and len(full.seeds) >= 3
-    assert {"adamw", "ham"} <= set(full.optimizers) and any(o.startswith("horst") for o in full.optimizers)
-    assert torch.get_num_threads() >= 1
+    names = [m.optimizer.name for m in full.method_configs().values()]
+    assert {"adamw", "ham"} <= set(names) and names.count("horst") == 2
+    assert full.method_configs()["horst-alpha10"].optimizer.alpha == 10.0

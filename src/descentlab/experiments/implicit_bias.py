@@ -9,8 +9,12 @@ Two synthetic float64 problems with exact references:
   min_i y_i <x_i, w> / ||w||_p against the optimal L1 and L_inf margins (``linprog``), and the number of
   non-zeros. HORST (mirror after Adam) should approach the optimal L1 margin; Adam sits near the L_inf one.
 
-Every method is a real optimizer from :mod:`descentlab.optim` (``compose``, ``HORST``, ``HAM``) stepping one
-parameter vector whose gradient is set in closed form.
+Every method is a real optimizer from :mod:`descentlab.optim` stepping one parameter vector whose gradient
+is set in closed form: HORST and HAM are built from an :class:`~descentlab.optim.config.OptimizerConfig`
+over the raw tensor (mirror step on it, no weight decay); the other geometries (steepest operators x the
+hyperbolic mirror map, either order) are ``compose(...)`` directly, as they do not fit a model-level config.
+Figures (trajectories, margin paths, final weights of the first seed) are drawn by
+:mod:`descentlab.report.implicit_bias` from arrays this run saves under ``arrays/``.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ import torch
 from scipy.optimize import linprog
 from torch import Tensor
 
+from descentlab.config import config_to_dict
 from descentlab.errors import ConfigError, NumericalError
-from descentlab.experiments.implicit_bias_figures import plot_margins, plot_trajectories, plot_weights
 from descentlab.optim.compose import HyperbolicMirror, compose
-from descentlab.optim.ham import HAM
-from descentlab.optim.horst import HORST
+from descentlab.optim.config import OptimizerConfig, build_optimizer
+from descentlab.report.results import Curve, MethodResult, Results
+from descentlab.report.stats import column_mean_std, mean_std
 from descentlab.train.rundir import RunDir
 
 METHODS = (
@@ -38,28 +43,30 @@ METHODS = (
 
 
 @dataclass
-class RegressionConfig:
-    n: int = 20
-    d: int = 60
-    support: int = 4  # non-zeros of the planted solution
-    steps: int = 10000
+class ProblemConfig:
+    """One synthetic problem: ``n`` examples in ``d`` dimensions, a ``support``-sparse planted solution.
 
+    ``lr`` is every method's step size; None (regression only) gives each method its stable step from the
+    Hessian (:func:`regression_lr`).
+    """
 
-@dataclass
-class ClassificationConfig:
-    n: int = 40
-    d: int = 100
-    support: int = 3  # non-zeros of the planted separator
-    steps: int = 5000
-    lr: float = 1e-2
+    n: int
+    d: int
+    support: int
+    steps: int
+    lr: float | None = None
 
 
 @dataclass
 class ImplicitBiasConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     methods: list[str] = field(default_factory=lambda: list(METHODS))
-    regression: RegressionConfig = field(default_factory=RegressionConfig)
-    classification: ClassificationConfig = field(default_factory=ClassificationConfig)
+    regression: ProblemConfig = field(
+        default_factory=lambda: ProblemConfig(n=20, d=60, support=4, steps=10000)
+    )
+    classification: ProblemConfig = field(
+        default_factory=lambda: ProblemConfig(n=40, d=100, support=3, steps=5000, lr=1e-2)
+    )
     horst_alpha: float = 1.0
     # HAM's own default (200) assumes tiny per-weight gradients; here |grad| ~ 1 and lr * 200 * |g| hits the
     # clamp every step and overflows, so HAM gets HORST's alpha: raw gradient vs Adam update, same strength.
@@ -76,9 +83,11 @@ class ImplicitBiasConfig:
             raise ConfigError("implicit bias needs n < d (under-determined / many separators)")
         if not self.seeds:
             raise ConfigError("seeds must list at least one seed")
+        if self.classification.lr is None:
+            raise ConfigError("classification.lr must be set (e.g. 1e-2): no Hessian fixes its step size")
 
 
-CONFIG = ImplicitBiasConfig  # the nested Regression/ClassificationConfig are parts of it
+CONFIG = ImplicitBiasConfig  # the nested ProblemConfigs are parts of it
 
 PRESETS = {
     "quick": {"seeds": [0], "regression.steps": 8000, "classification.steps": 5000},
@@ -196,8 +205,12 @@ def make_optimizer(
         "adam": lambda: compose([w], "adam", lr=lr),
         "hyperbolic_md": lambda: compose([w], "gd", before, "dual", lr=lr, mirror_tensors=True),
         "gd+mirror_before": lambda: compose([w], "gd", before, "mirror_before", lr=lr, mirror_tensors=True),
-        "horst": lambda: HORST([w], lr=lr, weight_decay=0.0, alpha=cfg.horst_alpha, mirror=True),
-        "ham": lambda: HAM(torch.optim.AdamW([w], lr=lr, weight_decay=0.0), cfg.ham_alpha, 0.0, mirror=True),
+        "horst": lambda: build_optimizer(
+            OptimizerConfig("horst", lr=lr, weight_decay=0.0, alpha=cfg.horst_alpha, mirror="all"), [w]
+        ),
+        "ham": lambda: build_optimizer(
+            OptimizerConfig("ham", lr=lr, weight_decay=0.0, alpha=cfg.ham_alpha, beta=0.0, mirror="all"), [w]
+        ),
         "ngd+mirror_after": lambda: compose([w], "normalized_gd", after, lr=lr, mirror_tensors=True),
         "sign+mirror_after": lambda: compose([w], sign, after, lr=lr, mirror_tensors=True),
         "sign+mirror_before": lambda: compose([w], sign, before, "mirror_before", lr=lr, mirror_tensors=True),
@@ -251,17 +264,12 @@ def log_grid(steps: int, points: int) -> list[int]:
 # ---- the experiment -----------------------------------------------------------------------------------
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    arr = np.asarray(values, dtype=float)
-    return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
-
-
 def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
     rc, cc = cfg.regression, cfg.classification
     reg_grid, cls_grid = log_grid(rc.steps, cfg.curve_points), log_grid(cc.steps, cfg.curve_points)
     traj_grid, margin_grid = log_grid(rc.steps, 60), log_grid(cc.steps, 60)
     per: dict[str, dict[str, list]] = {m: {} for m in cfg.methods}
-    trajectories: dict[str, dict[int, Tensor]] = {}
+    trajectories: dict[str, Tensor] = {}  # first seed: [recorded steps, d] regression iterates
     final_cls: dict[str, Tensor] = {}
     margin_paths: dict[str, list[float]] = {}
 
@@ -273,7 +281,7 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
         for name in cfg.methods:
             rec = per[name]
             # regression from w = 0
-            lr = regression_lr(name, x)
+            lr = rc.lr if rc.lr is not None else regression_lr(name, x)
             w, snaps = train(
                 torch.zeros(rc.d, dtype=torch.float64),
                 lambda v, x=x, y=y: regression_grad(v, x, y),
@@ -282,7 +290,7 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
                 sorted(set(reg_grid) | set(traj_grid)),
             )
             if seed == cfg.seeds[0]:
-                trajectories[name] = snaps
+                trajectories[name] = torch.stack([snaps[k] for k in sorted(snaps)])
             for key, val in (
                 ("reg_l2_ratio", float(w.norm()) / ref["l2"]),
                 ("reg_l1_ratio", float(w.abs().sum()) / ref["l1"]),
@@ -321,21 +329,18 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
 
     methods = {}
     for name, rec in per.items():
-        metrics = {k: _mean_std(v)[0] for k, v in rec.items() if not k.endswith("curve")}
+        metrics = {k: mean_std(v, impl="numpy")[0] for k, v in rec.items() if not k.endswith("curve")}
         curves = {}
         for key, grid, metric in (
             ("reg_l1_curve", reg_grid, "||w||_1 / min L1 (regression)"),
             ("cls_margin_curve", cls_grid, "L1 margin / optimal (classification)"),
         ):
-            arr = np.asarray(rec[key])
-            curves[key.replace("_curve", "")] = {
-                "x_name": "step", "x": grid, "metric": metric, "mean": arr.mean(0).tolist(),
-                "std": (arr.std(0, ddof=1) if len(arr) > 1 else np.zeros(len(grid))).tolist(),
-            }  # fmt: skip
-        methods[name] = {"metrics": metrics, "curves": curves}
+            mean, std = column_mean_std(rec[key], impl="numpy")
+            curves[key.replace("_curve", "")] = Curve("step", grid, metric, mean, std)
+        methods[name] = MethodResult(metrics=metrics, curves=curves)
 
     def cell(name: str, key: str, digits: int = 3) -> str:
-        mean, std = _mean_std(per[name][key])
+        mean, std = mean_std(per[name][key], impl="numpy")
         return f"{mean:.{digits}g} ± {std:.2g}" if len(cfg.seeds) > 1 else f"{mean:.{digits}g}"
 
     tables = [
@@ -354,13 +359,15 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
                       cell(m, "cls_nnz")] for m in cfg.methods],
         },
     ]  # fmt: skip
-    figures = [
-        plot_trajectories(trajectories, run),
-        plot_margins(margin_grid, margin_paths, run),
-        plot_weights(final_cls, run),
-    ]
-    return {
-        "protocol": {
+    # figure data of the first seed, drawn by report/implicit_bias.py
+    record = sorted(set(reg_grid) | set(traj_grid))
+    run.save_arrays("arrays/trajectories.npz", steps=np.asarray(record), **_numpy(trajectories))
+    run.save_arrays("arrays/margins.npz", steps=np.asarray(margin_grid), **_numpy(margin_paths))
+    run.save_arrays("arrays/final-weights.npz", **_numpy(final_cls))
+    return Results(
+        experiment="implicit-bias",
+        config=config_to_dict(cfg),
+        protocol={
             "regression": f"n={rc.n}, d={rc.d}, {rc.support}-sparse planted solution, squared loss, w0 = 0, "
             f"{rc.steps} steps; 'sign' = L_inf steepest descent scaled by ||g||_1",
             "classification": f"n={cc.n}, d={cc.d}, labels of a {cc.support}-sparse teacher, exponential loss "
@@ -373,11 +380,14 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
             "gamma": cfg.gamma,
             "nnz": f"|w_i| > {cfg.nnz_rel_tol} max|w|",
         },
-        "methods": methods,
-        "tables": tables,
-        "figures": [f for f in figures if f is not None],
-        "notes": [
+        methods=methods,
+        tables=tables,
+        notes=[
             "Every number is a mean over seeds (± std across seeds when there is more than one seed).",
             "HORST's L1 bias shows on classification; on regression it behaves like Adam (METHODS.md 2.2).",
         ],
-    }
+    ).to_dict()
+
+
+def _numpy(arrays: dict[str, Tensor | list[float]]) -> dict[str, np.ndarray]:
+    return {name: np.asarray(a.numpy() if isinstance(a, Tensor) else a) for name, a in arrays.items()}

