@@ -147,6 +147,8 @@ def run_experiment(
         raise
     if not isinstance(body, dict) or not isinstance(body.get("methods"), dict):
         raise RuntimeError(f"{exp.module.__name__}.run must return a dict with a 'methods' mapping")
+    # the runner owns these two keys: a typed Results body may carry empty placeholders for them
+    body = {k: v for k, v in body.items() if k not in ("experiment", "config")}
     results = {"experiment": name, "config": config_to_dict(cfg), **body}
     run.save_json("results.json", results)
     if run.writer:
