@@ -1,0 +1,215 @@
+"""Tables and figures of the video-denoising experiment, drawn from ``results.json`` and saved arrays only.
+
+Method names are ``<architecture>-<label>`` (``ut-erm``, ``dust-constrained``...). Tables:
+
+* RMSE against γ, mean ± std over seeds, with the noisy input's RMSE as the first row;
+* the paired difference RMSE(method) - RMSE(ERM) of the same architecture and seed (negative = better).
+
+Figures (:func:`figures`): RMSE relative to ERM, per-layer test MSE on a log scale, and sample frames (clean,
+noisy, denoised) read from ``sample-frames.npz`` in the run directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from descentlab.io import load_arrays
+from descentlab.report.figures import new_figure, save_figure
+from descentlab.report.stats import column_mean_std
+
+SAMPLE_FRAMES = "sample-frames.npz"
+# the sample-frame figure shows these labels only: the controls would crowd it
+SAMPLE_LABELS = ("erm", "constrained", "resilient")
+
+Methods = Mapping[str, Mapping[str, Any]]
+
+
+def _arch(method: str) -> str:
+    return method.split("-", 1)[0]
+
+
+def _label(method: str) -> str:
+    return method.split("-", 1)[1]
+
+
+def _style(ax: Any, title: str, xlabel: str, ylabel: str, *, legend_size: int, **grid: Any) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, **grid)
+    ax.legend(fontsize=legend_size)
+
+
+def _save(fig: Any, path: Path, caption: str, *, dpi: int = 120) -> dict[str, str]:
+    """Lay out, write the PNG and return its ``{"path", "caption"}`` entry (path relative to the run dir)."""
+    fig.tight_layout()
+    save_figure(fig, path, dpi=dpi)
+    return {"path": f"figures/{path.name}", "caption": caption}
+
+
+def rmse_table(methods: Methods, noisy_rmse: Sequence[float], gammas: Sequence[float]) -> dict[str, Any]:
+    """Test RMSE against γ, mean ± std over seeds; first row: the noisy input."""
+    rows = [["noisy input", *[f"{v:.4f}" for v in noisy_rmse]]]
+    for method, block in methods.items():
+        c = block["curves"]["gaussian"]
+        rows.append([method, *[f"{a:.4f} ± {s:.4f}" for a, s in zip(c["mean"], c["std"], strict=True)]])
+    return {
+        "title": "Test RMSE vs gamma (mean ± std over seeds)",
+        "columns": ["method", *map(str, gammas)],
+        "rows": rows,
+    }
+
+
+def paired_table(per_seed_rmse: Mapping[str, Sequence[Sequence[float]]], gammas: Sequence[float]) -> dict:
+    """RMSE(method) - RMSE(ERM) of the same architecture and seed, mean ± std over seeds, and the wins.
+
+    Args:
+        per_seed_rmse: method -> ``[seeds][gammas]`` RMSE, every method over the same seeds in the same order.
+        gammas: the noise levels of the columns.
+    """
+    rows = []
+    for method, evs in per_seed_rmse.items():
+        base = per_seed_rmse.get(f"{_arch(method)}-erm")
+        if base is None or _label(method) == "erm":
+            continue
+        diffs = [[a - b for a, b in zip(e, r, strict=True)] for e, r in zip(evs, base, strict=True)]
+        mean, std = column_mean_std(diffs, ddof=1, impl="torch")
+        wins = [sum(d[i] < 0 for d in diffs) for i in range(len(gammas))]
+        rows.append(
+            [
+                method,
+                *[f"{m:+.4f} ± {s:.4f} ({w}/{len(diffs)})" for m, s, w in zip(mean, std, wins, strict=True)],
+            ]
+        )
+    return {
+        "title": "Paired RMSE difference to ERM of the same architecture and seed (negative = lower RMSE; "
+        "in brackets: seeds where it beats ERM)",
+        "columns": ["method", *map(str, gammas)],
+        "rows": rows,
+    }
+
+
+def plot_relative(methods: Methods, architectures: Sequence[str], path: Path) -> dict[str, str]:
+    """RMSE / RMSE of ERM against γ, one panel per architecture, one line per method label."""
+    fig, axes = new_figure(1, len(architectures), panel_size=(4.4, 3.4))
+    for ax, arch in zip(axes[0], architectures, strict=True):
+        base = methods.get(f"{arch}-erm")
+        for method, block in methods.items():
+            if base is None or _arch(method) != arch:
+                continue
+            b, c = base["curves"]["gaussian"]["mean"], block["curves"]["gaussian"]
+            ratio = [m / r for m, r in zip(c["mean"], b, strict=True)]
+            band = [s / r for s, r in zip(c["std"], b, strict=True)]
+            ax.plot(c["x"], ratio, marker="o", ms=3, label=_label(method))
+            ax.fill_between(
+                c["x"],
+                [r - s for r, s in zip(ratio, band, strict=True)],
+                [r + s for r, s in zip(ratio, band, strict=True)],
+                alpha=0.2,
+            )
+        ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+        _style(ax, arch.upper(), "gamma (test sigma / sigma_train)", "RMSE / RMSE of ERM", legend_size=8)
+    return _save(
+        fig,
+        path,
+        "Test RMSE relative to ERM of the same architecture "
+        "(mean over seeds, band: std of the method's RMSE / ERM mean); below 1 = better than ERM",
+    )
+
+
+def plot_layer_profiles(methods: Methods, architectures: Sequence[str], path: Path) -> dict[str, str]:
+    """Per-layer test MSE on a log scale, one panel per architecture; solid: γ = 1, dashed: the largest γ."""
+    fig, axes = new_figure(1, len(architectures), panel_size=(4.4, 3.4))
+    for ax, arch in zip(axes[0], architectures, strict=True):
+        for k, (method, block) in enumerate(m for m in methods.items() if _arch(m[0]) == arch):
+            for j, (condition, values) in enumerate(block["layer_loss"].items()):
+                ax.semilogy(
+                    range(len(values)),
+                    values,
+                    marker="o",
+                    ms=3,
+                    color=f"C{k}",
+                    ls=["-", "--"][j % 2],
+                    label=f"{_label(method)} {condition}",
+                )
+        _style(ax, arch.upper(), "layer", "test MSE (log)", legend_size=7, which="both")
+    return _save(
+        fig,
+        path,
+        "Test MSE of every layer's estimate (log scale), in distribution (solid) and at the largest gamma (dashed)",
+    )
+
+
+def plot_samples(
+    frames: Mapping[str, np.ndarray], architectures: Sequence[str], path: Path
+) -> dict[str, str]:
+    """Clean, noisy and denoised middle frame: one row per (architecture, γ).
+
+    Args:
+        frames: the arrays of ``sample-frames.npz``: ``clean [T, H, W]``, ``noisy [G, T, H, W]``,
+            ``gammas [G]``, ``seed``, ``methods [M]`` and ``denoised [M, G, T, h, w]`` (h, w <= H, W).
+        architectures: one block of rows each.
+        path: the PNG to write.
+    """
+    clean, noisy, gammas = frames["clean"], frames["noisy"], frames["gammas"].tolist()
+    denoised = dict(zip(frames["methods"].tolist(), frames["denoised"], strict=True))
+    t = clean.shape[0] // 2
+    h, w = frames["denoised"].shape[-2:]
+    labels = {_label(m) for m in denoised}
+    shown = [label for label in SAMPLE_LABELS if label in labels]
+    rows = [(arch, i) for arch in architectures for i in range(len(gammas))]
+    cols = 2 + len(shown)
+    fig, axes = new_figure(len(rows), cols, figsize=(2.2 * cols * w / h, 2.3 * len(rows)))
+    target = clean[t, :h, :w]
+
+    def show(ax: Any, img: np.ndarray, title: str) -> None:
+        ax.imshow(np.clip(img, 0, 1), cmap="gray", vmin=0, vmax=1)
+        ax.set_title(title, fontsize=7)
+        ax.axis("off")
+
+    def rmse(img: np.ndarray) -> float:
+        return float(np.sqrt(np.mean(np.square(img - target))))
+
+    for r, (arch, i) in enumerate(rows):
+        show(axes[r][0], target, "clean")
+        show(axes[r][1], noisy[i][t, :h, :w], f"noisy gamma={gammas[i]:g} ({rmse(noisy[i][t, :h, :w]):.3f})")
+        for c, label in enumerate(shown):
+            img = denoised[f"{arch}-{label}"][i][t]
+            show(axes[r][2 + c], img, f"{arch} {label} ({rmse(img):.3f})")
+    caption = f"Middle frame of a test clip (seed {int(frames['seed'])}), denoised tile by tile; frame RMSE in brackets"
+    return _save(fig, path, caption, dpi=90)
+
+
+def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
+    """The experiment's own figures, from ``results.json`` and ``sample-frames.npz`` (when saved)."""
+    methods = results.get("methods", {})
+    if not methods:
+        return []
+    present = {_arch(m) for m in methods}
+    architectures = [
+        a for a in results.get("config", {}).get("architectures", sorted(present)) if a in present
+    ]
+    folder = Path(run_dir) / "figures"
+    drawn = [
+        plot_relative(methods, architectures, folder / "rmse-relative-to-erm.png"),
+        plot_layer_profiles(methods, architectures, folder / "layer-mse-log.png"),
+    ]
+    samples = Path(run_dir) / SAMPLE_FRAMES
+    if samples.is_file():
+        drawn.append(plot_samples(load_arrays(samples), architectures, folder / "sample-frames.png"))
+    return drawn
+
+
+__all__ = [
+    "SAMPLE_FRAMES",
+    "figures",
+    "paired_table",
+    "plot_layer_profiles",
+    "plot_relative",
+    "plot_samples",
+    "rmse_table",
+]
