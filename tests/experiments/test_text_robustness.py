@@ -1,36 +1,26 @@
-"""text-robustness: config validation, constraint construction, and one end-to-end run on a tiny BERT."""
+"""text-robustness: config validation, methods as MethodConfigs, selection, tables, and end-to-end runs on a
+tiny BERT (results, report rebuilt from the run directory, resume from the job cache, worker processes)."""
 
 from __future__ import annotations
 
 import csv
 import json
+import shutil
 
+import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
 
 from descentlab.config import resolve_config
+from descentlab.constrained.config import DescentConfig
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments import text_robustness as tr
 from descentlab.experiments.base import run_experiment
-from descentlab.experiments.text_robustness_results import (
-    choose_candidate,
-    is_monotone,
-    paired_gap_rows,
-    settings_diff,
-)
+from descentlab.report import write_report
+from descentlab.report.text_robustness import is_monotone, method_block, paired_gap_rows
 from descentlab.robustness import RobustnessCurves
-
-
-def test_candidates_are_typed_overrides_of_the_base_settings() -> None:
-    base = tr.ConstraintSettings(alpha=0.1)
-    got = tr.candidate_settings(base, "alpha=0.05 detach_prev=true layers=[2,3]")
-    assert (got.alpha, got.detach_prev, got.layers, got.dual_lr) == (0.05, True, [2, 3], base.dual_lr)
-    assert tr.candidate_settings(base, "") == base
-    with pytest.raises(ConfigError, match="candidate"):
-        tr.candidate_settings(base, "alpha=abc")
-    with pytest.raises(ConfigError, match="candidate"):
-        tr.candidate_settings(base, "no_such_key=1")
+from descentlab.train.recipe import build_recipe
+from tiny_models import tiny_bert
 
 
 def test_bad_config_is_rejected_before_anything_runs() -> None:
@@ -38,31 +28,93 @@ def test_bad_config_is_rejected_before_anything_runs() -> None:
     with pytest.raises(ConfigError, match="methods"):
         resolve_config(cfg_cls, presets=presets, overrides=["methods=[erm,sgd]"])
     with pytest.raises(ConfigError, match="candidate"):
-        resolve_config(cfg_cls, presets=presets, overrides=['selection.constrained=["alpha=oops"]'])
+        resolve_config(cfg_cls, overrides=['selection.candidates.constrained=["alpha=oops"]'])
+    with pytest.raises(ConfigError, match="only constrained methods"):
+        resolve_config(cfg_cls, overrides=['selection.candidates.erm=["alpha=0.2"]'])
+    with pytest.raises(ConfigError, match="method spec"):
+        resolve_config(cfg_cls, overrides=['specs.extra="constraint.no_such_key=1"'])
     with pytest.raises(ConfigError, match="gammas"):
         resolve_config(cfg_cls, presets=presets, overrides=["evaluation.gammas=[0.5,1.0]"])
     for preset in presets:
         resolve_config(cfg_cls, preset=preset, presets=presets)
 
 
-def test_build_constraint_alpha_schedule_and_resilience() -> None:
-    settings = tr.ConstraintSettings(alpha=0.1, early_alpha=0.0, early_layers=4, detach_prev=True)
-    hard = tr.build_constraint(settings, 6, resilient=False)
-    torch.testing.assert_close(hard.alpha, torch.tensor([0.0] * 4 + [0.1] * 2, dtype=torch.float64))
-    assert hard.resilience is None and hard.detach_prev
-    soft = tr.build_constraint(tr.ConstraintSettings(penalty=2.0), 6, resilient=True)
-    assert soft.resilience.penalty == 2.0
+def test_methods_are_one_base_edited_by_specs() -> None:
+    cfg = resolve_config(tr.CONFIG, preset="quick", presets=tr.PRESETS)
+    methods = cfg.resolved_methods()
+    assert list(methods) == ["erm", "constrained", "resilient"]
+    assert [m.objective for m in methods.values()] == ["erm", "constrained", "constrained"]
+    assert [m.constraint.resilient for m in methods.values()] == [False, False, True]
+    # one optimizer for every method: the quick preset's lr, AdamW decaying every tensor, no λ ceiling
+    assert {(m.optimizer.name, m.optimizer.lr, m.optimizer.decay) for m in methods.values()} == {
+        ("adamw", 1e-4, "all")
+    }
+    assert methods["constrained"].constraint == DescentConfig(max_multiplier=None)
+    # a new method is one more spec: nothing else to declare
+    cfg = resolve_config(
+        tr.CONFIG,
+        overrides=["specs.strong=objective=constrained constraint.alpha=0.3", "methods=[erm,strong]"],
+    )
+    assert cfg.resolved_methods()["strong"].constraint.alpha == 0.3
+
+
+def test_candidates_edit_the_methods_own_constraint() -> None:
+    cfg = resolve_config(tr.CONFIG, preset="full", presets=tr.PRESETS)
+    methods = cfg.resolved_methods()
+    cands = tr.candidate_methods("resilient", methods["resilient"], cfg.selection)
+    assert [c.constraint.dual_lr for c in cands] == [0.05, 0.5]
+    assert all(c.constraint.resilient and c.constraint.max_multiplier is None for c in cands)
+    assert cands[1].constraint.alphas(6) == [0.0] * 4 + [0.1] * 2
+    assert tr.candidate_methods("erm", methods["erm"], cfg.selection) == [methods["erm"]]
+
+
+def test_the_recipe_is_the_old_optimizer_and_constraint() -> None:
+    """AdamW over model.parameters() with the experiment's lr / wd, and LayerwiseDescent without λ ceiling."""
+    cfg = resolve_config(tr.CONFIG, preset="quick", presets=tr.PRESETS)
+    model = tiny_bert(layers=3)
+    recipe = build_recipe(cfg.resolved_methods()["resilient"], model, total_steps=10)
+    inner = recipe.optimizer.optimizer
+    assert type(inner) is torch.optim.AdamW and len(inner.param_groups) == 1
+    group = inner.param_groups[0]
+    assert [id(p) for p in group["params"]] == [id(p) for p in model.parameters()]
+    assert (group["lr"], group["weight_decay"], group["betas"], group["eps"]) == (
+        1e-4,
+        0.01,
+        (0.9, 0.999),
+        1e-8,
+    )
+    assert recipe.constraint.num_layers == 3 and recipe.constraint.duals.max_multiplier is None
+    assert recipe.constraint.resilience is not None and recipe.scheduler is None
 
 
 def test_paired_gap_is_the_difference_of_curves() -> None:
     gammas = (0.0, 1.0)
-    erm = RobustnessCurves("accuracy", gammas, {"gaussian": torch.tensor([[[0.8, 0.6], [0.8, 0.5]]]).numpy()})
-    con = RobustnessCurves(
-        "accuracy", gammas, {"gaussian": torch.tensor([[[0.81, 0.7], [0.81, 0.7]]]).numpy()}
-    )
+    erm = RobustnessCurves("accuracy", gammas, {"gaussian": np.array([[[0.8, 0.6], [0.8, 0.5]]])})
+    con = RobustnessCurves("accuracy", gammas, {"gaussian": np.array([[[0.81, 0.7], [0.81, 0.7]]])})
     rows = paired_gap_rows({"erm": erm, "constrained": con})
     assert rows == [["constrained", "gaussian", "+0.0100 ± 0.0000", "+0.1500 ± 0.0500"]]
+    assert paired_gap_rows({"constrained": con}) == []
     assert is_monotone([0.7, 0.7, 0.5]) and not is_monotone([0.7, 0.71, 0.5])
+
+
+def test_method_block_reports_population_spreads_over_seeds() -> None:
+    values = np.array([[[0.8, 0.6]], [[0.6, 0.4]]])  # [seed, draw, γ]
+    block = method_block(
+        RobustnessCurves("accuracy", (0.0, 1.0), {"gaussian": values}),
+        {"clean": [[0.7, 0.5], [0.7, 0.6]]},
+        {"val_accuracy": [0.5, 0.7]},
+        [[1.0, 3.0], [2.0, 5.0]],
+        "gaussian",
+    ).to_dict()
+    assert block["metrics"]["accuracy"] == pytest.approx(0.7)
+    assert block["metrics"]["accuracy_std"] == pytest.approx(0.1)  # ddof = 0
+    assert block["metrics"]["gaussian_mean_gamma>=1"] == pytest.approx(0.5)
+    assert block["metrics"]["val_accuracy"] == pytest.approx(0.6)
+    assert block["layer_loss"]["clean"] == pytest.approx([0.7, 0.55])
+    assert block["layer_loss_std"]["clean"] == pytest.approx([0.0, 0.05])
+    assert block["layer_loss_monotone_seeds"] == {"clean": 2}
+    assert block["multipliers"] == [1.5, 4.0]
+    assert block["curves"]["gaussian"]["mean"] == pytest.approx([0.7, 0.5])
 
 
 def test_selection_prefers_robust_among_candidates_that_keep_clean_accuracy() -> None:
@@ -71,13 +123,13 @@ def test_selection_prefers_robust_among_candidates_that_keep_clean_accuracy() ->
         {"clean": 0.70, "robust": 0.75},
         {"clean": 0.795, "robust": 0.65},
     ]
-    best, rows, why = choose_candidate("constrained", ["a", "b", "c"], scores, 0.80, max_clean_drop=0.01)
+    best, rows, why = tr.choose_candidate("constrained", ["a", "b", "c"], scores, 0.80, max_clean_drop=0.01)
     assert best == 2 and rows[2][-1] == "yes" and "'c'" in why  # b is more robust but loses 10 points clean
-    assert choose_candidate("constrained", ["a", "b", "c"], scores, None)[0] == 1
-    assert choose_candidate("constrained", ["a", "b", "c"], scores, 0.80, criterion="clean")[0] == 0
-    best, _, why = choose_candidate("resilient", ["a", "b"], scores[1:2] * 2, 0.95)
+    assert tr.choose_candidate("constrained", ["a", "b", "c"], scores, None)[0] == 1
+    assert tr.choose_candidate("constrained", ["a", "b", "c"], scores, 0.80, criterion="clean")[0] == 0
+    best, _, why = tr.choose_candidate("resilient", ["a", "b"], scores[1:2] * 2, 0.95)
     assert best == 0 and "no candidate" in why
-    assert settings_diff({"alpha": 0.1, "dual_lr": 0.5}, {"alpha": 0.1, "dual_lr": 0.05}) == "dual_lr=0.5"
+    assert tr.settings_diff({"alpha": 0.1, "dual_lr": 0.5}, {"alpha": 0.1, "dual_lr": 0.05}) == "dual_lr=0.5"
 
 
 @pytest.fixture(scope="module")
@@ -90,18 +142,8 @@ def tiny_encoder_dir(tmp_path_factory):
     except AssetMissingError as e:
         pytest.skip(str(e))
     path = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        num_labels=2,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    BertForSequenceClassification(config).save_pretrained(path)
+    assert tokenizer.pad_token_id == 0  # tiny_bert's padding id
+    tiny_bert(vocab=tokenizer.vocab_size).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
@@ -127,7 +169,7 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
             "train.batch_size=16",
             "train.progress=false",
             "evaluation.gammas=[0.0,1.0,3.0]",
-            'selection.constrained=["alpha=0.1", "alpha=0.05 detach_prev=true"]',
+            'selection.candidates.constrained=["alpha=0.1", "alpha=0.05 detach_prev=true"]',
         ],
     )
     res = json.loads((out / "results.json").read_text())
@@ -144,6 +186,7 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
         assert block["metrics"]["accuracy"] == pytest.approx(block["curves"]["gaussian"]["mean"][0])
         assert 0.0 <= block["metrics"][f"shift:{shift_csv}"] <= 1.0
     assert len(res["methods"]["constrained"]["multipliers"]) == 2
+    assert res["methods"]["resilient"]["constraint"]["resilient"] is True
     titles = [t["title"] for t in res["tables"]]
     assert any("Selection" in t for t in titles) and any("Dataset shift" in t for t in titles)
     selection = next(t for t in res["tables"] if "Selection" in t["title"])
@@ -162,12 +205,25 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
         ]
     )
     report = (out / "report.md").read_text()
-    assert "gaussian: accuracy vs gamma" in report and (out / "figures" / "curves.png").is_file()
-    # a resumed run reuses the saved job outputs: same numbers, nothing evaluated again
+    assert "gaussian: accuracy vs gamma" in report and "figures/paired-gap.png" in report
+    figures = {p.name: p.read_bytes() for p in (out / "figures").iterdir()}
+    assert set(figures) == {"curves.png", "layer-loss.png", "paired-gap.png"}
+
+    # the report is a function of the run directory: deleting it and the figures restores the same files
+    shutil.rmtree(out / "figures")
+    (out / "report.md").unlink()
+    assert write_report(out).read_text() == report
+    assert {p.name: p.read_bytes() for p in (out / "figures").iterdir()} == figures
+
+    # a resumed run reuses the cached job outputs: same numbers, nothing trained or evaluated again
     n_logged = len((out / "metrics.jsonl").read_text().splitlines())
     run_experiment("text-robustness", resume=out)
     assert json.loads((out / "results.json").read_text())["methods"] == res["methods"]
     assert len((out / "metrics.jsonl").read_text().splitlines()) == n_logged
+    # without the job cache the fits come from their checkpoints and the evaluation gives the same numbers
+    shutil.rmtree(out / "jobs")
+    run_experiment("text-robustness", resume=out)
+    assert json.loads((out / "results.json").read_text())["methods"] == res["methods"]
 
 
 def test_worker_processes_give_the_same_layout(tiny_encoder_dir, tmp_path) -> None:
@@ -187,7 +243,7 @@ def test_worker_processes_give_the_same_layout(tiny_encoder_dir, tmp_path) -> No
             "train.progress=false",
             "evaluation.kinds=[gaussian]",
             "evaluation.gammas=[0.0,2.0]",
-            'selection.constrained=["", "detach_prev=true"]',
+            'selection.candidates.constrained=["", "detach_prev=true"]',
         ],
     )
     res = json.loads((out / "results.json").read_text())
@@ -196,3 +252,15 @@ def test_worker_processes_give_the_same_layout(tiny_encoder_dir, tmp_path) -> No
     assert curve["x"] == [0.0, 2.0] and len(curve["per_model"]) == 2
     logged = {r.get("tag") for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
     assert {"eval-erm-seed0", "eval-erm-seed1", "eval-constrained-seed1"} <= logged
+    selection = next(t for t in res["tables"] if "Selection" in t["title"])
+    chosen = [r[-1] for r in selection["rows"]].index("yes")
+    assert sorted(p.name for p in (out / "jobs").iterdir()) == sorted(
+        [
+            "erm-seed0-test.json",
+            "erm-seed1-test.json",
+            "constrained-cand0-seed0-validation.json",
+            "constrained-cand1-seed0-validation.json",
+            f"constrained-cand{chosen}-seed0-test.json",
+            "constrained-seed1-test.json",
+        ]
+    )

@@ -1,108 +1,110 @@
 """text-robustness: fine-tune a pretrained encoder classifier with ERM, hard layer-wise descent constraints
 and their resilient relaxation; compare clean accuracy, accuracy under embedding noise, per-layer loss.
 
-METHODS.md §1.5-1.6. Every method trains on the same split, with the same optimizer, budget and seeds.
-The constraint hyper-parameters of each constrained method are chosen among a small grid of candidates on
-the *validation* split (first seed only), never on test; the choice and the reason go into the protocol.
-Test evaluation: clean accuracy, accuracy against γ for each noise kind (``draws`` realisations per model,
-content-keyed so that every method sees the same noisy inputs), the per-layer test loss clean and at
-γ = ``profile_gamma``, and clean accuracy on optional dataset-shift sets.
+METHODS.md §1.5-1.6. Every method is one :class:`~descentlab.train.recipe.MethodConfig`: the shared base
+``method`` (optimizer, constraint) edited by its spec in ``specs``, so every method trains on the same split,
+with the same optimizer, budget and seeds. The :class:`~descentlab.constrained.config.DescentConfig` of each
+constrained method is chosen among a small grid of candidates (override specs) on the *validation* split
+(first seed only), never on test; the choice and the reason go into the protocol. Test evaluation: clean
+accuracy, accuracy against γ for each noise kind (``draws`` realisations per model, content-keyed so that
+every method sees the same noisy inputs), the per-layer test loss clean and at γ = ``profile_gamma``, and
+clean accuracy on optional dataset-shift sets.
 """
 
 from __future__ import annotations
 
-import json
-import multiprocessing
-import shlex
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import torch
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
+from descentlab.config import config_to_dict
+from descentlab.constrained.config import DescentConfig
 from descentlab.data.text_batches import Prepared, TextDataConfig, prepare_data
 from descentlab.errors import ConfigError
-from descentlab.experiments import text_robustness_results as results
 from descentlab.experiments.base import seed_everything
-from descentlab.robustness import DEFAULT_GAMMAS, RobustnessCurves, layer_loss_profile, robustness_curve
+from descentlab.optim.config import OptimizerConfig
+from descentlab.report import text_robustness as report
+from descentlab.report.results import Results
+from descentlab.robustness import NoiseEvalConfig, RobustnessCurves, layer_loss_profile, robustness_curve
+from descentlab.train.jobs import JobRunner
 from descentlab.train.loop import TrainConfig, fit
-from descentlab.train.objectives import ERM, Constrained
-from descentlab.train.rundir import RunDir, atomic_write_text
+from descentlab.train.recipe import MethodConfig, build_recipe, with_overrides
+from descentlab.train.rundir import RunDir
 
-METHODS = ("erm", "constrained", "resilient")
+NAME = "text-robustness"
+ERM = report.ERM  # the reference method of the selection margin, the paired gaps and the notes
+
+# each method is the base `method` edited by its spec (dotted MethodConfig keys)
+SPECS = {
+    "erm": "",
+    "constrained": "objective=constrained",
+    "resilient": "objective=constrained constraint.resilient=true",
+}
 
 
-@dataclass
-class ConstraintSettings:
-    alpha: float = 0.1
-    early_alpha: float | None = None  # α of layers 1..early_layers (small α for early layers)
-    early_layers: int = 0
-    dual_lr: float = 0.05
-    detach_prev: bool = False
-    constrain_first: bool = True  # constrain layer 1 against the embedding readout
-    layers: list[int] | None = None  # constrained layers (1-based); None = all
-    penalty: float = 1.0  # resilient method only: slack cost a
-    slack_lr: float | None = None  # resilient: η_u (None = 1/a)
-    resilience_form: str = "slack"
+def base_method() -> MethodConfig:
+    # AdamW decaying every tensor, as `AdamW(model.parameters())` did here; no λ ceiling: this experiment
+    # never stopped on a large multiplier, and its numbers were measured without one
+    return MethodConfig(
+        optimizer=OptimizerConfig(name="adamw", lr=5e-5, weight_decay=0.01, decay="all"),
+        constraint=DescentConfig(max_multiplier=None),
+    )
 
 
 @dataclass
 class Selection:
-    # candidates: space-separated ConstraintSettings overrides, e.g. "alpha=0.05 detach_prev=true"
-    constrained: list[str] = field(default_factory=lambda: [""])
-    resilient: list[str] = field(default_factory=lambda: [""])
-    criterion: str = "robust"  # robust: val accuracy averaged over the gaussian γ grid; clean: val accuracy
-    max_clean_drop: float = 0.01  # candidates losing more clean val accuracy than this vs ERM are last resort
+    """Validation-split choice of each constrained method's constraint settings (first seed only).
+
+    Attributes:
+        candidates: method -> DescentConfig override specs (e.g. ``"alpha=0.05 detach_prev=true"``), applied
+            to that method's own constraint; a method without an entry has the one candidate ``""``.
+        criterion: ``robust``: validation accuracy averaged over the gaussian γ grid; ``clean``: clean accuracy.
+        max_clean_drop: candidates losing more clean validation accuracy than this vs ERM are a last resort.
+        draws: noise realisations of the validation curve.
+    """
+
+    candidates: dict[str, list[str]] = field(default_factory=dict)
+    criterion: str = "robust"
+    max_clean_drop: float = 0.01
     draws: int = 1
-
-
-@dataclass
-class Evaluation:
-    kinds: list[str] = field(default_factory=lambda: ["gaussian", "uniform", "discrete"])
-    gammas: list[float] = field(default_factory=lambda: list(DEFAULT_GAMMAS))
-    draws: int = 3
-    noise_seed: int = 0
-    profile_kind: str = "gaussian"
-    profile_gamma: float = 1.0
 
 
 @dataclass
 class TextRobustnessConfig:
     model: str = "minilm"  # offline MiniLM-L6; or any HF encoder classifier id / local dir
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    method: MethodConfig = field(default_factory=base_method)
+    specs: dict[str, str] = field(default_factory=lambda: dict(SPECS))  # label -> override spec of `method`
+    methods: list[str] = field(default_factory=lambda: list(SPECS))  # the labels run, in this order
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    lr: float = 5e-5
-    weight_decay: float = 0.01
     data: TextDataConfig = field(default_factory=TextDataConfig)
-    constraint: ConstraintSettings = field(default_factory=ConstraintSettings)
     selection: Selection = field(default_factory=Selection)
-    evaluation: Evaluation = field(default_factory=Evaluation)
+    evaluation: NoiseEvalConfig = field(default_factory=NoiseEvalConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=2, batch_size=32, log_every=10))
     workers: int = 1  # >1: train/evaluate (method, seed) jobs in that many 1-thread processes
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.methods if m not in METHODS]
+        unknown = [m for m in self.methods if m not in self.specs]
         if unknown or not self.methods:
-            raise ConfigError(f"methods must be a non-empty subset of {list(METHODS)}, got {self.methods}")
+            raise ConfigError(f"methods must be a non-empty subset of {list(self.specs)}, got {self.methods}")
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if not self.seeds:
             raise ConfigError("seeds must list at least one training seed")
-        if self.lr <= 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
         if self.selection.criterion not in ("robust", "clean"):
             raise ConfigError(
                 f"selection.criterion must be robust or clean, got {self.selection.criterion!r}"
             )
-        if 0.0 not in self.evaluation.gammas:
-            raise ConfigError("evaluation.gammas must contain 0 (the clean point)")
-        for method in ("constrained", "resilient"):
-            for candidate in getattr(self.selection, method):
-                candidate_settings(self.constraint, candidate)
+        # every spec and candidate is checked before anything runs, run or not
+        resolved = {label: with_overrides(self.method, spec) for label, spec in self.specs.items()}
+        for label in self.selection.candidates:
+            if label not in resolved or not resolved[label].constrained:
+                raise ConfigError(f"selection.candidates.{label}: only constrained methods have candidates")
+        for label, method in resolved.items():
+            candidate_methods(label, method, self.selection)
+
+    def resolved_methods(self) -> dict[str, MethodConfig]:
+        """The MethodConfig of every label in ``methods``, in order."""
+        return {label: with_overrides(self.method, self.specs[label]) for label in self.methods}
 
 
 CONFIG = TextRobustnessConfig
@@ -111,7 +113,7 @@ PRESETS = {
     # `make demo`: about 300 CPU-seconds in all, under 4 minutes on 2 idle cores
     "quick": {
         "seeds": [0],
-        "lr": 1e-4,
+        "method.optimizer.lr": 1e-4,
         "data.n_train": 600,
         "data.n_eval": 200,
         "train.epochs": 1,
@@ -123,7 +125,7 @@ PRESETS = {
     # per constrained method: the first measurement's setting, and strong-but-feasible constraints
     "full": {
         "seeds": [0, 1, 2],
-        "lr": 1e-4,
+        "method.optimizer.lr": 1e-4,
         "data.n_train": 640,
         "data.n_eval": 150,
         "train.epochs": 1,
@@ -131,111 +133,98 @@ PRESETS = {
         "evaluation.draws": 1,
         "evaluation.gammas": [0.0, 0.5, 1.0, 1.5, 2.0, 3.0],
         "workers": 2,
-        "selection.constrained": ["", "dual_lr=0.5 detach_prev=true early_alpha=0.0 early_layers=4"],
-        "selection.resilient": ["", "dual_lr=0.5 detach_prev=true early_alpha=0.0 early_layers=4"],
+        "selection.candidates": {
+            "constrained": ["", "dual_lr=0.5 detach_prev=true early_alpha=0.0 early_layers=4"],
+            "resilient": ["", "dual_lr=0.5 detach_prev=true early_alpha=0.0 early_layers=4"],
+        },
     },
 }
 
 
-def candidate_settings(base: ConstraintSettings, candidate: str) -> ConstraintSettings:
-    """``base`` with a candidate's ``key=value`` overrides applied (typed, validated by OmegaConf)."""
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(base), OmegaConf.from_dotlist(shlex.split(candidate)))
-        return OmegaConf.to_object(merged)
-    except (OmegaConfBaseException, ValueError) as e:
-        raise ConfigError(f"bad selection candidate {candidate!r}: {e}; use ConstraintSettings keys") from e
+def candidate_methods(label: str, method: MethodConfig, selection: Selection) -> list[MethodConfig]:
+    """``method`` with each of its selection candidates applied to its constraint (one, itself, if none)."""
+    if not method.constrained:
+        return [method]
+    out = []
+    for spec in selection.candidates.get(label, [""]):
+        try:
+            out.append(replace(method, constraint=method.constraint.with_overrides(spec)))
+        except ConfigError as e:
+            raise ConfigError(f"bad selection candidate {spec!r} of {label}: {e}") from None
+    return out
 
 
-def build_constraint(settings: ConstraintSettings, num_layers: int, resilient: bool) -> Any:
-    """A LayerwiseDescent with α_l = early_alpha for l <= early_layers, else alpha."""
-    from descentlab.constrained.descent import LayerwiseDescent
-    from descentlab.constrained.dual import Resilience
+def choose_candidate(
+    method: str,
+    candidates: Sequence[str],
+    scores: Sequence[Mapping[str, float]],
+    erm_clean: float | None,
+    *,
+    criterion: str = "robust",
+    max_clean_drop: float = 0.01,
+) -> tuple[int, list[list[Any]], str]:
+    """Pick a candidate from its validation numbers ``{"clean": .., "robust": ..}``.
 
-    alpha = [
-        settings.early_alpha
-        if settings.early_alpha is not None and layer <= settings.early_layers
-        else settings.alpha
-        for layer in range(1, num_layers + 1)
+    Candidates whose clean validation accuracy is within ``max_clean_drop`` of ERM's are eligible; among
+    them the highest ``criterion`` score wins (ties: higher clean accuracy, then the earlier candidate). If
+    none is eligible, the same order applies to all. Returns (index, selection-table rows, reason).
+    """
+    key = "robust" if criterion == "robust" else "clean"
+    ranked = [
+        (erm_clean is None or s["clean"] >= erm_clean - max_clean_drop, s[key], s["clean"], -i)
+        for i, s in enumerate(scores)
     ]
-    resilience = (
-        Resilience(penalty=settings.penalty, lr=settings.slack_lr, form=settings.resilience_form)
-        if resilient
-        else None
+    best = max(range(len(ranked)), key=lambda i: ranked[i])
+    rows = [
+        [method, c or "(defaults)", s["clean"], s["robust"], "yes" if i == best else ""]
+        for i, (c, s) in enumerate(zip(candidates, scores, strict=True))
+    ]
+    what = "mean accuracy over the gaussian γ grid" if key == "robust" else "clean accuracy"
+    eligible = "" if ranked[best][0] else " (no candidate was within the clean-accuracy margin)"
+    why = (
+        f"highest validation {what} among candidates within {max_clean_drop} clean accuracy of ERM"
+        f"{eligible}: {candidates[best] or '(defaults)'!r}"
     )
-    return LayerwiseDescent(
-        num_layers,
-        alpha,
-        settings.dual_lr,
-        resilience,
-        detach_prev=settings.detach_prev,
-        constrain_first=settings.constrain_first,
-        layers=settings.layers,
-        max_multiplier=None,
-    )
+    return best, rows, why
 
 
 @dataclass(frozen=True)
 class Job:
     """Train (or resume from the run's checkpoint) one model, then evaluate it on ``split``."""
 
-    method: str
-    settings: ConstraintSettings | None
+    label: str
+    method: MethodConfig
     seed: int
-    tag: str
+    tag: str  # the checkpoint folder; a job's cache key is "<tag>-<split>"
     split: str  # "validation": selection numbers only; "test": the full evaluation
 
 
 def train_model(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) -> tuple[Any, Any]:
     """Fresh pretrained encoder + head (head initialised from the seed), trained by the job's method.
 
-    ``fit`` resumes from the newest checkpoint under the job's tag, so a finished job only reloads.
+    ``fit`` resumes from the newest checkpoint under the job's tag, so a finished fit only reloads.
     """
-    from descentlab.constrained.primal_dual import PrimalDual
     from descentlab.data import load_encoder_classifier
 
     seed_everything(job.seed)
     model, _ = load_encoder_classifier(cfg.model, num_labels=data.num_labels)
-    optimizer: torch.optim.Optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
-    )
-    constraint = None
-    if job.method == "erm":
-        objective: Any = ERM()
-    else:
-        resilient = job.method == "resilient"
-        constraint = build_constraint(job.settings, model.config.num_hidden_layers, resilient=resilient)
-        optimizer = PrimalDual(optimizer, constraint)
-        objective = Constrained(constraint)
     train_cfg = replace(cfg.train, seed=job.seed)
+    recipe = build_recipe(job.method, model, total_steps=train_cfg.total_steps(len(data.train)))
     fit(
-        model,
-        data.train,
-        objective=objective,
-        optimizer=optimizer,
-        cfg=train_cfg,
-        collate_fn=data.collate,
-        run=run,
-        tag=job.tag,
+        model, data.train, cfg=train_cfg, collate_fn=data.collate, run=run, tag=job.tag, **recipe.fit_kwargs()
     )
-    return model.eval(), constraint
+    return model.eval(), recipe.constraint
 
 
 def accuracy_curves(
-    cfg: TextRobustnessConfig,
-    model: Any,
-    batches: list,
-    seed: int,
-    kinds: list[str],
-    draws: int,
-    gammas: list[float] | None = None,
+    model: Any, batches: list, ev: NoiseEvalConfig, seed: int, kinds: list[str], draws: int
 ) -> RobustnessCurves:
-    ev = cfg.evaluation
     return robustness_curve(
         model,
         batches,
         metric="accuracy",
         kinds=kinds,
-        gammas=ev.gammas if gammas is None else gammas,
+        gammas=ev.gammas,
         draws=draws,
         seed=ev.noise_seed,
         model_seeds=[seed],
@@ -248,38 +237,28 @@ def clean_accuracy(model: Any, batches: list) -> float:
 
 
 def run_job(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) -> dict[str, Any]:
-    """One job end to end; returns plain numbers (so it can run in a worker process).
-
-    The numbers are also saved under ``jobs/`` in the run directory: a resumed run reuses them instead of
-    evaluating again (training itself resumes from the fit checkpoints).
-    """
-    saved = run.path / "jobs" / f"{job.tag}-{job.split}.json"
-    if saved.is_file():
-        return decode_output(json.loads(saved.read_text()))
+    """One job end to end; returns JSON-able numbers (the JobRunner caches them under ``jobs/``)."""
     ev = cfg.evaluation
     model, constraint = train_model(cfg, job, data, run)
     if job.split == "validation":
         out: dict[str, Any] = {"clean": clean_accuracy(model, data.val)}
-        if job.method != "erm":
-            curve = accuracy_curves(cfg, model, data.val, job.seed, ["gaussian"], cfg.selection.draws)
+        if job.method.constrained:
+            curve = accuracy_curves(model, data.val, ev, job.seed, ["gaussian"], cfg.selection.draws)
             out["robust"] = curve.summary()["gaussian"]
-    else:
-        curves = accuracy_curves(cfg, model, data.test, job.seed, list(ev.kinds), ev.draws)
-        noisy = layer_loss_profile(
-            model, data.test, kind=ev.profile_kind, gamma=ev.profile_gamma, draws=ev.draws, seed=ev.noise_seed
-        )
-        extra = {"val_accuracy": clean_accuracy(model, data.val)}
-        extra.update({f"shift:{name}": clean_accuracy(model, b) for name, b in data.shift.items()})
-        run.log(tag=f"eval-{job.tag}", clean_accuracy=float(curves.values[ev.kinds[0]][0, 0, 0]))
-        out = {
-            "curves": curves.to_dict(),
-            "profiles": {"clean": layer_loss_profile(model, data.test), noisy_condition(ev): noisy},
-            "extra": extra,
-            "multipliers": constraint.multipliers.tolist() if constraint is not None else None,
-        }
-    saved.parent.mkdir(exist_ok=True)
-    atomic_write_text(saved, json.dumps(out))
-    return decode_output(out)
+        return out
+    curves = accuracy_curves(model, data.test, ev, job.seed, list(ev.kinds), ev.draws)
+    noisy = layer_loss_profile(
+        model, data.test, kind=ev.profile_kind, gamma=ev.profile_gamma, draws=ev.draws, seed=ev.noise_seed
+    )
+    extra = {"val_accuracy": clean_accuracy(model, data.val)}
+    extra.update({f"shift:{name}": clean_accuracy(model, b) for name, b in data.shift.items()})
+    run.log(tag=f"eval-{job.tag}", clean_accuracy=float(curves.values[ev.kinds[0]][0, 0, 0]))
+    return {
+        "curves": curves.to_dict(),
+        "profiles": {"clean": layer_loss_profile(model, data.test), ev.profile_condition: noisy},
+        "extra": extra,
+        "multipliers": constraint.multipliers.tolist() if constraint is not None else None,
+    }
 
 
 def decode_output(out: dict[str, Any]) -> dict[str, Any]:
@@ -288,77 +267,43 @@ def decode_output(out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def noisy_condition(ev: Evaluation) -> str:
-    return f"{ev.profile_kind}@{ev.profile_gamma:g}"
-
-
-def _worker_init(threads: int) -> None:
-    torch.set_num_threads(threads)
-
-
-@contextmanager
-def job_pool(cfg: TextRobustnessConfig, data: Prepared, run: RunDir) -> Iterator[Callable[[Job], Future]]:
-    """``submit(job) -> Future``: inline when ``workers=1`` (runs at once), else in spawned 1-thread workers."""
-    if cfg.workers <= 1:
-
-        def submit_inline(job: Job) -> Future:
-            future: Future = Future()
-            future.set_result(run_job(cfg, job, data, run))
-            return future
-
-        yield submit_inline
-        return
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(cfg.workers, mp_context=context, initializer=_worker_init, initargs=(1,))
-    try:
-        yield lambda job: pool.submit(run_job, cfg, job, data, run)
-    except BaseException:
-        # a failed job (or Ctrl-C) must not wait for the queued ones; finished fits stay checkpointed, so
-        # `resume=RUN_DIR` picks up from there
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-
-
 def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
     d, ev, seed0 = cfg.data, cfg.evaluation, cfg.seeds[0]
     data = prepare_data(cfg.data, cfg.model)
+    methods = cfg.resolved_methods()
 
     # 1. ERM for every seed, and every candidate of a constrained method on the first seed (validation)
-    candidates = {
-        m: [candidate_settings(cfg.constraint, c) for c in getattr(cfg.selection, m)]
-        for m in cfg.methods
-        if m != "erm"
-    }
-    to_select = [m for m, c in candidates.items() if len(c) > 1]
-    chosen: dict[str, int] = {m: 0 for m in candidates}
+    specs = {m: cfg.selection.candidates.get(m, [""]) for m, mc in methods.items() if mc.constrained}
+    candidates = {m: candidate_methods(m, methods[m], cfg.selection) for m in specs}
+    chosen = dict.fromkeys(candidates, 0)
     selection_rows: list[list[Any]] = []
-    reasons = {m: f"only candidate {getattr(cfg.selection, m)[0] or '(defaults)'!r}" for m in candidates}
+    reasons = {m: f"only candidate {specs[m][0] or '(defaults)'!r}" for m in candidates}
 
-    def job(method: str, seed: int) -> Job:
-        if method == "erm":
-            return Job("erm", None, seed, f"erm-seed{seed}", "test")
+    def job(label: str, seed: int, split: str = "test", cand: int | None = None) -> Job:
+        if label not in candidates:
+            return Job(label, methods[label], seed, f"{label}-seed{seed}", split)
         # the first seed's chosen candidate resumes from its selection checkpoint
-        tag = f"{method}-cand{chosen[method]}-seed{seed}" if seed == seed0 else f"{method}-seed{seed}"
-        return Job(method, candidates[method][chosen[method]], seed, tag, "test")
+        cand = chosen[label] if cand is None else cand
+        tag = f"{label}-cand{cand}-seed{seed}" if seed == seed0 else f"{label}-seed{seed}"
+        return Job(label, candidates[label][cand], seed, tag, split)
 
-    with job_pool(cfg, data, run) as submit:
-        pending = {("erm", s): submit(job("erm", s)) for s in cfg.seeds if "erm" in cfg.methods}
+    with JobRunner(run_job, workers=cfg.workers, cache_dir=run.path / "jobs", decode=decode_output) as jobs:
+
+        def submit(j: Job) -> Any:
+            return jobs.submit(f"{j.tag}-{j.split}", cfg, j, data, run)
+
+        plain = [m for m in cfg.methods if m not in candidates]
+        pending = {(m, s): submit(job(m, s)) for s in cfg.seeds for m in plain}
         val_futures = {
-            m: [
-                submit(Job(m, c, seed0, f"{m}-cand{i}-seed{seed0}", "validation"))
-                for i, c in enumerate(cands)
-            ]
+            m: [submit(job(m, seed0, "validation", i)) for i in range(len(cands))]
             for m, cands in candidates.items()
-            if m in to_select
+            if len(cands) > 1
         }
-        erm_clean = (
-            pending[("erm", seed0)].result()["extra"]["val_accuracy"] if "erm" in cfg.methods else None
-        )
+        erm_clean = pending[(ERM, seed0)].result()["extra"]["val_accuracy"] if ERM in pending else None
         for m, futures in val_futures.items():
-            chosen[m], rows, reasons[m] = results.choose_candidate(
+            chosen[m], rows, reasons[m] = choose_candidate(
                 m,
-                getattr(cfg.selection, m),
+                specs[m],
                 [f.result() for f in futures],
                 erm_clean,
                 criterion=cfg.selection.criterion,
@@ -369,16 +314,18 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
         pending.update({(m, s): submit(job(m, s)) for s in cfg.seeds for m in candidates})
         outputs = {m: [pending[(m, s)].result() for s in cfg.seeds] for m in cfg.methods}
 
-    # 3. results in the DESIGN.md shape
+    # 3. results in the DESIGN.md shape; the raw accuracies [seed, draw, γ] feed the paired-gap figure
     joined = {m: RobustnessCurves.concat([o["curves"] for o in outs]) for m, outs in outputs.items()}
-    methods_out = {}
+    run.save_arrays(report.ACCURACY_ARRAYS, **report.accuracy_arrays(joined))
+    blocks = {}
     for m, outs in outputs.items():
         profiles = {k: [o["profiles"][k] for o in outs] for k in outs[0]["profiles"]}
         extra = {k: [o["extra"][k] for o in outs] for k in outs[0]["extra"]}
         lams = [o["multipliers"] for o in outs if o["multipliers"] is not None]
-        methods_out[m] = results.method_block(joined[m], profiles, extra, lams, ev.kinds[0])
+        blocks[m] = report.method_block(joined[m], profiles, extra, lams, ev.kinds[0])
         if m in candidates:
-            methods_out[m]["constraint"] = asdict(candidates[m][chosen[m]])
+            blocks[m].extra["constraint"] = asdict(candidates[m][chosen[m]].constraint)
+    opt = cfg.method.optimizer
     protocol = {
         "dataset": d.name,
         "model": cfg.model,
@@ -393,21 +340,28 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
         "kinds": list(ev.kinds),
         "gammas": list(ev.gammas),
         "noise_seed": ev.noise_seed,
-        "budget": f"{cfg.train.epochs} epoch(s), batch {cfg.train.batch_size}, AdamW lr {cfg.lr} "
-        f"wd {cfg.weight_decay}, max_length {d.max_length}",
-        "layer_loss": f"test mean of the loss read out at layers 0..L, clean and {noisy_condition(ev)} "
+        "budget": f"{cfg.train.epochs} epoch(s), batch {cfg.train.batch_size}, AdamW lr {opt.lr} "
+        f"wd {opt.weight_decay}, max_length {d.max_length}",
+        "layer_loss": f"test mean of the loss read out at layers 0..L, clean and {ev.profile_condition} "
         f"({ev.draws} draws); mean over seeds",
         "selection": {
             m: f"{why} (differs from the base settings in: "
-            f"{results.settings_diff(asdict(candidates[m][chosen[m]]), asdict(cfg.constraint))})"
+            f"{settings_diff(asdict(candidates[m][chosen[m]].constraint), asdict(methods[m].constraint))})"
             for m, why in reasons.items()
         },
         "shift_sets": list(d.shift),
     }
-    return {
-        "protocol": protocol,
-        "methods": methods_out,
-        "tables": results.extra_tables(joined, methods_out, selection_rows, list(d.shift)),
-        "figures": [],
-        "notes": results.notes(methods_out, len(cfg.seeds)),
-    }
+    results = Results(
+        experiment=NAME,
+        config=config_to_dict(cfg),
+        protocol=protocol,
+        methods=blocks,
+        tables=report.extra_tables(joined, blocks, selection_rows, list(d.shift)),
+        notes=report.notes(blocks, len(cfg.seeds)),
+    )
+    return results.to_dict()
+
+
+def settings_diff(settings: Mapping[str, Any], base: Mapping[str, Any]) -> str:
+    """The entries of ``settings`` that differ from ``base``, as ``key=value`` words ("nothing" if none)."""
+    return " ".join(f"{k}={v}" for k, v in settings.items() if base.get(k) != v) or "nothing"
