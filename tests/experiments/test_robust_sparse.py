@@ -1,19 +1,33 @@
 """robust-sparse end to end on a small BERT (saved with MiniLM's tokenizer) and real Rotten Tomatoes reviews.
 
 The experiment's numbers are checked against an independent evaluation: the trained weights are read back
-from the run's final checkpoint, pruned with ``prune_magnitude`` and scored by a plain loop.
+from the run's final checkpoint, pruned with ``prune_magnitude`` and scored by a plain loop. A finished run
+rebuilds its report and figures from results.json, and a resumed run takes its jobs from the job cache.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from descentlab.cli import main as cli_main
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments.base import run_experiment
+from descentlab.experiments.robust_sparse import (
+    JobResult,
+    RobustSparseConfig,
+    SweepPoint,
+    decode_job,
+    encode_job,
+    erm_baselines,
+)
+from descentlab.robustness import RobustnessCurves
+from tiny_models import tiny_bert
 
 OVERRIDES = [
     "data.n_train=64",
@@ -21,7 +35,7 @@ OVERRIDES = [
     "data.max_length=32",
     "data.eval_batch_size=16",
     "seeds=[0]",
-    "lr=1e-3",
+    "method.optimizer.lr=1e-3",
     "train.max_steps=6",
     "train.batch_size=16",
     "train.progress=false",
@@ -33,7 +47,7 @@ OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+    from transformers import AutoTokenizer
 
     from descentlab.data import asset_path
 
@@ -42,19 +56,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     except AssetMissingError as exc:
         pytest.skip(str(exc))
     folder = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        num_labels=2,
-    )
-    BertForSequenceClassification(config).save_pretrained(folder)
+    tiny_bert(layers=3, vocab=30522).save_pretrained(folder)
     AutoTokenizer.from_pretrained(str(source), local_files_only=True).save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    overrides = [f"model={tiny_model_dir}", "methods=[erm-horst,constrained-horst]", *OVERRIDES]
+    return run_experiment("robust-sparse", overrides=overrides, out=tmp_path_factory.mktemp("runs"))
 
 
 def _accuracy_after_pruning(run_dir: Path, tag: str, model_dir: Path, sparsity: float) -> tuple[float, float]:
@@ -79,11 +89,10 @@ def _accuracy_after_pruning(run_dir: Path, tag: str, model_dir: Path, sparsity: 
     return correct / len(test), reached
 
 
-def test_robust_sparse_runs_and_matches_an_independent_evaluation(tmp_path, tiny_model_dir) -> None:
-    overrides = [f"model={tiny_model_dir}", "methods=[erm-horst,constrained-horst]", *OVERRIDES]
-    run_dir = run_experiment("robust-sparse", overrides=overrides, out=tmp_path)
+def test_robust_sparse_runs_and_matches_an_independent_evaluation(finished_run, tiny_model_dir) -> None:
+    run_dir = finished_run
     results = json.loads((run_dir / "results.json").read_text())
-    assert set(results["methods"]) == {"erm-horst", "constrained-horst"}
+    assert list(results["methods"]) == ["erm-horst", "constrained-horst"]
     assert results["protocol"]["n_eval"] == 48
     assert (run_dir / "report.md").is_file()
     assert (run_dir / "figures" / "accuracy_vs_gamma_by_sparsity.png").is_file()
@@ -102,7 +111,36 @@ def test_robust_sparse_runs_and_matches_an_independent_evaluation(tmp_path, tiny
     assert len(lam) == 3 and max(lam) > 0
     assert "multipliers" not in results["methods"]["erm-horst"]
     paired = [t for t in results["tables"] if t["title"].startswith("Accuracy difference to ERM")]
-    assert paired and len(paired[0]["rows"]) == 2
+    assert paired and [r[0] for r in paired[0]["rows"]] == ["constrained-horst − erm-horst"] * 2
+
+
+def test_report_command_restores_the_report_and_figures(finished_run, tmp_path) -> None:
+    run_dir = shutil.copytree(finished_run, tmp_path / "run")
+    before = {p.relative_to(run_dir): p.read_bytes() for p in (run_dir / "figures").iterdir()}
+    report = (run_dir / "report.md").read_text()
+    assert Path("figures/accuracy_vs_gamma_by_sparsity.png") in before
+    shutil.rmtree(run_dir / "figures")
+    (run_dir / "report.md").unlink()
+    assert cli_main(["report", str(run_dir)]) == 0
+    after = {p.relative_to(run_dir): p.read_bytes() for p in (run_dir / "figures").iterdir()}
+    assert after == before
+    assert (run_dir / "report.md").read_text() == report
+    assert "figures/accuracy_vs_gamma_by_sparsity.png" in report
+
+
+def test_resume_takes_finished_jobs_from_the_cache_and_fits_from_checkpoints(finished_run, tmp_path) -> None:
+    run_dir = shutil.copytree(finished_run, tmp_path / "run")
+    results = json.loads((run_dir / "results.json").read_text())
+    # one job's result is lost (interrupted before it was cached): its fit resumes from the final checkpoint
+    (run_dir / "jobs" / "constrained-horst-seed0.json").unlink()
+    lines = (run_dir / "metrics.jsonl").read_text().count("\n")
+    run_experiment("robust-sparse", resume=run_dir)
+    again = json.loads((run_dir / "results.json").read_text())
+    assert again["methods"] == results["methods"]
+    assert (run_dir / "jobs" / "constrained-horst-seed0.json").is_file()
+    new = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()[lines:]]
+    assert not any("loss" in x for x in new)  # no training step was taken again
+    assert {x["tag"] for x in new if "tag" in x} == {"eval-constrained-horst-seed0"}
 
 
 def test_robust_sparse_with_acdc_trains_sparse(tmp_path, tiny_model_dir) -> None:
@@ -110,8 +148,7 @@ def test_robust_sparse_with_acdc_trains_sparse(tmp_path, tiny_model_dir) -> None
         f"model={tiny_model_dir}",
         "methods=[constrained-horst]",
         *OVERRIDES,
-        "pruning.acdc=true",
-        "pruning.acdc_sparsity=0.5",
+        "method.acdc={sparsity: 0.5}",
     ]
     results = json.loads(
         (run_experiment("robust-sparse", overrides=overrides, out=tmp_path) / "results.json").read_text()
@@ -120,13 +157,44 @@ def test_robust_sparse_with_acdc_trains_sparse(tmp_path, tiny_model_dir) -> None
     # AC/DC ends in a compressed phase (global magnitude at 50 %); pruning to 60 % goes further
     assert block["reached@s=0"] == pytest.approx(0.5, abs=1e-4)
     assert block["reached@s=0.6"] == pytest.approx(0.6, abs=2e-3)
+    assert results["protocol"]["acdc"]["constrained-horst"]["sparsity"] == 0.5
+
+
+def test_methods_are_specs_of_one_base() -> None:
+    methods = RobustSparseConfig().method_configs()
+    assert [m.optimizer.name for m in methods.values()] == ["horst", "horst", "adamw", "adamw"]
+    assert [m.objective for m in methods.values()] == ["erm", "constrained", "erm", "constrained"]
+    assert methods["erm-horst"].optimizer.alpha == 1.0 and methods["erm-adamw"].optimizer.alpha is None
+    # the old build_constraint had no divergence guard
+    assert all(m.constraint.max_multiplier is None for m in methods.values())
+    assert erm_baselines(methods) == [("constrained-horst", "erm-horst"), ("constrained-adamw", "erm-adamw")]
+    resilient = RobustSparseConfig(methods=["resilient-horst"]).method_configs()["resilient-horst"]
+    assert resilient.constraint.resilient and resilient.objective == "constrained"
+
+
+def test_job_results_survive_the_cache_exactly() -> None:
+    values = {"gaussian": np.random.default_rng(0).random((1, 2, 3))}
+    curve = RobustnessCurves("accuracy", (0.0, 1.0, 3.0), values, {"n_eval": 48})
+    job = JobResult([SweepPoint(0.6, 14742 / 24576, curve, [0.7, 0.1 + 0.2])], [1 / 3, 2.0])
+    back = decode_job(json.loads(json.dumps(encode_job(job))))
+    assert back.multipliers == job.multipliers
+    (point,) = back.points
+    assert (point.requested, point.reached, point.profile) == (0.6, 14742 / 24576, [0.7, 0.1 + 0.2])
+    assert np.array_equal(point.curve.values["gaussian"], values["gaussian"])
 
 
 @pytest.mark.parametrize(
     "override",
-    ["methods=[erm-sgd]", "pruning.sparsities=[1.0]", "pruning.scope=nm", "evaluation.gammas=[1.0]"],
+    [
+        ["methods=[erm-sgd]"],
+        ["pruning.sparsities=[1.0]"],
+        ["pruning.scope=nm"],
+        ["evaluation.gammas=[1.0]"],
+        ["specs.bad=optimizer.name=sgd", "methods=[bad]"],
+        ["workers=0"],
+    ],
 )
 def test_robust_sparse_rejects_bad_config_before_making_a_run_dir(tmp_path, override) -> None:
     with pytest.raises(ConfigError):
-        run_experiment("robust-sparse", overrides=[override], out=tmp_path)
+        run_experiment("robust-sparse", overrides=override, out=tmp_path)
     assert not any(tmp_path.iterdir())

@@ -1,10 +1,14 @@
 """robust-sparse: layer-wise descent constraints with HORST as the primal optimizer, then magnitude pruning.
 
-Robust and sparse at once. Each method fine-tunes a pretrained encoder classifier (text-robustness's data,
-tokenization and constraint settings, reused by import) with an objective (ERM, hard constraints or their
-resilient relaxation) and a primal optimizer (HORST, or AdamW as the baseline), optionally under AC/DC.
-The trained model is then pruned one-shot by magnitude at every requested sparsity, with no fine-tuning
-after pruning, and each pruned copy is evaluated for accuracy against the embedding-noise level γ.
+Robust and sparse at once. Each method fine-tunes a pretrained encoder classifier with an objective (ERM,
+hard constraints or their resilient relaxation) and a primal optimizer (HORST, or AdamW as the baseline),
+optionally under AC/DC. The trained model is then pruned one-shot by magnitude at every requested sparsity
+s, each time from the trained weights and with no fine-tuning after pruning, and every pruned copy is
+evaluated for accuracy against the embedding-noise level γ (noise of variance (γ σ_E)² on the embedding
+output, keyed to content, so every method and sparsity sees the same noisy inputs).
+
+Methods are :class:`~descentlab.train.recipe.MethodConfig` s: one base (``method``) edited by each label's
+override spec in ``specs``; ``methods`` lists the labels to run.
 
 Evaluation is over the whole test split under any launcher: each rank evaluates its share of the batches
 and the counts are all-reduced (:mod:`descentlab.distributed`), so a ``torchrun`` run reports the same
@@ -18,80 +22,98 @@ from typing import Any
 
 import torch
 
-from descentlab.data.text_batches import TextDataConfig as TextData
-from descentlab.data.text_batches import encode, eval_batches
-from descentlab.distributed import is_main_process, sharded_curve, sharded_layer_profile
+from descentlab.constrained.config import DescentConfig
+from descentlab.data.text_batches import Prepared, TextDataConfig, prepare_data
+from descentlab.distributed import sharded_curve, sharded_layer_profile
 from descentlab.errors import ConfigError
 from descentlab.experiments.base import seed_everything
-from descentlab.experiments.robust_sparse_results import (
-    accuracy_figure,
-    accuracy_tables,
-    method_block,
-    summary_notes,
-)
-from descentlab.experiments.text_robustness import ConstraintSettings, Evaluation, build_constraint
+from descentlab.optim.config import OptimizerConfig
+from descentlab.report.results import Curve, MethodResult
+from descentlab.report.robust_sparse import accuracy_tables, summary_notes
+from descentlab.report.stats import column_mean_std, mean_std
 from descentlab.robustness import RobustnessCurves
+from descentlab.robustness.config import NoiseEvalConfig
+from descentlab.train.jobs import JobRunner
 from descentlab.train.loop import TrainConfig, fit
-from descentlab.train.objectives import ERM, Constrained
+from descentlab.train.recipe import MethodConfig, build_recipe, methods_from_specs
 from descentlab.train.rundir import RunDir
 
-OBJECTIVES = ("erm", "constrained", "resilient")
-OPTIMIZERS = ("horst", "adamw")
 SCOPES = ("layer", "global")
 
+# AdamW has no mirror step: the base's HORST strengths are dropped, not silently ignored
+_ADAMW = "optimizer.name=adamw optimizer.alpha=null optimizer.beta=null"
+_CONSTRAINED = "objective=constrained"
+_RESILIENT = "objective=constrained constraint.resilient=true"
+
+# label -> override spec of the base ``method`` (dotted MethodConfig keys, see train/recipe.py)
+METHOD_SPECS: dict[str, str] = {
+    "erm-horst": "",
+    "constrained-horst": _CONSTRAINED,
+    "resilient-horst": _RESILIENT,
+    "erm-adamw": _ADAMW,
+    "constrained-adamw": f"{_CONSTRAINED} {_ADAMW}",
+    "resilient-adamw": f"{_RESILIENT} {_ADAMW}",
+}
+
+
+def base_method() -> MethodConfig:
+    """ERM with HORST (α = 1, β = 0) on every tensor's decay; the constraint a constrained spec switches on."""
+    return MethodConfig(
+        objective="erm",
+        optimizer=OptimizerConfig(
+            name="horst", lr=5e-5, weight_decay=0.01, alpha=1.0, beta=0.0, decay="all", mirror="matrices"
+        ),
+        # no divergence guard: the final multipliers are part of the results, however large they grow
+        constraint=DescentConfig(max_multiplier=None),
+    )
+
 
 @dataclass
-class HorstSettings:
-    alpha: float = 1.0  # strength of the mirror (L1) step
-    beta: float = 0.0  # extra multiplicative decay
+class PruningSweep:
+    """One-shot magnitude pruning of the trained weights at each sparsity (each from the trained weights)."""
 
-
-@dataclass
-class Pruning:
     sparsities: list[float] = field(default_factory=lambda: [0.0, 0.3, 0.5, 0.7])
     scope: str = "layer"  # one threshold per matrix ("layer") or one over all block Linears ("global")
-    acdc: bool = False  # train under AC/DC at acdc_sparsity (global magnitude), then prune one-shot further
-    acdc_sparsity: float = 0.5
-    acdc_reset_moments: bool = False
 
 
 @dataclass
 class RobustSparseConfig:
     model: str = "minilm"  # offline MiniLM-L6; or any HF encoder classifier id / local dir
-    # "<objective>-<optimizer>", objective in erm|constrained|resilient, optimizer in horst|adamw
+    method: MethodConfig = field(default_factory=base_method)
+    specs: dict[str, str] = field(default_factory=lambda: dict(METHOD_SPECS))
     methods: list[str] = field(
         default_factory=lambda: ["erm-horst", "constrained-horst", "erm-adamw", "constrained-adamw"]
     )
     seeds: list[int] = field(default_factory=lambda: [0, 1])
-    lr: float = 5e-5
-    weight_decay: float = 0.01
-    horst: HorstSettings = field(default_factory=HorstSettings)
-    data: TextData = field(default_factory=TextData)
-    constraint: ConstraintSettings = field(default_factory=ConstraintSettings)
-    pruning: Pruning = field(default_factory=Pruning)
-    evaluation: Evaluation = field(
-        default_factory=lambda: Evaluation(kinds=["gaussian"], gammas=[0.0, 0.5, 1.0, 2.0, 3.0], draws=2)
+    data: TextDataConfig = field(default_factory=TextDataConfig)
+    pruning: PruningSweep = field(default_factory=PruningSweep)
+    evaluation: NoiseEvalConfig = field(
+        default_factory=lambda: NoiseEvalConfig(kinds=["gaussian"], gammas=[0.0, 0.5, 1.0, 2.0, 3.0], draws=2)
     )
     train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=2, batch_size=32, log_every=10))
+    workers: int = 1  # >1: run the (method, seed) jobs in that many 1-thread processes (same numbers)
 
     def __post_init__(self) -> None:
-        if not self.methods:
-            raise ConfigError("methods must list at least one '<objective>-<optimizer>' pair")
-        for method in self.methods:
-            split_method(method)
+        unknown = [m for m in self.methods if m not in self.specs]
+        if not self.methods or unknown:
+            raise ConfigError(
+                f"methods must list labels of specs ({sorted(self.specs)}), got {self.methods}; define a new "
+                "one with specs.NAME='objective=constrained optimizer.alpha=10' and add NAME to methods"
+            )
+        self.method_configs()  # a bad spec fails here, before a run directory exists
         if not self.seeds:
             raise ConfigError("seeds must list at least one training seed")
-        if self.lr <= 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
         p = self.pruning
         if not p.sparsities or any(not 0.0 <= s < 1.0 for s in p.sparsities):
             raise ConfigError(f"pruning.sparsities must be values in [0, 1), got {p.sparsities}")
         if p.scope not in SCOPES:
             raise ConfigError(f"pruning.scope must be one of {SCOPES}, got {p.scope!r}")
-        if p.acdc and not 0.0 < p.acdc_sparsity < 1.0:
-            raise ConfigError(f"pruning.acdc_sparsity must lie in (0, 1), got {p.acdc_sparsity}")
-        if 0.0 not in self.evaluation.gammas:
-            raise ConfigError("evaluation.gammas must contain 0 (the clean point)")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+
+    def method_configs(self) -> dict[str, MethodConfig]:
+        """The methods to run, in order: ``{label: base method edited by specs[label]}``."""
+        return methods_from_specs(self.method, {m: self.specs[m] for m in self.methods})
 
 
 CONFIG = RobustSparseConfig
@@ -100,7 +122,7 @@ PRESETS = {
     "quick": {
         "methods": ["erm-horst", "constrained-horst"],
         "seeds": [0],
-        "lr": 1e-4,
+        "method.optimizer.lr": 1e-4,
         "data.n_train": 600,
         "data.n_eval": 200,
         "train.epochs": 1,
@@ -118,84 +140,6 @@ PRESETS = {
 }
 
 
-def split_method(method: str) -> tuple[str, str]:
-    """``"constrained-horst"`` -> ("constrained", "horst"), validated."""
-    objective, _, optimizer = method.partition("-")
-    if objective not in OBJECTIVES or optimizer not in OPTIMIZERS:
-        raise ConfigError(
-            f"method {method!r} must be '<objective>-<optimizer>' with objective in {OBJECTIVES} and "
-            f"optimizer in {OPTIMIZERS}, e.g. 'constrained-horst'"
-        )
-    return objective, optimizer
-
-
-def make_optimizer(cfg: RobustSparseConfig, name: str, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """HORST (mirror step on tensors with ndim >= 2) or AdamW, with the same lr and weight decay."""
-    if name == "horst":
-        from descentlab.optim.horst import HORST
-
-        return HORST(
-            model.parameters(),
-            lr=cfg.lr,
-            weight_decay=cfg.weight_decay,
-            alpha=cfg.horst.alpha,
-            beta=cfg.horst.beta,
-        )
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-def total_steps(train: TrainConfig, n_train: int) -> int:
-    """Optimizer steps ``fit`` will take: ``max_steps`` or ``epochs`` passes over ``n_train`` examples."""
-    return train.max_steps if train.max_steps is not None else train.epochs * -(-n_train // train.batch_size)
-
-
-def train_model(
-    cfg: RobustSparseConfig,
-    method: str,
-    seed: int,
-    train_set: list,
-    collate: Any,
-    num_labels: int,
-    run: RunDir,
-) -> tuple[torch.nn.Module, Any]:
-    """A fresh pretrained encoder + head (seeded), trained by ``method`` (and AC/DC when enabled)."""
-    from descentlab.constrained.primal_dual import PrimalDual
-    from descentlab.data import load_encoder_classifier
-    from descentlab.sparsity.acdc import ACDC
-
-    objective_name, optimizer_name = split_method(method)
-    seed_everything(seed)
-    model, _ = load_encoder_classifier(cfg.model, num_labels=num_labels)
-    optimizer = make_optimizer(cfg, optimizer_name, model)
-    constraint, objective = None, ERM()
-    if objective_name != "erm":
-        layers = model.config.num_hidden_layers
-        constraint = build_constraint(cfg.constraint, layers, resilient=objective_name == "resilient")
-        optimizer = PrimalDual(optimizer, constraint)
-        objective = Constrained(constraint)
-    acdc = None
-    if cfg.pruning.acdc:
-        acdc = ACDC(
-            model,
-            optimizer,
-            sparsity=cfg.pruning.acdc_sparsity,
-            total_steps=total_steps(cfg.train, len(train_set)),
-            reset_moments=cfg.pruning.acdc_reset_moments,
-        )
-    fit(
-        model,
-        train_set,
-        objective=objective,
-        optimizer=optimizer,
-        cfg=replace(cfg.train, seed=seed),
-        collate_fn=collate,
-        sparsity=acdc,
-        run=run,
-        tag=f"{method}-seed{seed}",
-    )
-    return model.eval(), constraint
-
-
 @dataclass
 class SweepPoint:
     """One pruned copy of a trained model: requested and reached sparsity, its curves and layer profile."""
@@ -204,6 +148,31 @@ class SweepPoint:
     reached: float
     curve: RobustnessCurves
     profile: list[float]
+
+
+@dataclass
+class JobResult:
+    """What one (method, seed) job hands back: its sweep, and the final λ of a constrained method."""
+
+    points: list[SweepPoint]
+    multipliers: list[float] | None
+
+
+def encode_job(result: JobResult) -> dict[str, Any]:
+    """JSON-able form for the job cache (float64 values survive the JSON round trip exactly)."""
+    points = [
+        {"requested": p.requested, "reached": p.reached, "curve": p.curve.to_dict(), "profile": p.profile}
+        for p in result.points
+    ]
+    return {"points": points, "multipliers": result.multipliers}
+
+
+def decode_job(data: dict[str, Any]) -> JobResult:
+    points = [
+        SweepPoint(p["requested"], p["reached"], RobustnessCurves.from_dict(p["curve"]), p["profile"])
+        for p in data["points"]
+    ]
+    return JobResult(points, data["multipliers"])
 
 
 def sparsity_sweep(
@@ -218,12 +187,16 @@ def sparsity_sweep(
     ev = cfg.evaluation
     tensors = select_prunable(model)
     trained = [t.param.detach().clone() for t in tensors]
+
+    def restore() -> None:
+        with torch.no_grad():
+            for t, w in zip(tensors, trained, strict=True):
+                t.param.copy_(w)
+
     points = []
     try:
         for s in cfg.pruning.sparsities:
-            with torch.no_grad():
-                for t, w in zip(tensors, trained, strict=True):
-                    t.param.copy_(w)
+            restore()
             report = prune_magnitude(model, s, scope=cfg.pruning.scope) if s > 0 else sparsity_report(model)
             curve = sharded_curve(
                 model,
@@ -234,73 +207,133 @@ def sparsity_sweep(
                 seed=ev.noise_seed,
                 model_seeds=[seed],
             )
-            points.append(SweepPoint(s, report.global_sparsity, curve, sharded_layer_profile(model, batches)))
+            profile = sharded_layer_profile(model, batches)
+            points.append(SweepPoint(s, float(report.global_sparsity), curve, profile))
     finally:
-        with torch.no_grad():
-            for t, w in zip(tensors, trained, strict=True):
-                t.param.copy_(w)
+        restore()
     return points
 
 
-def run(cfg: RobustSparseConfig, run: RunDir) -> dict:
-    from transformers import DataCollatorWithPadding
+def train_and_sweep(cfg: RobustSparseConfig, label: str, seed: int, data: Prepared, run: RunDir) -> JobResult:
+    """One job: a fresh pretrained encoder + head (seeded), trained by method ``label``, then swept."""
+    from descentlab.data import load_encoder_classifier
 
-    from descentlab.data import load_encoder_classifier, load_text_classification
-
-    d, ev, p = cfg.data, cfg.evaluation, cfg.pruning
-    splits = load_text_classification(
-        d.name, seed=d.split_seed, max_train=d.n_train, max_eval=d.n_eval, text_fields=d.text_fields
+    method = cfg.method_configs()[label]
+    seed_everything(seed)
+    model, _ = load_encoder_classifier(cfg.model, num_labels=data.num_labels)
+    recipe = build_recipe(method, model, total_steps=cfg.train.total_steps(len(data.train)))
+    fit(
+        model,
+        data.train,
+        cfg=replace(cfg.train, seed=seed, progress=cfg.train.progress and cfg.workers == 1),
+        collate_fn=data.collate,
+        run=run,
+        tag=f"{label}-seed{seed}",
+        **recipe.fit_kwargs(),
     )
-    num_labels = int(max(splits["train"]["label"])) + 1
-    _, tokenizer = load_encoder_classifier(cfg.model, num_labels=num_labels)
-    collate = DataCollatorWithPadding(tokenizer, return_tensors="pt")
-    train_set = encode(splits["train"], tokenizer, d.max_length)
-    test = eval_batches(encode(splits["test"], tokenizer, d.max_length), collate, d.eval_batch_size)
+    points = sparsity_sweep(cfg, model.eval(), data.test, seed)
+    for point in points:
+        clean = point.curve.curves()[cfg.evaluation.kinds[0]]["mean"][0]
+        run.log(tag=f"eval-{label}-seed{seed}", sparsity=point.reached, clean_accuracy=clean)
+    multipliers = recipe.constraint.multipliers.tolist() if recipe.constraint is not None else None
+    return JobResult(points, multipliers)
 
-    # 1. train every method for every seed; prune each trained model at every sparsity and evaluate
-    sweeps: dict[str, list[list[SweepPoint]]] = {m: [] for m in cfg.methods}
-    multipliers: dict[str, list[list[float]]] = {m: [] for m in cfg.methods}
-    for seed in cfg.seeds:
-        for method in cfg.methods:
-            model, constraint = train_model(cfg, method, seed, train_set, collate, num_labels, run)
-            sweeps[method].append(sparsity_sweep(cfg, model, test, seed))
-            if constraint is not None:
-                multipliers[method].append(constraint.multipliers.tolist())
-            for point in sweeps[method][-1]:
-                run.log(
-                    tag=f"eval-{method}-seed{seed}",
-                    sparsity=point.reached,
-                    clean_accuracy=point.curve.curves()[ev.kinds[0]]["mean"][0],
-                )
-            del model
 
-    # 2. results in the DESIGN shape, tables (constrained minus ERM paired per optimizer), figure
-    levels, kind = list(p.sparsities), ev.kinds[0]
-    methods_out = {
-        m: method_block(sweeps[m], levels, ev.kinds, ev.gammas, multipliers[m]) for m in cfg.methods
+def method_result(
+    per_seed: list[JobResult], levels: list[float], ev: NoiseEvalConfig
+) -> tuple[MethodResult, list[RobustnessCurves]]:
+    """One method's block (and its curves per level, seeds joined): a γ-curve per sparsity, and accuracy
+    against the sparsity reached at γ = 0 and every γ >= 1.
+
+    Metrics: clean accuracy and the mean over the γ grid at every level (``accuracy@s=0.5``,
+    ``gaussian_mean_over_grid@s=0.5``); std is over (seed, draw) pairs (ddof 0, numpy, as the tables).
+    """
+    joined = [RobustnessCurves.concat([job.points[i].curve for job in per_seed]) for i in range(len(levels))]
+    reached = [
+        mean_std([job.points[i].reached for job in per_seed], ddof=0, impl="numpy")[0]
+        for i in range(len(levels))
+    ]
+    result = MethodResult()
+    for s, curve in zip(levels, joined, strict=True):
+        for kind, block in curve.curves().items():
+            result.curves[f"{kind}@s={s:g}"] = Curve.from_dict(block)
+        clean = curve.values[ev.kinds[0]][:, 0, 0]  # [seeds]: every draw is the clean input at γ = 0
+        result.metrics[f"accuracy@s={s:g}"] = mean_std(clean, ddof=0, impl="numpy")[0]
+        for kind, over_grid in curve.summary().items():
+            result.metrics[f"{kind}_mean_over_grid@s={s:g}"] = over_grid
+    result.metrics["accuracy"] = result.metrics[f"accuracy@s={levels[0]:g}"]
+    for kind in ev.kinds:
+        for gamma in [0.0, *[g for g in ev.gammas if g >= 1.0]]:
+            g = list(ev.gammas).index(gamma)
+            stats = [mean_std(c.values[kind][..., g].reshape(-1), ddof=0, impl="numpy") for c in joined]
+            result.curves[f"{kind}@gamma={gamma:g}_vs_sparsity"] = Curve(
+                "sparsity", reached, "accuracy", [m for m, _ in stats], [sd for _, sd in stats]
+            )
+    result.layer_loss = {
+        f"clean@s={s:g}": column_mean_std([job.points[i].profile for job in per_seed], impl="numpy")[0]
+        for i, s in enumerate(levels)
     }
-    pairs = []
-    for method in cfg.methods:
-        objective, optimizer = split_method(method)
-        if objective != "erm" and f"erm-{optimizer}" in sweeps:
-            pairs.append((method, f"erm-{optimizer}"))
-    tables = accuracy_tables(methods_out, sweeps, pairs, levels, kind, ev.gammas)
-    figures = []
-    if is_main_process():
-        accuracy_figure(run.figure("accuracy_vs_gamma_by_sparsity"), methods_out, kind, levels)
-        figures.append(
-            {
-                "path": "figures/accuracy_vs_gamma_by_sparsity.png",
-                "caption": f"Test accuracy against γ ({kind}), one line per one-shot sparsity; band = ± std",
-            }
-        )
+    result.sparsity = {
+        "global": reached[-1],
+        **{f"reached@s={s:g}": r for s, r in zip(levels, reached, strict=True)},
+    }
+    multipliers = [job.multipliers for job in per_seed if job.multipliers is not None]
+    if multipliers:
+        result.extra["multipliers"] = column_mean_std(multipliers, impl="numpy")[0]
+    return result, joined
 
+
+def erm_baselines(methods: dict[str, MethodConfig]) -> list[tuple[str, str]]:
+    """``(method, baseline)`` pairs: each non-ERM method against the first ERM method that differs from it
+    in the objective only (same optimizer, same AC/DC)."""
+    pairs = []
+    for label, m in methods.items():
+        if m.objective == "erm":
+            continue
+        same = [
+            b
+            for b, e in methods.items()
+            if e.objective == "erm" and (e.optimizer, e.acdc) == (m.optimizer, m.acdc)
+        ]
+        if same:
+            pairs.append((label, same[0]))
+    return pairs
+
+
+def run(cfg: RobustSparseConfig, run: RunDir) -> dict:
+    d, ev, p = cfg.data, cfg.evaluation, cfg.pruning
+    data = prepare_data(d, cfg.model)
+    methods = cfg.method_configs()
+
+    # 1. every (method, seed): train, prune at every sparsity, evaluate; finished jobs come from run/jobs
+    with JobRunner(
+        train_and_sweep,
+        workers=cfg.workers,
+        cache_dir=run.path / "jobs",
+        encode=encode_job,
+        decode=decode_job,
+    ) as jobs:
+        futures = {
+            (label, seed): jobs.submit(f"{label}-seed{seed}", cfg, label, seed, data, run)
+            for seed in cfg.seeds
+            for label in methods
+        }
+        done = {label: [futures[label, seed].result() for seed in cfg.seeds] for label in methods}
+
+    # 2. results in the DESIGN shape; tables pair each constrained method with ERM on the same optimizer
+    levels, kind = list(p.sparsities), ev.kinds[0]
+    blocks = {label: method_result(done[label], levels, ev) for label in methods}
+    methods_out = {label: result.to_dict() for label, (result, _) in blocks.items()}
+    values = {label: [c.values[kind] for c in joined] for label, (_, joined) in blocks.items()}
+    tables = accuracy_tables(methods_out, values, erm_baselines(methods), levels, kind, ev.gammas)
+    train, opt = cfg.train, cfg.method.optimizer
+    acdc = {label: asdict(m.acdc) for label, m in methods.items() if m.acdc is not None}
     protocol = {
         "dataset": d.name,
         "model": cfg.model,
         "split": "test",
-        "n_train": len(train_set),
-        "n_eval": int(sweeps[cfg.methods[0]][0][0].curve.protocol["n_eval"]),
+        "n_train": len(data.train),
+        "n_eval": int(done[cfg.methods[0]][0].points[0].curve.protocol["n_eval"]),
         "seeds": list(cfg.seeds),
         "draws": ev.draws,
         "kinds": list(ev.kinds),
@@ -308,21 +341,20 @@ def run(cfg: RobustSparseConfig, run: RunDir) -> dict:
         "noise": "on the input-embedding output, variance (γ σ_E)² per coordinate, σ_E = RMS of the embedding "
         "matrix; content-keyed, identical across methods and sparsities",
         "noise_seed": ev.noise_seed,
-        "budget": f"{cfg.train.epochs} epoch(s) (max_steps={cfg.train.max_steps}), batch {cfg.train.batch_size}, "
-        f"lr {cfg.lr}, weight decay {cfg.weight_decay}, max_length {d.max_length}",
-        "horst": asdict(cfg.horst),
-        "constraint": asdict(cfg.constraint),
+        "budget": f"{train.epochs} epoch(s) (max_steps={train.max_steps}), batch {train.batch_size}, "
+        f"lr {opt.lr}, weight decay {opt.weight_decay}, max_length {d.max_length}",
+        "methods": {label: cfg.specs[label] or "(the base method)" for label in methods},
+        "optimizer": asdict(opt),
+        "constraint": asdict(cfg.method.constraint),
         "constraint_selection": "fixed settings (no validation search here; text-robustness selects them)",
         "pruning": f"one-shot magnitude pruning, scope={p.scope}, of the Linear weights inside the encoder blocks "
         "(embeddings, pooler and head stay dense), each level from the trained weights, no fine-tuning after",
-        "acdc": asdict(p) if p.acdc else None,
+        "acdc": acdc or None,
         "evaluation": "whole test split; under torchrun each rank evaluates a share and counts are all-reduced",
     }
-    notes = summary_notes(methods_out, levels, kind)
     return {
         "protocol": protocol,
         "methods": methods_out,
         "tables": tables,
-        "figures": figures,
-        "notes": notes,
+        "notes": summary_notes(methods_out, levels, kind),
     }

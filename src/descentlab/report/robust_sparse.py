@@ -1,0 +1,122 @@
+"""robust-sparse report: accuracy tables (per sparsity, paired against ERM), summary notes, and the
+accuracy-against-γ figure with one line per one-shot sparsity.
+
+The tables take the raw accuracies ``values[method][level]``: arrays ``[seed, draw, γ]`` in the order of the
+requested sparsities, so that differences between methods are paired cell by cell (same seed, same noise).
+The figure is drawn from ``results.json`` alone (the ``<kind>@s=<s>`` curves), so ``descentlab report``
+redraws it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from descentlab.report.figures import new_figure, save_figure
+from descentlab.report.stats import column_mean_std
+from descentlab.report.tables import multiplier_tables
+
+FIGURE = "figures/accuracy_vs_gamma_by_sparsity.png"
+
+
+def _fmt(mean: float, std: float) -> str:
+    return f"{mean:.4f} ± {std:.4f}"
+
+
+def accuracy_tables(
+    methods: Mapping[str, Any],
+    values: Mapping[str, Sequence[np.ndarray]],
+    pairs: Sequence[tuple[str, str]],
+    levels: Sequence[float],
+    kind: str,
+    gammas: Sequence[float],
+) -> list[dict[str, Any]]:
+    """Accuracy vs γ at every sparsity; ``(method, baseline)`` paired differences; final multipliers.
+
+    Args:
+        methods: the results.json ``methods`` blocks.
+        values: per method, per requested sparsity, the ``kind`` accuracies ``[seed, draw, γ]``.
+        pairs: ``(method, baseline)`` label pairs; each row is ``method − baseline``, mean ± std (ddof 0)
+            over the paired (seed, draw) cells.
+        levels: the requested sparsities.
+        kind: the perturbation kind tabulated.
+        gammas: the γ grid.
+    """
+    grid_rows = []
+    for method, block in methods.items():
+        for s in levels:
+            c = block["curves"][f"{kind}@s={s:g}"]
+            grid_rows.append(
+                [
+                    method,
+                    f"{block['sparsity'][f'reached@s={s:g}']:.3f}",
+                    *[_fmt(m, sd) for m, sd in zip(c["mean"], c["std"], strict=True)],
+                ]
+            )
+    tables = [
+        {
+            "title": f"Test accuracy against γ ({kind} embedding noise) at each sparsity, mean ± std over "
+            "(seed, draw)",
+            "columns": ["method", "sparsity reached", *[f"γ={g:g}" for g in gammas]],
+            "rows": grid_rows,
+        }
+    ]
+    paired = []
+    for method, base in pairs:
+        for i, s in enumerate(levels):
+            diff = (values[method][i] - values[base][i]).reshape(-1, len(gammas))
+            means, stds = column_mean_std(diff, ddof=0, impl="numpy")
+            paired.append(
+                [
+                    f"{method} − {base}",
+                    f"{s:g}",
+                    *[f"{m:+.4f} ± {sd:.4f}" for m, sd in zip(means, stds, strict=True)],
+                ]
+            )
+    if paired:
+        tables.append(
+            {
+                "title": "Accuracy difference to ERM with the same optimizer (paired: same seeds, same noise)",
+                "columns": ["methods", "sparsity", *[f"γ={g:g}" for g in gammas]],
+                "rows": paired,
+            }
+        )
+    tables.extend(multiplier_tables(dict(methods)))
+    return tables
+
+
+def summary_notes(methods: Mapping[str, Any], levels: Sequence[float], kind: str) -> list[str]:
+    """One line per method: dense vs sparsest, clean and averaged over the γ grid."""
+    lo, hi = f"s={levels[0]:g}", f"s={levels[-1]:g}"
+    return [
+        f"{m}: clean accuracy {v['metrics'][f'accuracy@{lo}']:.4f} at {lo} -> {v['metrics'][f'accuracy@{hi}']:.4f}"
+        f" at sparsity {v['sparsity']['global']:.3f}; {kind} accuracy over the γ grid "
+        f"{v['metrics'][f'{kind}_mean_over_grid@{lo}']:.4f} -> {v['metrics'][f'{kind}_mean_over_grid@{hi}']:.4f}"
+        for m, v in methods.items()
+    ]
+
+
+def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
+    """One panel per method: accuracy against γ, one line per sparsity, band = ± std."""
+    methods = results.get("methods", {})
+    kind = results["config"]["evaluation"]["kinds"][0]
+    levels = results["config"]["pruning"]["sparsities"]
+    if not methods:
+        return []
+    fig, axes = new_figure(1, len(methods), sharey=True)
+    for ax, (method, block) in zip(axes[0], methods.items(), strict=True):
+        for s in levels:
+            c = block["curves"][f"{kind}@s={s:g}"]
+            mean, std = np.asarray(c["mean"]), np.asarray(c["std"])
+            ax.plot(c["x"], mean, marker="o", label=f"s={s:g}")
+            ax.fill_between(c["x"], mean - std, mean + std, alpha=0.15)
+        ax.set(title=method, xlabel="γ (embedding noise)", ylabel="accuracy")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(title="sparsity", fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, Path(run_dir) / FIGURE)
+    caption = f"Test accuracy against γ ({kind}), one line per one-shot sparsity; band = ± std"
+    return [{"path": FIGURE, "caption": caption}]
