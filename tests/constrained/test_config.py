@@ -1,4 +1,4 @@
-"""DescentConfig builds the same LayerwiseDescent as each experiment's own builder did."""
+"""DescentConfig builds the LayerwiseDescent its fields describe: α schedule, mask, resilience, dual steps."""
 
 from __future__ import annotations
 
@@ -37,72 +37,6 @@ def assert_same(a: LayerwiseDescent, b: LayerwiseDescent) -> None:
     assert a.duals.max_multiplier == b.duals.max_multiplier
     for x, y in zip(trace(a), trace(b), strict=True):
         assert torch.equal(x, y)
-
-
-@pytest.mark.parametrize("resilient", [False, True])
-@pytest.mark.parametrize(
-    "spec",
-    [
-        "",
-        "dual_lr=0.5 detach_prev=true early_alpha=0.0 early_layers=4",
-        "layers=[2,3,5] constrain_first=false",
-    ],
-)
-def test_text_robustness_builder(resilient: bool, spec: str) -> None:
-    from descentlab.experiments.text_robustness import (
-        ConstraintSettings,
-        build_constraint,
-        candidate_settings,
-    )
-
-    old = build_constraint(candidate_settings(ConstraintSettings(), spec), 6, resilient=resilient)
-    new = DescentConfig(max_multiplier=None, resilient=resilient).with_overrides(spec).build(6)
-    assert_same(old, new)
-
-
-@pytest.mark.parametrize("objective", ["constrained", "resilient"])
-@pytest.mark.parametrize("arch", ["ut", "dust"])
-def test_video_denoising_builder(objective: str, arch: str) -> None:
-    from descentlab.experiments.video_denoising import VideoDenoisingConfig, make_training
-
-    cfg = VideoDenoisingConfig()
-    model = torch.nn.Linear(2, 2)
-    model.num_layers = 4
-    _, optimizer = make_training(arch, objective, model, cfg)
-    c = cfg.constraint
-    new = DescentConfig(
-        alpha=c.alpha[arch],
-        dual_lr=c.dual_lr,
-        form=c.form,
-        detach_prev=c.detach_prev,
-        constrain_first=c.constrain_first,
-        resilient=objective == "resilient",
-        penalty=c.resilience_penalty,
-        slack_lr=c.resilience_lr,
-    ).build(4)
-    assert_same(optimizer.constraint, new)
-
-
-@pytest.mark.parametrize("method", ["constrained", "resilient"])
-def test_llm_robustness_builder(method: str) -> None:
-    from descentlab.constrained.descent import constraint_mask
-    from descentlab.experiments.llm_robustness import ConstraintConfig, LlmRobustnessConfig, make_objective
-
-    cfg = LlmRobustnessConfig(constraint=ConstraintConfig(layers=[1, 3, 4], constrain_first=False))
-    _, old = make_objective(method, cfg, 5)
-    c = cfg.constraint
-    new = DescentConfig(
-        alpha=c.alpha,
-        dual_lr=c.dual_lr,
-        layers=c.layers,
-        detach_prev=c.detach_prev,
-        constrain_first=c.constrain_first,
-        resilient=method == "resilient",
-        penalty=c.penalty,
-        slack_lr=c.slack_lr,
-    ).build(5)
-    assert_same(old, new)
-    assert torch.equal(new.mask, constraint_mask(5, c.constrain_first, c.layers))
 
 
 def test_build_self_contained() -> None:

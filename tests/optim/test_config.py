@@ -21,7 +21,6 @@ from descentlab.optim.config import (
     build_optimizer,
     build_scheduler,
     param_groups,
-    parse_spec,
 )
 from descentlab.optim.ham import HAM
 from descentlab.optim.horst import HORST
@@ -214,17 +213,6 @@ def test_warmup_cosine_lr_values():
     assert build_scheduler(OptimizerConfig(), opt, total_steps=10) is None
 
 
-def test_parse_spec_reads_overrides():
-    bases = {"horst": OptimizerConfig(name="horst", alpha=1.0, lr=3e-3), "adamw": OptimizerConfig(lr=3e-3)}
-    label, cfg = parse_spec("horst:alpha=10,beta=0.1", bases)
-    assert label == "horst(alpha=10,beta=0.1)" and (cfg.alpha, cfg.beta, cfg.lr) == (10.0, 0.1, 3e-3)
-    assert parse_spec("adamw", bases) == ("adamw", bases["adamw"])
-    assert parse_spec("ham:lr=0.5", OptimizerConfig())[1] == OptimizerConfig(name="ham", lr=0.5)
-    for bad in ("sgd", "horst:gamma=1", "horst:alpha=x", "adamw:alpha=1", "ham"):
-        with pytest.raises(ConfigError):
-            parse_spec(bad, bases)
-
-
 @pytest.mark.parametrize(
     ("kwargs", "key"),
     [
@@ -281,103 +269,3 @@ def test_omegaconf_round_trip_validates():
         omegaconf.OmegaConf.to_object(
             omegaconf.OmegaConf.merge(base, omegaconf.OmegaConf.from_dotlist(["alpha=3"]))
         )
-
-
-# ---- against the experiments' own constructions (skipped once they are gone) ---------------------------
-
-
-def _old(module: str, name: str):
-    mod = pytest.importorskip(f"descentlab.experiments.{module}")
-    if not hasattr(mod, name):
-        pytest.skip(f"{module}.{name} is gone; the self-contained tests above still cover its optimizer")
-    return mod, getattr(mod, name)
-
-
-@pytest.mark.parametrize("spec", ["adamw", "horst", "horst:alpha=10", "ham", "ham:lr=0.01,beta=0.1"])
-def test_sparse_lm(spec, tiny_gpt2, lm_batches, lm_loss):
-    mod, make_optimizer = _old("sparse_lm", "make_optimizer")
-    old_cfg = mod.SparseLMConfig(weight_decay=0.2, warmup_frac=0.25)
-    common = dict(
-        lr=old_cfg.lr, weight_decay=0.2, decay="matrices", schedule="warmup_cosine", warmup_frac=0.25
-    )
-    bases = {
-        "adamw": OptimizerConfig(name="adamw", **common),
-        "horst": OptimizerConfig(name="horst", alpha=old_cfg.horst_alpha, beta=old_cfg.horst_beta, **common),
-        "ham": OptimizerConfig(name="ham", alpha=old_cfg.ham_alpha, beta=old_cfg.ham_beta, **common),
-    }
-    label, cfg = parse_spec(spec, bases)
-    assert label == mod.parse_optimizer(spec)[0]
-
-    def old(m):
-        opt = make_optimizer(spec, m, old_cfg)
-        return opt, mod.warmup_cosine(opt, 8, old_cfg.warmup_frac)
-
-    _assert_same(old, _new(cfg), tiny_gpt2, lm_batches, lm_loss)
-
-
-@pytest.mark.parametrize("name", ["adamw", "horst", "ham"])
-def test_sparse_vit(name, tiny_gpt2, lm_batches, lm_loss):
-    mod, make_optimizer = _old("sparse_vit", "make_optimizer")
-    old_cfg = mod.SparseViTConfig(horst_beta=0.05)
-    lr, alpha = 2e-3, old_cfg.alpha.get(name, 0.0)
-    strength = {} if name == "adamw" else {"alpha": alpha, "beta": getattr(old_cfg, f"{name}_beta")}
-    cfg = OptimizerConfig(name=name, lr=lr, weight_decay=old_cfg.weight_decay, **strength)
-    _assert_same(
-        lambda m: (make_optimizer(name, m, lr, alpha, old_cfg), None),
-        _new(cfg),
-        tiny_gpt2,
-        lm_batches,
-        lm_loss,
-    )
-
-
-@pytest.mark.parametrize("name", ["adamw", "horst"])
-def test_robust_sparse(name, tiny_gpt2, lm_batches, lm_loss):
-    mod, make_optimizer = _old("robust_sparse", "make_optimizer")
-    old_cfg = mod.RobustSparseConfig(lr=2e-3, horst=mod.HorstSettings(alpha=20.0, beta=0.1))
-    strength = {"alpha": 20.0, "beta": 0.1} if name == "horst" else {}
-    cfg = OptimizerConfig(name=name, lr=2e-3, weight_decay=old_cfg.weight_decay, **strength)
-    _assert_same(
-        lambda m: (make_optimizer(old_cfg, name, m), None), _new(cfg), tiny_gpt2, lm_batches, lm_loss
-    )
-
-
-def test_video_denoising(tiny_gpt2, lm_batches, lm_loss):
-    mod, make_training = _old("video_denoising", "make_training")
-    old_cfg = mod.VideoDenoisingConfig(weight_decay=0.05)
-
-    def old(m):
-        opt = make_training("ut", "erm", m, old_cfg)[1]
-        return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=8)
-
-    cfg = OptimizerConfig(lr=old_cfg.lr, weight_decay=0.05, schedule="cosine")
-    _assert_same(old, _new(cfg), tiny_gpt2, lm_batches, lm_loss)
-
-
-@pytest.mark.parametrize("name", ["horst", "ham"])
-def test_implicit_bias_on_a_raw_tensor(name):
-    mod, make_optimizer = _old("implicit_bias", "make_optimizer")
-    old_cfg = mod.ImplicitBiasConfig(horst_alpha=2.0, ham_alpha=3.0)
-    cfgs = {
-        "horst": OptimizerConfig(name="horst", lr=1e-2, weight_decay=0.0, alpha=2.0, mirror="all"),
-        "ham": OptimizerConfig(name="ham", lr=1e-2, weight_decay=0.0, alpha=3.0, beta=0.0, mirror="all"),
-    }
-    w0 = torch.randn(30, generator=torch.Generator().manual_seed(0))
-    ws, opts = [], []
-    for make in (
-        lambda w: make_optimizer(name, w, 1e-2, old_cfg, regression=True),
-        lambda w: build_optimizer(cfgs[name], [w]),
-    ):
-        w = torch.nn.Parameter(w0.clone())
-        ws.append(w)
-        opts.append(make(w))
-    assert [{k: v for k, v in g.items() if k != "params"} for g in opts[0].param_groups] == [
-        {k: v for k, v in g.items() if k != "params"} for g in opts[1].param_groups
-    ]
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(20):
-        g = torch.randn(30, generator=gen)
-        for w, opt in zip(ws, opts, strict=True):
-            w.grad = g.clone()
-            opt.step()
-    assert not torch.equal(ws[0], w0) and torch.equal(ws[0], ws[1])

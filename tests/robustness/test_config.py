@@ -8,20 +8,12 @@ from descentlab.errors import ConfigError
 from descentlab.robustness import DEFAULT_GAMMAS, NoiseEvalConfig
 
 
-def test_defaults_match_text_robustness_evaluation() -> None:
-    from descentlab.experiments.text_robustness import Evaluation, noisy_condition
-
-    old, new = Evaluation(), NoiseEvalConfig()
-    assert (old.kinds, old.gammas, old.draws, old.noise_seed, old.profile_kind, old.profile_gamma) == (
-        new.kinds,
-        new.gammas,
-        new.draws,
-        new.noise_seed,
-        new.profile_kind,
-        new.profile_gamma,
-    )
-    assert new.gammas == list(DEFAULT_GAMMAS)
-    assert noisy_condition(old) == new.profile_condition == "gaussian@1"
+def test_defaults_and_profile_condition() -> None:
+    cfg = NoiseEvalConfig()
+    assert cfg.kinds == ["gaussian", "uniform", "discrete"] and cfg.gammas == list(DEFAULT_GAMMAS)
+    assert (cfg.draws, cfg.noise_seed, cfg.profile_kind, cfg.profile_gamma) == (3, 0, "gaussian", 1.0)
+    assert cfg.profile_condition == "gaussian@1"
+    assert NoiseEvalConfig(profile_kind="uniform", profile_gamma=1.5).profile_condition == "uniform@1.5"
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ from descentlab.optim.config import (
     build_optimizer,
     build_scheduler,
     param_groups,
-    parse_spec,
 )
 from descentlab.optim.functional import (
     adam_update_,
@@ -35,5 +34,4 @@ __all__ = [
     "hyperbolic_mirror_foreach_",
     "mirror_exponent",
     "param_groups",
-    "parse_spec",
 ]

@@ -23,8 +23,8 @@ Schedules (k = scheduler steps taken, T = ``total_steps``, W = max(1, round(warm
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,7 +41,6 @@ BASES = ("adamw", "adam")
 DECAY_RULES = ("matrices", "all")
 MIRROR_RULES = ("matrices", "all", "none")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
-SPEC_KEYS = ("lr", "eps", "weight_decay", "alpha", "beta", "warmup_frac")
 
 Params = nn.Module | Iterable[Tensor] | Iterable[tuple[str, Tensor]]
 MirrorFilter = Callable[[str, Tensor], bool]
@@ -136,41 +135,6 @@ class OptimizerConfig:
             raise ConfigError(
                 f"optimizer.warmup_frac applies to schedule=warmup_cosine only; schedule is {self.schedule!r}"
             )
-
-
-def parse_spec(
-    spec: str, bases: OptimizerConfig | Mapping[str, OptimizerConfig]
-) -> tuple[str, OptimizerConfig]:
-    """Read an optimizer spec ``"name[:key=value,...]"``, e.g. ``"horst:alpha=10,beta=0.1"``.
-
-    Args:
-        spec: the optimizer name, optionally with numeric overrides of the keys in ``SPEC_KEYS``.
-        bases: the config the overrides apply to: one for every name (its ``name`` is replaced), or one per
-            name.
-
-    Returns:
-        ``(label, config)``; the label is the name, with the overrides in parentheses when there are any:
-        ``"horst(alpha=10,beta=0.1)"``.
-    """
-    name, _, rest = spec.partition(":")
-    if name not in NAMES:
-        raise ConfigError(f"unknown optimizer {name!r} in {spec!r}; use one of {list(NAMES)}")
-    if isinstance(bases, OptimizerConfig):
-        base = bases
-    elif name in bases:
-        base = bases[name]
-    else:
-        raise ConfigError(f"optimizer {name!r} in {spec!r} has no settings; configure one of {sorted(bases)}")
-    overrides: dict[str, float] = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or key not in SPEC_KEYS:
-            raise ConfigError(f"bad option {item!r} in {spec!r}; an optimizer spec takes {list(SPEC_KEYS)}")
-        try:
-            overrides[key] = float(value)
-        except ValueError:
-            raise ConfigError(f"option {key} in {spec!r} must be a number, got {value!r}") from None
-    return (f"{name}({rest})" if rest else name), replace(base, name=name, **overrides)
 
 
 def _named_params(params: Params) -> list[tuple[str, Tensor]]:
@@ -310,6 +274,5 @@ __all__ = [
     "build_optimizer",
     "build_scheduler",
     "param_groups",
-    "parse_spec",
     "warmup_cosine_factor",
 ]
