@@ -69,3 +69,23 @@ def test_dict_fields_take_dotted_keys_and_yaml_errors_are_config_errors() -> Non
     assert cfg.grid["horst"] == [5.0]
     with pytest.raises(ConfigError, match="space after the colon"):
         resolve_config(_Cfg, overrides=["grid={horst:[1.0]}"])
+
+
+@dataclass
+class _Section:
+    size: float = 0.9
+
+
+@dataclass
+class _Holder:
+    section: _Section | None = None
+
+
+def test_optional_nested_sections_take_dotted_keys() -> None:
+    from descentlab.config import config_keys, resolve_config
+
+    assert config_keys(_Holder) == ["section", "section.size"]
+    assert resolve_config(_Holder).section is None
+    assert resolve_config(_Holder, overrides=["section.size=0.5"]).section == _Section(size=0.5)
+    with pytest.raises(ConfigError, match=r"unknown config key 'section\.nope'"):
+        resolve_config(_Holder, overrides=["section.nope=1"])

@@ -13,6 +13,7 @@ Config dataclasses may use ``int``, ``float``, ``bool``, ``str``, ``Optional[...
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -28,12 +29,28 @@ def config_keys(config_cls: type) -> list[str]:
     """Every settable dotted key of a config dataclass, nested dataclasses expanded."""
     keys: list[str] = []
     for field in dataclasses.fields(config_cls):
-        default = _field_default(field)
-        if dataclasses.is_dataclass(default):
-            keys.extend(f"{field.name}.{sub}" for sub in config_keys(type(default)))
+        nested = _nested_config(config_cls, field)
+        if nested is not None:
+            if _field_default(field) is None:  # an optional section: setting it as a whole is valid too
+                keys.append(field.name)
+            keys.extend(f"{field.name}.{sub}" for sub in config_keys(nested))
         else:
             keys.append(field.name)
     return keys
+
+
+def _nested_config(config_cls: type, field: dataclasses.Field) -> type | None:
+    """The dataclass a field holds: its default's type, or X of an ``X | None`` field that defaults to None."""
+    default = _field_default(field)
+    if dataclasses.is_dataclass(default):
+        return type(default)
+    if default is not None:
+        return None
+    hint = typing.get_type_hints(config_cls).get(field.name)
+    options = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(options) == 1 and dataclasses.is_dataclass(options[0]):
+        return options[0]
+    return None
 
 
 def _dict_fields(config_cls: type, prefix: str = "") -> list[str]:
@@ -41,8 +58,9 @@ def _dict_fields(config_cls: type, prefix: str = "") -> list[str]:
     names: list[str] = []
     for field in dataclasses.fields(config_cls):
         default = _field_default(field)
-        if dataclasses.is_dataclass(default):
-            names.extend(_dict_fields(type(default), f"{prefix}{field.name}."))
+        nested = _nested_config(config_cls, field)
+        if nested is not None:
+            names.extend(_dict_fields(nested, f"{prefix}{field.name}."))
         elif isinstance(default, dict):
             names.append(f"{prefix}{field.name}")
     return names
