@@ -34,7 +34,7 @@ def test_unknown_key_exits_2_naming_it(tmp_path, capsys) -> None:
     ("args", "needle"),
     [
         (["run", "no-such-experiment"], "unknown experiment"),
-        (["run", "smoke", "lr=-1"], "lr must be > 0"),
+        (["run", "smoke", "method.optimizer.lr=-1"], "optimizer.lr must be a finite number >= 0"),
         (["run", "smoke", "train.epochs=two"], "train.epochs"),
         (["report", "/nonexistent"], "no results.json"),
     ],

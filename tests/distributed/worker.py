@@ -180,7 +180,7 @@ def train_fsdp2(sharded: bool, horst_impl: str = "auto") -> dict[str, Any]:
 
 def run_smoke(out: Path) -> Path:
     """The smoke experiment through the framework (config -> run dir -> fit -> report), as the CLI runs it."""
-    from descentlab.experiments.base import run_experiment
+    from descentlab.experiments import run_experiment
 
     overrides = ["n_train=128", "n_test=64", "hidden=32", "train.batch_size=32", "train.progress=false"]
     return run_experiment("smoke", overrides=overrides, out=out)

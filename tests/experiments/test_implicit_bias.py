@@ -123,7 +123,7 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from descentlab.experiments.base import run_experiment
+    from descentlab.experiments import run_experiment
 
     path = run_experiment("implicit-bias", overrides=TINY, out=tmp_path_factory.mktemp("runs"))
     return path, json.loads((path / "results.json").read_text())

@@ -142,7 +142,7 @@ def tiny_llama_dir(tmp_path_factory):
 
 
 def test_pipeline_runs_resumes_and_rebuilds_its_report(tiny_llama_dir, tmp_path) -> None:
-    from descentlab.experiments.base import run_experiment
+    from descentlab.experiments import run_experiment
 
     overrides = [
         f"model.name={tiny_llama_dir}",

@@ -17,7 +17,7 @@ import torch
 
 from descentlab.cli import main as cli_main
 from descentlab.errors import AssetMissingError, ConfigError
-from descentlab.experiments.base import run_experiment
+from descentlab.experiments import run_experiment
 from descentlab.experiments.robust_sparse import (
     JobResult,
     RobustSparseConfig,

@@ -8,7 +8,7 @@ import pytest
 
 from descentlab.cli import main
 from descentlab.errors import AssetMissingError, ConfigError
-from descentlab.experiments.base import run_experiment
+from descentlab.experiments import run_experiment
 
 TINY = ["n_train=256", "n_test=128", "hidden=16", "train.epochs=1", "train.batch_size=32", "seeds=[0,1]"]
 

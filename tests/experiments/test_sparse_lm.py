@@ -30,7 +30,7 @@ TINY = [
 
 
 def _run(tmp_path, *extra: str):
-    from descentlab.experiments.base import run_experiment
+    from descentlab.experiments import run_experiment
 
     try:
         path = run_experiment("sparse-lm", overrides=[*TINY, *extra], out=tmp_path)
@@ -138,7 +138,7 @@ def test_report_rebuilds_the_same_figures_and_report(seq_run, tmp_path):
 
 def test_resume_takes_finished_jobs_from_the_cache(seq_run, tmp_path):
     """A resumed run trains nothing that had finished: no checkpoint is rewritten, the numbers are the same."""
-    from descentlab.experiments.base import run_experiment
+    from descentlab.experiments import run_experiment
 
     path = tmp_path / "run"
     shutil.copytree(seq_run[0], path)

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from descentlab.cli import main
 from descentlab.errors import AssetMissingError, ConfigError
-from descentlab.experiments.base import run_experiment
+from descentlab.experiments import run_experiment
 
 MICRO = [
     "n_train=256",

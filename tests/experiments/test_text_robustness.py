@@ -14,8 +14,8 @@ import torch
 from descentlab.config import resolve_config
 from descentlab.constrained.config import DescentConfig
 from descentlab.errors import AssetMissingError, ConfigError
+from descentlab.experiments import run_experiment
 from descentlab.experiments import text_robustness as tr
-from descentlab.experiments.base import run_experiment
 from descentlab.report import write_report
 from descentlab.report.text_robustness import is_monotone, method_block, paired_gap_rows
 from descentlab.robustness import RobustnessCurves

@@ -15,8 +15,8 @@ from descentlab.config import resolve_config
 from descentlab.data import asset_path
 from descentlab.data.video import NoisyClips, load_clips, split_sequences
 from descentlab.errors import AssetMissingError, ConfigError
+from descentlab.experiments import run_experiment
 from descentlab.experiments import video_denoising as vd
-from descentlab.experiments.base import run_experiment
 from descentlab.report.build import write_report
 from descentlab.robustness.video import denoise_frames, evaluate_denoiser
 from descentlab.train.loop import TrainConfig, fit

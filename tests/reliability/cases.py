@@ -275,7 +275,12 @@ CLI_CASES: list[CliCase] = [
     CliCase(
         "unknown-experiment", "an experiment that does not exist", ["run", "smokey"], "unknown experiment"
     ),
-    CliCase("negative-lr", "a negative learning rate", ["run", "smoke", "lr=-0.1"], "lr must be > 0"),
+    CliCase(
+        "negative-lr",
+        "a negative learning rate",
+        ["run", "smoke", "method.optimizer.lr=-0.1"],
+        "optimizer.lr must be a finite number >= 0",
+    ),
     CliCase(
         "unknown-preset",
         "a preset that does not exist",

@@ -37,7 +37,6 @@ from descentlab.data import load_causal_lm
 from descentlab.data.causal_lm import CausalLMDataConfig, prepare_causal_lm_data
 from descentlab.data.instructions import CausalCollator, collate_causal
 from descentlab.errors import ConfigError
-from descentlab.experiments.base import seed_everything
 from descentlab.models.checkpointing import enable_activation_checkpointing
 from descentlab.optim.config import OptimizerConfig
 from descentlab.readout import CausalLMReadout
@@ -55,7 +54,7 @@ from descentlab.robustness.lm_eval import (
     win_rate_curves,
 )
 from descentlab.train.jobs import JobRunner
-from descentlab.train.loop import TrainConfig, fit
+from descentlab.train.loop import TrainConfig, fit, seed_everything
 from descentlab.train.recipe import MethodConfig, Recipe, build_recipe, with_overrides
 from descentlab.train.rundir import RunDir
 

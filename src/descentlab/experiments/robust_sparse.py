@@ -26,7 +26,6 @@ from descentlab.constrained.config import DescentConfig
 from descentlab.data.text_batches import Prepared, TextDataConfig, prepare_data
 from descentlab.distributed import sharded_curve, sharded_layer_profile
 from descentlab.errors import ConfigError
-from descentlab.experiments.base import seed_everything
 from descentlab.optim.config import OptimizerConfig
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.robust_sparse import accuracy_tables, summary_notes
@@ -34,7 +33,7 @@ from descentlab.report.stats import column_mean_std, mean_std
 from descentlab.robustness import RobustnessCurves
 from descentlab.robustness.config import NoiseEvalConfig
 from descentlab.train.jobs import JobRunner
-from descentlab.train.loop import TrainConfig, fit
+from descentlab.train.loop import TrainConfig, fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe, methods_from_specs
 from descentlab.train.rundir import RunDir
 

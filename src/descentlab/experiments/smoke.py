@@ -16,12 +16,11 @@ from torch import nn
 from descentlab.config import config_to_dict
 from descentlab.data.images import ImageSet, load_image_classification
 from descentlab.errors import ConfigError
-from descentlab.experiments.base import seed_everything
 from descentlab.optim.config import OptimizerConfig
 from descentlab.report.results import Curve, MethodResult, Results
 from descentlab.report.stats import column_mean_std
 from descentlab.train.jobs import JobRunner
-from descentlab.train.loop import TrainConfig, fit
+from descentlab.train.loop import TrainConfig, fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe
 from descentlab.train.rundir import RunDir
 

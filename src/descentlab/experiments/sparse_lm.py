@@ -28,7 +28,6 @@ from descentlab.config import config_to_dict
 from descentlab.data.bpe import BPEConfig, make_tokenizer
 from descentlab.data.lm_blocks import LMBlocks, lm_blocks, load_local_corpus
 from descentlab.errors import AssetMissingError, ConfigError
-from descentlab.experiments.base import seed_everything
 from descentlab.io import save_arrays
 from descentlab.models.gpt2 import GPT2LMConfig, build_gpt2, num_params
 from descentlab.models.lm_eval import evaluate_lm
@@ -39,7 +38,7 @@ from descentlab.report.stats import column_mean_std, mean_std
 from descentlab.sparsity.masks import select_prunable
 from descentlab.sparsity.pruning import prune_magnitude
 from descentlab.train.jobs import JobRunner
-from descentlab.train.loop import TrainConfig, fit
+from descentlab.train.loop import TrainConfig, fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe, methods_from_specs
 from descentlab.train.rundir import RunDir
 

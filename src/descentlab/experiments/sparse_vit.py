@@ -23,7 +23,6 @@ from safetensors.torch import load_file
 from descentlab.config import config_to_dict
 from descentlab.data.images import ImageSet, load_image_splits
 from descentlab.errors import ConfigError
-from descentlab.experiments.base import seed_everything
 from descentlab.io import load_arrays
 from descentlab.models.vit import ViTSpec, build_vit
 from descentlab.optim.config import OptimizerConfig
@@ -32,7 +31,7 @@ from descentlab.report.sparse_vit import BEFORE, DENSE_SUFFIX, FINAL, method_blo
 from descentlab.sparsity import ACDCConfig, select_prunable, sparsity_report
 from descentlab.train.checkpoint import load_latest
 from descentlab.train.jobs import JobRunner
-from descentlab.train.loop import TrainConfig, fit
+from descentlab.train.loop import TrainConfig, fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe, methods_from_specs
 from descentlab.train.rundir import RunDir
 

@@ -21,13 +21,12 @@ from descentlab.config import config_to_dict
 from descentlab.constrained.config import DescentConfig
 from descentlab.data.text_batches import Prepared, TextDataConfig, prepare_data
 from descentlab.errors import ConfigError
-from descentlab.experiments.base import seed_everything
 from descentlab.optim.config import OptimizerConfig
 from descentlab.report import text_robustness as report
 from descentlab.report.results import Results
 from descentlab.robustness import NoiseEvalConfig, RobustnessCurves, layer_loss_profile, robustness_curve
 from descentlab.train.jobs import JobRunner
-from descentlab.train.loop import TrainConfig, fit
+from descentlab.train.loop import TrainConfig, fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe, with_overrides
 from descentlab.train.rundir import RunDir
 

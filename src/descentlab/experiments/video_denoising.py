@@ -27,7 +27,6 @@ from descentlab.config import config_to_dict
 from descentlab.constrained.config import DescentConfig
 from descentlab.data.video import NoisyClips, add_noise, load_clips, split_sequences
 from descentlab.errors import ConfigError
-from descentlab.experiments.base import seed_everything
 from descentlab.io import load_arrays
 from descentlab.models.dust import DUST
 from descentlab.models.unrolled import UnrolledTransformer
@@ -37,7 +36,7 @@ from descentlab.report.stats import column_mean_std
 from descentlab.report.video_denoising import SAMPLE_FRAMES, paired_table, rmse_table
 from descentlab.robustness.video import denoise_frames, evaluate_denoiser
 from descentlab.train.jobs import JobRunner
-from descentlab.train.loop import TrainConfig, fit
+from descentlab.train.loop import TrainConfig, fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe, with_overrides
 from descentlab.train.rundir import RunDir
 

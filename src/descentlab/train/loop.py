@@ -13,6 +13,7 @@ single-process gradient on the same global batch.
 from __future__ import annotations
 
 import math
+import random
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -97,6 +98,12 @@ class FitResult:
 
 class TrainingInterrupted(Exception):
     """SIGTERM/SIGINT arrived; a checkpoint was written and the run can be resumed."""
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch (CPU and CUDA) and Python's ``random``: a model built next is a function of ``seed``."""
+    random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
