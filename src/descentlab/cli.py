@@ -74,8 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(write_report(args.run_dir))
             return 0
-        from descentlab.experiments import DEMO, available
-        from descentlab.experiments.base import run_experiment, run_many
+        from descentlab.experiments import DEMO, available, run_experiment, run_many
 
         if args.command == "run":
             resume = None
