@@ -130,12 +130,7 @@ def _status(run: RunDir, state: str, **extra: Any) -> None:
 
 
 def prepare(
-    name: str,
-    *,
-    preset: str | None = None,
-    overrides: Sequence[str] = (),
-    out: Path | str = "runs",
-    resume: Path | str | None = None,
+    name: str, preset: str | None, overrides: Sequence[str], out: Path | str, resume: Path | str | None
 ) -> tuple[Experiment, Any, RunDir]:
     """Resolve the config and make (or reopen) the run directory; nothing is created on a config error.
 
@@ -190,7 +185,7 @@ def run_experiment(
     from descentlab.report.build import write_report
     from descentlab.train.loop import TrainingInterrupted
 
-    exp, cfg, run = prepare(name, preset=preset, overrides=overrides, out=out, resume=resume)
+    exp, cfg, run = prepare(name, preset, overrides, out, resume)
     _status(run, "running", resumed=resume is not None)
     try:
         body = exp.module.run(cfg, run)

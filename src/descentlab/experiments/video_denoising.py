@@ -167,27 +167,17 @@ PRESETS = {
 
 def build_model(arch: str, cfg: VideoDenoisingConfig) -> nn.Module:
     m, d = cfg.model, cfg.data
+    shared = {
+        "image_size": d.crop,
+        "num_frames": d.num_frames,
+        "patch_size": m.patch_size,
+        "depth": m.depth,
+        "width": m.width,
+        "heads": m.heads,
+    }
     if arch == "ut":
-        return UnrolledTransformer(
-            image_size=d.crop,
-            num_frames=d.num_frames,
-            patch_size=m.patch_size,
-            depth=m.depth,
-            width=m.width,
-            heads=m.heads,
-            mlp_ratio=m.mlp_ratio,
-        )
-    return DUST(
-        image_size=d.crop,
-        num_frames=d.num_frames,
-        patch_size=m.patch_size,
-        num_atoms=m.num_atoms,
-        depth=m.depth,
-        width=m.width,
-        heads=m.heads,
-        causal=m.causal,
-        threshold_init=m.threshold_init,
-    )
+        return UnrolledTransformer(**shared, mlp_ratio=m.mlp_ratio)
+    return DUST(**shared, num_atoms=m.num_atoms, causal=m.causal, threshold_init=m.threshold_init)
 
 
 def final_mse(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
