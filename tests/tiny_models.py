@@ -106,3 +106,313 @@ def token_batch(rows: list[list[int]], labels: list[int] | None = None) -> dict[
     if labels is not None:
         batch["labels"] = torch.tensor(labels)
     return batch
+
+
+# --- one tiny random model per Hugging Face family, for the readout family table -----------------------
+# name -> (kind, config class, task-model class, config kwargs). kind: "text" (sequence classifier),
+# "lm" (causal LM) or "image" (image classifier). Sizes: 2 layers, width 32, 4 heads, vocabulary 97.
+
+_TEXT = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
+_FF = {"intermediate_size": 64}
+_NODROP = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+_LM = {**_TEXT, **_FF, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": False}
+_IMAGE = {
+    "image_size": 8,
+    "patch_size": 4,
+    "num_channels": 1,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "num_labels": 3,
+    **_NODROP,
+}
+
+FAMILIES: dict[str, tuple[str, str, str, dict]] = {
+    # encoders (sequence classification)
+    "BERT": ("text", "BertConfig", "BertForSequenceClassification", {**_TEXT, **_FF, **_NODROP}),
+    "DistilBERT": (
+        "text",
+        "DistilBertConfig",
+        "DistilBertForSequenceClassification",
+        {
+            "vocab_size": VOCAB,
+            "dim": 32,
+            "n_layers": 2,
+            "n_heads": 4,
+            "hidden_dim": 64,
+            "dropout": 0.0,
+            "attention_dropout": 0.0,
+            "seq_classif_dropout": 0.0,
+        },
+    ),
+    "RoBERTa": (
+        "text",
+        "RobertaConfig",
+        "RobertaForSequenceClassification",
+        {**_TEXT, **_FF, **_NODROP, "pad_token_id": 1},
+    ),
+    "XLM-R": (
+        "text",
+        "XLMRobertaConfig",
+        "XLMRobertaForSequenceClassification",
+        {**_TEXT, **_FF, **_NODROP, "pad_token_id": 1},
+    ),
+    "ALBERT": (
+        "text",
+        "AlbertConfig",
+        "AlbertForSequenceClassification",
+        {
+            **_TEXT,
+            **_FF,
+            "embedding_size": 16,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+            "classifier_dropout_prob": 0.0,
+        },
+    ),
+    "ELECTRA": (
+        "text",
+        "ElectraConfig",
+        "ElectraForSequenceClassification",
+        {**_TEXT, **_FF, **_NODROP, "embedding_size": 16},
+    ),
+    "DeBERTa": ("text", "DebertaConfig", "DebertaForSequenceClassification", {**_TEXT, **_FF, **_NODROP}),
+    "DeBERTa-v2/v3": (
+        "text",
+        "DebertaV2Config",
+        "DebertaV2ForSequenceClassification",
+        {
+            **_TEXT,
+            **_FF,
+            **_NODROP,
+            "relative_attention": True,
+            "position_biased_input": False,
+            "pos_att_type": ["p2c", "c2p"],
+            "max_relative_positions": -1,
+            "position_buckets": 8,
+        },
+    ),
+    "MPNet": ("text", "MPNetConfig", "MPNetForSequenceClassification", {**_TEXT, **_FF, **_NODROP}),
+    "ModernBERT (mean)": (
+        "text",
+        "ModernBertConfig",
+        "ModernBertForSequenceClassification",
+        {
+            **_TEXT,
+            **_FF,
+            "classifier_pooling": "mean",
+            "pad_token_id": PAD,
+            "global_attn_every_n_layers": 2,
+            "local_attention": 8,
+            "attn_implementation": "eager",
+        },
+    ),
+    "ModernBERT (cls)": (
+        "text",
+        "ModernBertConfig",
+        "ModernBertForSequenceClassification",
+        {
+            **_TEXT,
+            **_FF,
+            "classifier_pooling": "cls",
+            "pad_token_id": PAD,
+            "global_attn_every_n_layers": 2,
+            "local_attention": 8,
+            "attn_implementation": "eager",
+        },
+    ),
+    "GPT-2 (classifier)": (
+        "text",
+        "GPT2Config",
+        "GPT2ForSequenceClassification",
+        {
+            "vocab_size": VOCAB,
+            "n_embd": 32,
+            "n_layer": 2,
+            "n_head": 4,
+            "n_positions": 64,
+            "pad_token_id": PAD,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+        },
+    ),
+    "Llama (classifier)": (
+        "text",
+        "LlamaConfig",
+        "LlamaForSequenceClassification",
+        {**_LM, "pad_token_id": PAD},
+    ),
+    # decoders (causal LM)
+    "GPT-2": (
+        "lm",
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        {
+            "vocab_size": VOCAB,
+            "n_embd": 32,
+            "n_layer": 2,
+            "n_head": 4,
+            "n_positions": 64,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+        },
+    ),
+    "Llama": ("lm", "LlamaConfig", "LlamaForCausalLM", _LM),
+    "Qwen2": ("lm", "Qwen2Config", "Qwen2ForCausalLM", _LM),
+    "Qwen3": ("lm", "Qwen3Config", "Qwen3ForCausalLM", {**_LM, "head_dim": 8}),
+    "Mistral": ("lm", "MistralConfig", "MistralForCausalLM", _LM),
+    "Gemma": ("lm", "GemmaConfig", "GemmaForCausalLM", {**_LM, "head_dim": 8}),
+    "Gemma2": (
+        "lm",
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {**_LM, "head_dim": 8, "sliding_window": 4, "query_pre_attn_scalar": 8},
+    ),
+    "Phi": ("lm", "PhiConfig", "PhiForCausalLM", {**_LM, "resid_pdrop": 0.0, "embd_pdrop": 0.0}),
+    "Phi-3": ("lm", "Phi3Config", "Phi3ForCausalLM", {**_LM, "pad_token_id": PAD}),
+    "GPT-NeoX": (
+        "lm",
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        {**_TEXT, **_FF, "max_position_embeddings": 64, "hidden_dropout": 0.0, "attention_dropout": 0.0},
+    ),
+    "OLMo": ("lm", "OlmoConfig", "OlmoForCausalLM", _LM),
+    "OLMo2": ("lm", "Olmo2Config", "Olmo2ForCausalLM", _LM),
+    "OPT": (
+        "lm",
+        "OPTConfig",
+        "OPTForCausalLM",
+        {
+            "vocab_size": VOCAB,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "ffn_dim": 64,
+            "max_position_embeddings": 64,
+            "dropout": 0.0,
+            "attention_dropout": 0.0,
+            "pad_token_id": 1,
+        },
+    ),
+    "OPT (project_out)": (
+        "lm",
+        "OPTConfig",
+        "OPTForCausalLM",
+        {
+            "vocab_size": VOCAB,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "ffn_dim": 64,
+            "max_position_embeddings": 64,
+            "dropout": 0.0,
+            "attention_dropout": 0.0,
+            "pad_token_id": 1,
+            "word_embed_proj_dim": 16,
+        },
+    ),
+    "Falcon": (
+        "lm",
+        "FalconConfig",
+        "FalconForCausalLM",
+        {
+            "vocab_size": VOCAB,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "hidden_dropout": 0.0,
+            "attention_dropout": 0.0,
+        },
+    ),
+    "Bloom": (
+        "lm",
+        "BloomConfig",
+        "BloomForCausalLM",
+        {
+            "vocab_size": VOCAB,
+            "hidden_size": 32,
+            "n_layer": 2,
+            "n_head": 4,
+            "hidden_dropout": 0.0,
+            "attention_dropout": 0.0,
+        },
+    ),
+    "GPT-J": (
+        "lm",
+        "GPTJConfig",
+        "GPTJForCausalLM",
+        {
+            "vocab_size": VOCAB,
+            "n_embd": 32,
+            "n_layer": 2,
+            "n_head": 4,
+            "rotary_dim": 4,
+            "n_positions": 64,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+        },
+    ),
+    "StableLM": ("lm", "StableLmConfig", "StableLmForCausalLM", {**_LM, "hidden_dropout": 0.0}),
+    "Cohere": ("lm", "CohereConfig", "CohereForCausalLM", {**_LM, "logit_scale": 0.5}),
+    "Granite": ("lm", "GraniteConfig", "GraniteForCausalLM", {**_LM, "logits_scaling": 4.0}),
+    # vision (image classification)
+    "ViT": ("image", "ViTConfig", "ViTForImageClassification", _IMAGE),
+    "DeiT": ("image", "DeiTConfig", "DeiTForImageClassification", _IMAGE),
+    "BEiT": ("image", "BeitConfig", "BeitForImageClassification", {**_IMAGE, "use_mean_pooling": True}),
+    "DINOv2": (
+        "image",
+        "Dinov2Config",
+        "Dinov2ForImageClassification",
+        {k: v for k, v in _IMAGE.items() if k != "intermediate_size"},
+    ),
+}
+
+
+def tiny_family(name: str, *, seed: int = 0) -> torch.nn.Module:
+    """The tiny random task model of one :data:`FAMILIES` entry, in float32 and eval mode, random norms."""
+    import transformers
+
+    _, config_cls, model_cls, kwargs = FAMILIES[name]
+    kwargs = dict(kwargs)
+    attn = kwargs.pop("attn_implementation", None)
+    config = getattr(transformers, config_cls)(**kwargs)
+    if "num_labels" not in kwargs and FAMILIES[name][0] == "text":
+        config.num_labels = 2
+    if attn is not None:
+        config._attn_implementation = attn
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).float().eval()
+    # fresh norms are near-idempotent (weight 1, bias 0): norm(norm(x)) ~ norm(x) would hide a norm applied
+    # twice; random affine parameters make every norm count
+    with torch.no_grad():
+        for module in model.modules():
+            if "norm" in type(module).__name__.lower():
+                for pname, param in module.named_parameters(recurse=False):
+                    param.copy_(
+                        (1.0 + 0.5 * torch.randn_like(param))
+                        if pname == "weight"
+                        else 0.2 * torch.randn_like(param)
+                    )
+    return model
+
+
+def family_batch(name: str, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A batch for one :data:`FAMILIES` entry: padded token ids (with labels for classifiers) or images."""
+    kind = FAMILIES[name][0]
+    g = torch.Generator().manual_seed(seed)
+    if kind == "image":
+        return {"pixel_values": torch.randn(3, 1, 8, 8, generator=g), "labels": torch.tensor([0, 2, 1])}
+    ids = torch.randint(5, VOCAB, (4, 11), generator=g)
+    lengths = [11, 8, 11, 5]
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    ids = ids.masked_fill(mask == 0, PAD)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if kind == "text":
+        batch["labels"] = torch.tensor([0, 1, 1, 0])
+    return batch

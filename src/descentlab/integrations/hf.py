@@ -18,7 +18,21 @@ What the adapter does, and where:
   constraint is given, so Trainer's ``optimizer.pt`` carries λ and u and its scheduler sees the same groups.
 * ``compute_loss`` (training only): ``dl.layer_losses`` then ``constraint.lagrangian``; evaluation keeps the
   model's own loss.
-* per-layer f, ĝ, λ, u and the global sparsity are added to Trainer's own ``log`` calls;
+* evaluation (``trainer.evaluate()``, and every ``eval_strategy`` pass), when a constraint is given (or
+  ``eval_layers=True``): the per-layer losses f_0..f_L of every eval batch, example-weighted over the whole
+  eval set (summed over ranks), the violations ĝ_l = f_l - (1 - α_l) f_{l-1} (the constraint's own form),
+  and for each constrained layer whether ĝ_l <= 0 holds on the eval set. The keys, with Trainer's prefix::
+
+      eval_layer_loss/0 .. eval_layer_loss/L      f_l on the eval set (eval_layer_loss/L == eval_loss)
+      eval_violation/1 .. eval_violation/L        ĝ_l on the eval set (<= 0: met)
+      eval_constraint_met/l                       1.0 if constraint l (a constrained layer) holds, else 0.0
+      eval_constraints_met                        the fraction of the constrained layers that hold
+
+  An evaluation pass never moves λ. With ``prediction_loss_only`` (no ``compute_metrics``) the per-layer
+  pass replaces the model's own forward (f_L *is* the model's loss), so evaluation costs no extra forward.
+  Under several processes, give every rank the same number of eval examples (Accelerate pads an uneven
+  last batch with repeated examples, which the per-layer sums would count).
+* per-layer f, ĝ, λ, u and the global sparsity are added to Trainer's own training ``log`` calls;
 * the sparsity controller's masks go into each checkpoint folder as ``descentlab_sparsity.pt`` (tensors only,
   loaded with ``weights_only=True``) and come back on resume.
 """
@@ -32,6 +46,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
+from descentlab.constrained.descent import descent_violations
 from descentlab.constrained.primal_dual import PrimalDual
 from descentlab.errors import ConfigError
 from descentlab.train.protocols import MasksGradients, ReportsSparsity
@@ -61,6 +76,8 @@ class DescentTrainer(Trainer):
     Args:
         constraint: a ``LayerwiseDescent`` (None: plain ERM, e.g. to train with HORST or AC/DC only).
         readout: passed to ``dl.layer_losses`` (None: dispatch by model family).
+        eval_layers: log the per-layer eval losses, violations and met constraints (None: when a constraint
+            is given).
         sparsity: a factory ``(model, optimizer) -> controller`` (e.g. ``ACDC``), called once the optimizer
             exists; the controller needs ``step()``, ``state_dict()``, ``load_state_dict()`` and may have
             ``before_optimizer_step()`` and ``report()``.
@@ -75,6 +92,7 @@ class DescentTrainer(Trainer):
         *args: Any,
         constraint: Any = None,
         readout: Any = None,
+        eval_layers: bool | None = None,
         sparsity: Callable[[torch.nn.Module, torch.optim.Optimizer], Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -84,6 +102,9 @@ class DescentTrainer(Trainer):
             )
         self.constraint = constraint
         self.readout = readout
+        self.eval_layers = constraint is not None if eval_layers is None else bool(eval_layers)
+        self._eval_sum: torch.Tensor | None = None  # Σ n_b f_b over the eval batches (float64 [L+1])
+        self._eval_count = 0
         self._sparsity_factory = sparsity
         self.sparsity_controller: Any = None
         super().__init__(*args, **kwargs)
@@ -116,6 +137,58 @@ class DescentTrainer(Trainer):
         loss = self.constraint.lagrangian(f)
         return (loss, None) if return_outputs else loss
 
+    def prediction_step(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        if not self.eval_layers:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        from descentlab.readout import layer_losses
+
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            f = layer_losses(model, inputs, readout=self.readout).detach()
+        n = _batch_size(inputs)
+        weighted = f.to(torch.float64) * n
+        self._eval_sum = weighted if self._eval_sum is None else self._eval_sum + weighted
+        self._eval_count += n
+        if prediction_loss_only and self.label_smoother is None:
+            return f[-1], None, None  # f_L is the model's own loss: no second forward
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+        self._eval_sum, self._eval_count = None, 0
+        output = super().evaluation_loop(*args, **kwargs)
+        if self.eval_layers:
+            prefix = kwargs.get("metric_key_prefix", args[4] if len(args) > 4 else "eval")
+            output.metrics.update(self._layer_metrics(prefix))
+        return output
+
+    def _layer_metrics(self, prefix: str) -> dict[str, float]:
+        """Per-layer eval losses over all ranks, the violations and which constraints hold."""
+        from descentlab.distributed import all_reduce_sum
+
+        if self._eval_sum is None:
+            return {}
+        device = self._eval_sum.device
+        totals = torch.cat([self._eval_sum, torch.tensor([float(self._eval_count)], device=device)])
+        totals = all_reduce_sum(totals.to(self.args.device)).cpu()
+        f = totals[:-1] / totals[-1]
+        metrics = {f"{prefix}_layer_loss/{i}": float(v) for i, v in enumerate(f)}
+        if self.constraint is None:
+            return metrics
+        g = descent_violations(f, self.constraint.alpha.cpu(), form=self.constraint.form)
+        metrics.update({f"{prefix}_violation/{i + 1}": float(v) for i, v in enumerate(g)})
+        constrained = torch.nonzero(self.constraint.mask.cpu()).flatten().tolist()
+        met = {layer + 1: bool(g[layer] <= 0) for layer in constrained}
+        metrics.update({f"{prefix}_constraint_met/{layer}": float(ok) for layer, ok in met.items()})
+        if met:
+            metrics[f"{prefix}_constraints_met"] = sum(met.values()) / len(met)
+        return metrics
+
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         if "loss" in logs:  # a training log line, not an evaluation one
             if self.constraint is not None:
@@ -139,3 +212,14 @@ class DescentTrainer(Trainer):
         path = os.path.join(checkpoint, SPARSITY_FILE)
         if os.path.isfile(path):
             self.sparsity_controller.load_state_dict(torch.load(path, weights_only=True, map_location="cpu"))
+
+
+def _batch_size(inputs: dict[str, Any]) -> int:
+    for key in ("labels", "input_ids", "pixel_values", "inputs_embeds"):
+        value = inputs.get(key)
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    for value in inputs.values():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    raise ConfigError("an eval batch holds no tensor with a batch dimension")

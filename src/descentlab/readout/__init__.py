@@ -1,12 +1,16 @@
 """Per-layer losses f(X, Φ_l), l = 0..L, read out with the model's own head (METHODS.md §1.4).
 
-``layer_losses(model, batch)`` dispatches by model family:
+``layer_losses(model, batch)`` dispatches through the registry (registered readouts first):
 
-* Hugging Face encoder sequence classifiers (BERT, ALBERT, DistilBERT, RoBERTa, XLM-R, ELECTRA):
+* any Hugging Face ``*ForSequenceClassification`` (BERT, DeBERTa-v2/v3, ModernBERT, MPNet, RoBERTa, ...):
   :class:`~descentlab.readout.encoder.EncoderClassifierReadout`;
-* Hugging Face causal LMs (Llama, GPT-2, ...): :class:`~descentlab.readout.causal_lm.CausalLMReadout`
+* any Hugging Face causal LM (Llama, GPT-2, OPT, Falcon, ...): :class:`~descentlab.readout.causal_lm.CausalLMReadout`
   (chunked CE, optional unbiased token subsample);
-* Hugging Face ViT image classifiers: :class:`~descentlab.readout.vit.ViTReadout`;
+* any Hugging Face ``*ForImageClassification`` (ViT, DeiT, ...): :class:`~descentlab.readout.vit.ViTReadout`;
+
+The Hugging Face readouts find the final norm, pooler and head from the model's structure
+(:mod:`descentlab.readout.structure`), not from a list of classes; the classifier heads are the model's own
+code, replayed on every layer.
 * descentlab's unrolled models (UT, DUST): :class:`~descentlab.readout.unrolled.UnrolledReadout`;
 * anything else: a head callable ``readout=fn(hidden_state, batch) -> loss``, or a registered Readout.
 """
@@ -18,15 +22,17 @@ from torch import Tensor, nn
 from descentlab.errors import ConfigError
 from descentlab.readout.base import Batch, Readout
 from descentlab.readout.causal_lm import CausalLMReadout, chunked_token_ce
+from descentlab.readout.classifier import ClassifierReadout
 from descentlab.readout.custom import HeadReadout, find_readout, register_readout, registered
 from descentlab.readout.encoder import EncoderClassifierReadout
+from descentlab.readout.structure import BackbonePlan, trace_backbone
 from descentlab.readout.unrolled import (
     LayerEstimates,
     UnrolledReadout,
     estimate_losses,
     returns_layer_estimates,
 )
-from descentlab.readout.vit import ViTReadout
+from descentlab.readout.vit import ImageClassifierReadout, ViTReadout
 
 for _builtin in (EncoderClassifierReadout(), CausalLMReadout(), ViTReadout(), UnrolledReadout()):
     register_readout(_builtin, first=False)
@@ -67,9 +73,12 @@ def layer_losses(model: nn.Module, batch: Batch, readout: Readout | str | object
 
 
 __all__ = [
+    "BackbonePlan",
     "CausalLMReadout",
+    "ClassifierReadout",
     "EncoderClassifierReadout",
     "HeadReadout",
+    "ImageClassifierReadout",
     "LayerEstimates",
     "Readout",
     "UnrolledReadout",
@@ -79,4 +88,5 @@ __all__ = [
     "layer_losses",
     "register_readout",
     "returns_layer_estimates",
+    "trace_backbone",
 ]

@@ -1,9 +1,16 @@
-"""Causal LMs (Llama, GPT-2, ...): the logit lens, final norm + LM head on every layer, with chunked CE.
+"""Causal LMs of any family (Llama, GPT-2, OPT, Falcon, ...): the logit lens, final transform + LM head on
+every layer, with chunked CE.
 
-f_l = (1/N) Σ_{t valid} CE(head(norm(Φ_l[t])), y_{t+1})       l = 0..L
+f_l = (1/N) Σ_{t valid} CE(head(tail(Φ_l[t])), y_{t+1})       l = 0..L
 
 over the N next-token targets that are not -100 (the model's own loss is the same mean, so f_L equals it).
-Hugging Face returns the last hidden state *after* the final norm; it is read out without a second norm.
+``tail`` is what the backbone applies after its last block, traced from the model's structure
+(:mod:`descentlab.readout.structure`): the final norm (``norm``, ``ln_f``, OPT's
+``decoder.final_layer_norm`` then its optional ``project_out``, ...). Layer L is the backbone's own
+``last_hidden_state`` (already through the tail), so the final norm is applied exactly once per layer.
+``head`` is the output embedding with the model's logit post-processing (Gemma's soft-capping, a
+``logit_scale``); it is checked once per model against the model's own forward on the same state, and
+when it differs the model's own head code is replayed instead (:func:`~descentlab.readout.structure.replay_head`).
 
 Cost. Naively the L+1 layers give (L+1)·N·V logits at once, and autograd keeps them for the backward pass.
 Here the rows of layers 0..L-1 are stacked (layer L apart) and cut into chunks of ``chunk_size`` tokens; each chunk's
@@ -16,6 +23,7 @@ low-variance. Layer L always uses every token, so the objective is exact.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 
 import torch
@@ -24,17 +32,14 @@ from torch import Tensor, nn
 from descentlab.errors import ConfigError, DataError, ModelError
 from descentlab.losses import IGNORE_INDEX, chunked_token_nll, head_token_nll
 from descentlab.readout.base import Batch, InnerCall, Readout, accepts, hidden_states_of, model_inputs
+from descentlab.readout.structure import (
+    BackbonePlan,
+    backbone_forward,
+    backbone_of,
+    replay_head,
+)
 
-NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "final_norm")
-
-
-def final_norm(base: nn.Module) -> nn.Module | None:
-    """The base model's final normalisation module, if it has one under a known name."""
-    for name in NORM_NAMES:
-        module = getattr(base, name, None)
-        if isinstance(module, nn.Module):
-            return module
-    return None
+_HEAD_CHECKED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def next_token_targets(batch: Batch) -> Tensor:
@@ -97,9 +102,12 @@ class CausalLMReadout(Readout):
         if not (cls.endswith("ForCausalLM") or cls.endswith("LMHeadModel")):
             return False
         base = getattr(model, "base_model", None)
-        return base is not None and base is not model and final_norm(base) is not None
+        return isinstance(base, nn.Module) and base is not model
 
-    def _logits_fn(self, model: nn.Module, norm: nn.Module | None) -> Callable[[Tensor], Tensor]:
+    def _logits_fn(
+        self, model: nn.Module, base: nn.Module, plan: BackbonePlan | None
+    ) -> Callable[[Tensor], Tensor]:
+        """rows ``[n, H]`` -> logits ``[n, V]``: the tail (when ``plan`` is given), the head, post-processing."""
         head = model.get_output_embeddings()
         if head is None:
             raise ModelError(
@@ -107,16 +115,64 @@ class CausalLMReadout(Readout):
             )
         cap = getattr(model.config, "final_logit_softcapping", None)
         scale = getattr(model, "logit_scale", None)
+        divide = getattr(model.config, "logits_scaling", None)
 
         def logits_fn(x: Tensor) -> Tensor:
-            logits = head(norm(x) if norm is not None else x)
+            logits = head(plan.apply_tail(base, x) if plan is not None else x)
             if isinstance(scale, (int, float)):
                 logits = logits * scale
+            if isinstance(divide, (int, float)) and divide != 1:
+                logits = logits / divide
             if cap:
                 logits = torch.tanh(logits / cap) * cap
             return logits
 
         return logits_fn
+
+    def _replayed_logits_fn(
+        self,
+        model: nn.Module,
+        base: nn.Module,
+        plan: BackbonePlan | None,
+        out: object,
+        call_model: InnerCall,
+        inputs: dict[str, Tensor],
+        trace: BackbonePlan,
+    ) -> Callable[[Tensor], Tensor]:
+        """The model's own head code on rows ``[n, H]`` (its backbone returning them as one sequence)."""
+
+        def logits_fn(x: Tensor) -> Tensor:
+            last = plan.apply_tail(base, x) if plan is not None else x
+            fields = dict(out.items())
+            fields["last_hidden_state"] = last[None]
+            result = replay_head(call_model, base, type(out)(**fields), inputs, trace)
+            return result.logits[0]
+
+        return logits_fn
+
+    def _head(
+        self,
+        model: nn.Module,
+        base: nn.Module,
+        out: object,
+        call_model: InnerCall,
+        inputs: dict[str, Tensor],
+        trace: BackbonePlan,
+    ) -> Callable[[BackbonePlan | None], Callable[[Tensor], Tensor]]:
+        """Our head if it reproduces the model's logits on the last state (checked once per model), else
+        the model's own head replayed."""
+        ok = _HEAD_CHECKED.get(model)
+        if ok is None:
+            probe = out.last_hidden_state[:, -2:].reshape(-1, out.last_hidden_state.shape[-1])
+            with torch.no_grad():
+                ours = self._logits_fn(model, base, None)(probe)
+                theirs = replay_head(call_model, base, out, inputs, trace).logits
+                theirs = theirs[:, -2:].reshape(-1, theirs.shape[-1]).to(ours.dtype)
+            ok = bool(torch.allclose(ours, theirs, rtol=1e-4, atol=1e-5))
+            _HEAD_CHECKED[model] = ok
+        if ok:
+            return lambda plan: self._logits_fn(model, base, plan)
+        return lambda plan: self._replayed_logits_fn(model, base, plan, out, call_model, inputs, trace)
 
     def _sample(self, n: int, device: torch.device) -> Tensor | None:
         if self.sample_tokens is None:
@@ -134,12 +190,15 @@ class CausalLMReadout(Readout):
     def compute(self, model: nn.Module, batch: Batch, call_model: InnerCall) -> Tensor:
         if not isinstance(batch, Mapping):
             raise DataError(f"expected a dict batch with input_ids, got {type(batch).__name__}")
-        base = model.base_model
-        norm = final_norm(base)
+        base = backbone_of(model)
         inputs = model_inputs(base, batch)
         if accepts(base, "use_cache"):
             inputs["use_cache"] = False  # a KV cache is useless here and costs memory
-        out = base(**inputs, output_hidden_states=True, return_dict=True)
+
+        def run():
+            return base(**inputs, output_hidden_states=True, return_dict=True)
+
+        plan, out = backbone_forward(base, run)
         states = hidden_states_of(out, getattr(model.config, "num_hidden_layers", None), model)
         targets = next_token_targets(batch).to(states[0].device)
         valid = targets != IGNORE_INDEX
@@ -149,6 +208,7 @@ class CausalLMReadout(Readout):
                 "no target token in the batch (all labels are -100); per-layer LM losses need targets"
             )
         y = targets[valid]
+        head = self._head(model, base, out, call_model, model_inputs(model, batch), plan)
 
         sample = self._sample(n, y.device)
         y_inner = y if sample is None else y[sample]
@@ -157,15 +217,15 @@ class CausalLMReadout(Readout):
             picked = h[:, :-1][valid]
             return picked if subset is None else picked[subset]
 
-        # Layers 0..L-1: one chunked pass over their stacked rows (same targets for every layer).
+        # Layers 0..L-1: one chunked pass over their stacked rows (same targets for every layer), through
+        # the traced tail (the final norm) and the head.
         num_inner = len(states) - 1
         x_inner = torch.cat([rows(h, sample) for h in states[:-1]])
         ce_inner = chunked_token_ce(
-            x_inner, y_inner.repeat(num_inner), self._logits_fn(model, norm), self.chunk_size, self.checkpoint
+            x_inner, y_inner.repeat(num_inner), head(plan), self.chunk_size, self.checkpoint
         )
-        # Layer L: every token; transformers hands it over already normalised when it *is* last_hidden_state.
-        last_norm = None if out.last_hidden_state is states[-1] else norm
+        # Layer L: every token of the backbone's own last_hidden_state, already through the tail.
         ce_last = chunked_token_ce(
-            rows(states[-1], None), y, self._logits_fn(model, last_norm), self.chunk_size, self.checkpoint
+            rows(out.last_hidden_state, None), y, head(None), self.chunk_size, self.checkpoint
         )
         return torch.cat([ce_inner.view(num_inner, -1).mean(1), ce_last.mean()[None]])

@@ -1,47 +1,21 @@
-"""ViT image classifiers: the final layernorm and the classifier on every layer's CLS token.
+"""Image classifiers of any family (ViT, DeiT, BEiT, DINOv2, ...): the final layernorm and classifier on every
+layer, as the model applies them to its last layer.
 
-f_l = task loss of classifier(layernorm(Φ_l)[:, 0]). The layernorm is per token, so it runs on the CLS rows
-only. Hugging Face ViT returns its last hidden state *before* the final layernorm in ``hidden_states`` (the
-model applies it afterwards), so every layer, the last included, goes through the same layernorm.
+Hugging Face ViT returns its last hidden state *before* the final layernorm in ``hidden_states`` and applies
+the norm afterwards; the traced tail (:mod:`descentlab.readout.structure`) is applied once to each layer
+0..L-1, and layer L is the model's own ``last_hidden_state``. See :mod:`descentlab.readout.classifier`.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor, nn
-
-from descentlab.readout.base import (
-    Batch,
-    InnerCall,
-    Readout,
-    classification_loss,
-    hidden_states_of,
-    model_inputs,
-    require_labels,
-)
-
-VIT_FAMILIES = ("vit", "deit")
+from descentlab.readout.classifier import ClassifierReadout
 
 
-class ViTReadout(Readout):
-    """Per-layer loss of a Hugging Face ``ViTForImageClassification`` (batch: pixel_values, labels)."""
+class ViTReadout(ClassifierReadout):
+    """Per-layer loss of any Hugging Face ``*ForImageClassification`` (batch: pixel_values, labels)."""
 
     name = "vit"
+    suffixes = ("ForImageClassification",)
 
-    def supports(self, model: nn.Module) -> bool:
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
-        return type(model).__name__.endswith("ForImageClassification") and model_type in VIT_FAMILIES
 
-    def compute(self, model: nn.Module, batch: Batch, call_model: InnerCall) -> Tensor:
-        labels = require_labels(batch)
-        base = model.base_model
-        out = base(**model_inputs(base, batch), output_hidden_states=True, return_dict=True)
-        states = hidden_states_of(out, getattr(model.config, "num_hidden_layers", None), model)
-        cls = torch.stack([h[:, 0] for h in states])  # [L+1, B, H]
-        if out.last_hidden_state is states[-1]:
-            # A model that ties its last state to the normed output: do not normalise that one twice.
-            normed = torch.cat([base.layernorm(cls[:-1]), cls[-1:]])
-        else:
-            normed = base.layernorm(cls)
-        logits = model.classifier(normed)
-        return torch.stack([classification_loss(logits[i], labels, model.config) for i in range(len(states))])
+ImageClassifierReadout = ViTReadout
