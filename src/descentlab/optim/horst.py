@@ -12,14 +12,18 @@ The same :math:`u_k` feeds both lines. :math:`\alpha` sets the strength of the L
 clamp). :math:`\alpha = \beta = 0` is AdamW exactly. Only tensors of groups with ``mirror=True`` get the second
 line; ``mirror=None`` (default) means "tensors with ndim >= 2", so biases and norms get plain AdamW.
 
-Three implementations share these equations: :func:`horst_reference` (one tensor, plain torch ops, the slow
-twin used by the tests), a multi-tensor ``torch._foreach_*`` path (any device and dtype) and a fused CPU kernel
-(:mod:`descentlab.optim._horst_kernel`, float32 only). Low-precision parameters (bf16 / fp16) are updated in
+Four implementations share these equations: :func:`horst_reference` (one tensor, plain torch ops, the slow
+twin used by the tests), a multi-tensor ``torch._foreach_*`` path (any device and dtype, tensor subclasses), a
+fused CPU kernel (:mod:`descentlab.optim._horst_kernel`, float32 only) and a ``torch.compile`` path
+(:mod:`descentlab.optim._horst_compiled`, plain float32 / bf16 / fp16 tensors on CUDA or CPU; the default
+on CUDA). Low-precision parameters (bf16 / fp16) are updated in
 float32 and their moments are kept in float32.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
@@ -28,6 +32,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from descentlab.errors import ConfigError
+from descentlab.optim import _horst_compiled
 from descentlab.optim._horst_kernel import load_kernel
 from descentlab.optim.functional import (
     adam_update_,
@@ -37,7 +42,10 @@ from descentlab.optim.functional import (
     hyperbolic_mirror_foreach_,
 )
 
-IMPLS = ("auto", "fused", "foreach", "reference")
+logger = logging.getLogger(__name__)
+
+IMPLS = ("auto", "fused", "compiled", "foreach", "reference")
+_COMPILED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
@@ -155,6 +163,20 @@ def _horst_foreach_(
     return reverted
 
 
+def _compiled_ok(p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> bool:
+    # Plain tensors only (DTensor takes the foreach path); float64 too: the compiled scalars are float32.
+    return (
+        all(type(t) in (Tensor, nn.Parameter) for t in (p, m, v, g))
+        and p.dtype in _COMPILED_DTYPES
+        and m.dtype == v.dtype == torch.float32
+    )
+
+
+@functools.cache
+def _can_compile(device: torch.device) -> bool:
+    return _horst_compiled.can_compile(device)
+
+
 def _kernel_ok(p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> bool:
     # Plain tensors only: subclasses such as FSDP2's DTensor take the foreach path, which dispatches them.
     return all(
@@ -178,8 +200,11 @@ class HORST(Optimizer):
         exp_clamp: clamp of the mirror exponent (``None``: none).
         nan_guard: revert elements whose update is not finite (their moments too); the count of the last step
             is ``self.reverted``.
-        impl: ``"auto"`` (fused CPU kernel for float32 CPU tensors when it builds, foreach otherwise),
-            ``"fused"`` (same, but the kernel is required), ``"foreach"`` or ``"reference"``.
+        impl: ``"auto"`` (fused CPU kernel for float32 CPU tensors when it builds; the compiled path for plain
+            CUDA tensors when Triton is there; foreach otherwise), ``"fused"`` (the CPU kernel is required),
+            ``"compiled"`` (``torch.compile`` of the step for plain tensors on any device Inductor compiles
+            for, CPU included; tensor subclasses such as DTensor and float64 take the foreach path),
+            ``"foreach"`` or ``"reference"``.
 
     State per parameter (names as in AdamW): ``step`` (float32 scalar tensor), ``exp_avg``, ``exp_avg_sq``.
     """
@@ -228,6 +253,7 @@ class HORST(Optimizer):
         )
         super().__init__(params, defaults)
         self.reverted = 0
+        self._compile_failed = False
 
     def _init_state(self, p: Tensor) -> dict[str, Any]:
         state = self.state[p]
@@ -246,11 +272,29 @@ class HORST(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self.reverted = 0
+        pending: list[Tensor] = []  # the compiled path's device counts: read back once per step
         for group in self.param_groups:
-            self._step_group(group)
+            self._step_group(group, pending)
+        if pending:
+            self.reverted += int(torch.stack([c.cpu() for c in pending]).sum())
         return loss
 
-    def _step_group(self, group: dict[str, Any]) -> None:
+    def _path(self, impl: str, kernel: Any, p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> str:
+        """Which fast path steps this tensor: ``"kernel"``, ``"compiled"`` or ``"foreach"``."""
+        if kernel is not None and _kernel_ok(p, m, v, g):
+            return "kernel"
+        want = impl == "compiled" or (impl == "auto" and p.device.type == "cuda" and not self._compile_failed)
+        if want and _compiled_ok(p, m, v, g):
+            if _can_compile(p.device):
+                return "compiled"
+            if impl == "compiled":
+                raise ConfigError(
+                    f"HORST: impl='compiled' cannot compile for {p.device} here (no Triton / C++ compiler); "
+                    "use impl='auto'"
+                )
+        return "foreach"
+
+    def _step_group(self, group: dict[str, Any], pending: list[Tensor]) -> None:
         beta1, beta2 = group["betas"]
         opts = dict(
             lr=group["lr"],
@@ -283,15 +327,17 @@ class HORST(Optimizer):
                 for dst, src in zip((p, state["exp_avg"], state["exp_avg_sq"]), new[:3], strict=True):
                     dst.copy_(src)
                 continue
-            use_kernel = kernel is not None and _kernel_ok(p, state["exp_avg"], state["exp_avg_sq"], p.grad)
-            key = (use_kernel, mirror, p.device, p.dtype)
+            path = self._path(impl, kernel, p, state["exp_avg"], state["exp_avg_sq"], p.grad)
+            key = (path, mirror, p.device, p.dtype)
             lists = buckets.setdefault(key, ([], [], [], [], []))
             for lst, item in zip(
                 lists, (p, p.grad, state["exp_avg"], state["exp_avg_sq"], step), strict=True
             ):
                 lst.append(item)
-        for (use_kernel, mirror, _, _), lists in buckets.items():
-            if use_kernel:
+        for (path, mirror, _, _), lists in buckets.items():
+            if path == "compiled" and self._step_compiled(group, lists, mirror, opts, pending):
+                continue
+            if path == "kernel":
                 corrections = [bias_correction(k, lr=opts["lr"], betas=(beta1, beta2)) for k in lists[4]]
                 self.reverted += kernel.horst_step_(
                     *lists[:4],
@@ -310,6 +356,30 @@ class HORST(Optimizer):
                 )
             else:
                 self.reverted += _horst_foreach_(*lists, mirror=mirror, **opts)
+
+    def _step_compiled(
+        self, group: dict[str, Any], lists: tuple[list, ...], mirror: bool, opts: dict, pending: list[Tensor]
+    ) -> bool:
+        """Step one bucket with the compiled path; False (nothing modified) if ``auto`` could not compile it."""
+        betas = (opts["beta1"], opts["beta2"])
+        corrections = [bias_correction(k, lr=opts["lr"], betas=betas) for k in lists[4]]
+        try:
+            pending.append(
+                _horst_compiled.horst_compiled_(
+                    *lists[:4],
+                    [c[0] for c in corrections],
+                    [c[1] for c in corrections],
+                    mirror=mirror,
+                    **opts,
+                )
+            )
+        except Exception as exc:  # compilation fails before the graph runs: the tensors are untouched
+            if group["impl"] == "compiled":
+                raise
+            logger.warning("HORST: torch.compile of the step failed (%s); using the foreach path", exc)
+            self._compile_failed = True
+            return False
+        return True
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict exactly, keeping float32 moments of low-precision parameters in float32.

@@ -1,0 +1,138 @@
+r"""HORST's compiled path: one ``torch.compile`` (Inductor) graph per bucket of tensors, for CUDA and CPU.
+
+The step is written once over a list of tensors (the equations of :mod:`descentlab.optim.horst`, op for op as
+:func:`~descentlab.optim.horst.horst_reference`); Inductor fuses each tensor's whole update (moments, Adam
+update, mirror step, NaN guard, the in-place writes) into one kernel that reads p, g, m, v once and writes
+p, m, v once: on CUDA it emits Triton, on CPU vectorised C++.
+
+Everything that changes during training is a tensor, so a schedule never recompiles: the learning-rate
+dependent scalars (decay 1 - lr wd, alpha, lr beta) and each tensor's bias corrections (computed on the host
+in double, exactly as the reference does, then rounded to float32 like a Python scalar in a torch op)
+travel in one float32 vector, copied to the device once per step. What stays a compile-time constant:
+beta1, beta2, eps, the exponent clamp, ``mirror``, ``nan_guard``, and the bucket's shapes and dtypes; changing
+one of those (or which parameters have gradients) compiles a new graph, at most
+``torch._dynamo.config.recompile_limit`` of them, after which dynamo runs the same function eagerly.
+
+With ``nan_guard`` the reverted count is summed on the device and read back once per step (one host sync).
+Tensor subclasses (FSDP2's DTensor) do not come here: HORST steps them with its foreach path.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def _step_lists(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    scalars: Tensor,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    clamp: float | None,
+    mirror: bool,
+    guard: bool,
+) -> Tensor:
+    """The HORST step of a list of tensors, in place; ``scalars`` = [decay, alpha, lr beta, ss_i..., bc2_i...].
+
+    Returns:
+        The number of elements the NaN guard reverted (a 0-dim int64 tensor; 0 without the guard).
+    """
+    n = len(params)
+    decay, alpha, lr_beta = scalars[0], scalars[1], scalars[2]
+    bad = scalars.new_zeros((), dtype=torch.int64)
+    for i in range(n):
+        p_in, grad = params[i], grads[i]
+        low = p_in.dtype in _LOW_PRECISION
+        p0 = p_in.float() if low else p_in
+        g = grad.float() if low else grad
+        m0, v0 = exp_avgs[i], exp_avg_sqs[i]
+        step_size, bc2_sqrt = scalars[3 + i], scalars[3 + n + i]
+        p = p0 * decay
+        m = torch.lerp(m0, g, 1 - beta1)
+        v = torch.addcmul(v0 * beta2, g, g, value=1 - beta2)
+        u = (m * step_size) / ((v.sqrt() / bc2_sqrt) + eps)
+        p = p - u
+        if mirror:
+            x = (torch.sign(p) * u) * (-alpha) + (-lr_beta)
+            if clamp is not None:
+                x = x.clamp(-clamp, clamp)
+            p = p * torch.exp(x)
+        if guard:
+            ok = torch.isfinite(p)
+            bad = bad + (~ok).sum()
+            p = torch.where(ok, p, p0)
+            m = torch.where(ok, m, m0)
+            v = torch.where(ok, v, v0)
+        p_in.copy_(p)
+        m0.copy_(m)
+        v0.copy_(v)
+    return bad
+
+
+@functools.lru_cache(maxsize=1)
+def compiled_step():
+    """The compiled list step (compiled lazily on first call; one graph per bucket signature)."""
+    return torch.compile(_step_lists, fullgraph=True, dynamic=False)
+
+
+def can_compile(device: torch.device) -> bool:
+    """Whether Inductor has a backend for ``device`` here (Triton for CUDA, a C++ compiler for CPU)."""
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        return has_triton()
+    if device.type == "cpu":
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        try:
+            return bool(get_cpp_compiler())
+        except Exception:
+            return False
+    return False
+
+
+def horst_compiled_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    step_sizes: list[float],
+    bc2_sqrts: list[float],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    mirror: bool,
+    alpha: float,
+    beta: float,
+    exp_clamp: float | None,
+    nan_guard: bool,
+) -> Tensor:
+    """In-place compiled HORST step of plain tensors sharing one device (float32 moments).
+
+    Returns:
+        The reverted count as a 0-dim tensor on the device (read it with ``int(...)``).
+    """
+    host = [1 - lr * weight_decay, alpha, lr * beta, *step_sizes, *bc2_sqrts]
+    scalars = torch.tensor(host, dtype=torch.float32).to(params[0].device, non_blocking=True)
+    clamp = None if exp_clamp is None else float(exp_clamp)
+    return compiled_step()(
+        params, grads, exp_avgs, exp_avg_sqs, scalars, float(beta1), float(beta2), float(eps), clamp,
+        bool(mirror), bool(nan_guard),
+    )  # fmt: skip
+
+
+__all__ = ["can_compile", "compiled_step", "horst_compiled_"]

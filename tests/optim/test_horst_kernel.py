@@ -1,0 +1,148 @@
+"""The fused CPU kernel: its own exponential (ulp bound), and the step against horst_reference and AdamW."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from descentlab.optim._horst_kernel import load_kernel
+from descentlab.optim.horst import HORST, horst_reference
+
+KERNEL = load_kernel()
+pytestmark = pytest.mark.skipif(
+    KERNEL is None, reason="fused C kernel unavailable (no C compiler, or DESCENTLAB_HORST_KERNEL=0)"
+)
+MAX_ULP = 1.05  # measured: 1.037 over [-104, 89], 0.992 over [-80, 80], 0.505 over [-1e-2, 1e-2]
+
+
+def _ulp_error(y: torch.Tensor, x: torch.Tensor) -> np.ndarray:
+    """|y - exp(x)| in units of the float32 spacing at exp(x), exp computed in float64 (exact to ~1e-16)."""
+    exact = np.exp(x.double().numpy())
+    with np.errstate(over="ignore"):
+        exact32 = exact.astype(np.float32)
+    spacing = np.spacing(np.abs(exact32)).astype(np.float64)
+    spacing = np.where(exact32 == 0, float(np.float32(2.0**-149)), spacing)  # the smallest denormal
+    finite = np.isfinite(exact32)
+    yd = y.double().numpy()
+    with np.errstate(invalid="ignore"):
+        return np.where(finite, np.abs(yd - exact) / spacing, np.where(yd == exact32, 0.0, np.inf))
+
+
+def _inputs() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    bits = torch.randint(-(2**31), 2**31 - 1, (2_000_000,), generator=gen, dtype=torch.int64)
+    random = bits.to(torch.int32).view(torch.float32)
+    edges = [0.0, -0.0, 1e-45, -1e-45, 1e-40, -1e-40, 1e-38, 1e-30, -1e-30, 1e-10, -1e-10, 5.0, -5.0]
+    edges += [
+        math.nextafter(5.0, 0),
+        math.nextafter(-5.0, 0),
+        88.72,
+        88.73,
+        -87.33,
+        -103.9,
+        -103.97,
+        -200.0,
+        200.0,
+    ]
+    return torch.cat([
+        torch.linspace(-104.0, 89.0, 1_000_001),  # the whole range: overflow, denormal results, 0
+        torch.linspace(-5.0, 5.0, 1_000_001),  # the default exponent clamp
+        torch.linspace(-1e-2, 1e-2, 200_001),  # the exponents of normal training, |alpha lr| ~ 1e-3
+        random[random.abs() < 120],  # every binade, denormal inputs included
+        torch.tensor(edges),
+    ])  # fmt: skip
+
+
+def test_kernel_exp_is_within_an_ulp_of_exp():
+    x = _inputs()
+    err = _ulp_error(KERNEL.expf(x), x)
+    assert err.max() <= MAX_ULP, f"max {err.max():.3f} ulp at x = {x[int(err.argmax())].item()!r}"
+    assert err.mean() < 0.3
+    bounded = x[x.abs() <= 80]
+    assert _ulp_error(KERNEL.expf(bounded, bounded=True), bounded).max() <= MAX_ULP
+    # against torch.exp (<= ~0.57 ulp here): within the sum of the two bounds
+    ref = torch.exp(x)
+    finite = torch.isfinite(ref) & (ref > 1e-37)
+    rel = ((KERNEL.expf(x) - ref).abs() / ref)[finite]
+    assert float(rel.max()) <= (MAX_ULP + 0.6) * 2.0**-23
+
+
+def test_kernel_exp_special_values():
+    x = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 89.0, -104.0, 1e-45])
+    y = KERNEL.expf(x)
+    assert y[0] == 1 and y[1] == 1 and y[7] == 1  # exp(0) exactly 1: alpha = beta = 0 is AdamW bit for bit
+    assert y[2] == float("inf") and y[3] == 0 and torch.isnan(y[4])
+    assert y[5] == float("inf") and y[6] == 0
+    with pytest.raises(ValueError):
+        KERNEL.expf(torch.tensor([81.0]), bounded=True)
+
+
+def _state(n: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.randn(n, generator=gen) * 0.05
+    p[::97] = 0.0  # sign(0) = 0
+    g = torch.randn(n, generator=gen) * torch.logspace(-4, 1, n)
+    m, v = torch.randn(n, generator=gen) * 1e-2, torch.rand(n, generator=gen) * 1e-3
+    return p, g, m, v
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0, 10.0, 30.0])
+@pytest.mark.parametrize("exp_clamp", [5.0, None])
+def test_kernel_step_matches_reference(alpha, exp_clamp):
+    n = 9 * 512 + 77  # several blocks and a tail
+    p, g, m, v = _state(n, seed=int(alpha))
+    opts = dict(lr=3e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, alpha=alpha, beta=0.5)
+    ref = horst_reference(p, g, m, v, step=5, mirror=True, exp_clamp=exp_clamp, nan_guard=True, **opts)
+    pk, mk, vk = p.clone(), m.clone(), v.clone()
+    ss, bc2 = [opts["lr"] / (1 - 0.9**5)], [math.sqrt(1 - 0.999**5)]
+    clamp = -1.0 if exp_clamp is None else exp_clamp
+    args = (opts["lr"], 0.9, 0.999, 1e-8, 0.01, True, alpha, opts["beta"], clamp, True)
+    assert KERNEL.horst_step_([pk], [g], [mk], [vk], ss, bc2, *args) == 0
+    # moments: the fused-AdamW rounding (fma lerp, correctly rounded sqrt) against the default's
+    torch.testing.assert_close(mk, ref.exp_avg, rtol=2.5e-7, atol=0)
+    torch.testing.assert_close(vk, ref.exp_avg_sq, rtol=2.5e-7, atol=0)
+    # p: <= 1.05 ulp of exp plus the reference's own exp (<= 0.57 ulp) plus one ulp of u times |x| <= 5
+    torch.testing.assert_close(pk, ref.param, rtol=8e-7, atol=1e-9)
+    if alpha == 30.0:  # many exponents beyond the old cubic's range |x| < 1e-2
+        p_half = p * (1 - opts["lr"] * 0.01) - (mk * ss[0]) / (vk.sqrt() / bc2[0] + 1e-8)
+        x = -alpha * torch.sign(p_half) * (mk * ss[0]) / (vk.sqrt() / bc2[0] + 1e-8)
+        assert float((x.abs() > 1e-2).float().mean()) > 0.3 and float(x.abs().max()) > 0.5
+
+
+def test_kernel_alpha_beta_zero_is_fused_adamw_bit_for_bit():
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s) * 0.1) for s in [(64, 33), (1000,), (7, 5, 3)]]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    horst = HORST(params, lr=1e-3, weight_decay=0.01, alpha=0.0, beta=0.0, mirror=True, impl="fused")
+    adamw = torch.optim.AdamW(twins, lr=1e-3, weight_decay=0.01, fused=True)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        for p, q in zip(params, twins, strict=True):
+            g = torch.randn(p.shape, generator=gen)
+            p.grad, q.grad = g.clone(), g.clone()
+        horst.step()
+        adamw.step()
+    for p, q in zip(params, twins, strict=True):
+        assert torch.equal(p, q)  # the parameters bit for bit (exp(0) = 1 exactly)
+        assert torch.equal(horst.state[p]["exp_avg"], adamw.state[q]["exp_avg"])
+        torch.testing.assert_close(
+            horst.state[p]["exp_avg_sq"], adamw.state[q]["exp_avg_sq"], rtol=2.5e-7, atol=0
+        )
+
+
+def test_kernel_nan_guard_and_unclamped_overflow():
+    n = 600
+    p, g, m, v = _state(n, seed=3)
+    g[5], g[300] = float("nan"), float("inf")
+    opts = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, alpha=1e5, beta=0.0)
+    ref = horst_reference(p, g, m, v, step=1, mirror=True, exp_clamp=None, nan_guard=True, **opts)
+    pk, mk, vk = p.clone(), m.clone(), v.clone()
+    args = (1e-2, 0.9, 0.999, 1e-8, 0.0, True, 1e5, 0.0, -1.0, True)
+    reverted = KERNEL.horst_step_([pk], [g], [mk], [vk], [1e-2 / 0.1], [math.sqrt(0.001)], *args)
+    assert reverted == ref.reverted and reverted >= 2  # overflowing exp(x) too, not only the bad gradients
+    assert torch.equal(pk[5], p[5]) and torch.equal(mk[300], m[300])
+    # |x| up to 89 here: one ulp of u becomes ~89 ulps of exp(x), hence the looser tolerance
+    torch.testing.assert_close(pk, ref.param, rtol=2e-4, atol=0)
