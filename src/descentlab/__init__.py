@@ -20,7 +20,7 @@ _EXPORTS: dict[str, str] = {
     # Part 2: optimizers
     "HORST": "descentlab.optim.horst",
     "horst_reference": "descentlab.optim.horst",
-    "horst_param_groups": "descentlab.optim.horst",
+    "horst_param_groups": "descentlab.optim.config",
     "HAM": "descentlab.optim.ham",
     "compose": "descentlab.optim.compose",
     # sparsity

@@ -11,7 +11,9 @@ import torch
 from descentlab.errors import ConfigError
 from descentlab.optim._horst_kernel import load_kernel
 from descentlab.optim.compose import HyperbolicMirror, compose
-from descentlab.optim.horst import HORST, horst_param_groups, horst_reference
+from descentlab.optim.config import horst_param_groups
+from descentlab.optim.functional import Bucket, HorstHyper
+from descentlab.optim.horst import HORST, horst_reference
 
 KERNEL = load_kernel()
 FAST_IMPLS = ["foreach", *(["fused"] if KERNEL is not None else [])]
@@ -114,7 +116,7 @@ def test_fast_path_matches_reference_step_for_step(impl):
     KERNEL is None, reason="fused C kernel unavailable (no C compiler, or DESCENTLAB_HORST_KERNEL=0)"
 )
 def test_kernel_matches_reference_on_large_tensor():
-    """Both exponent paths (cubic for |x| < 1e-2, exp beyond) and a block tail, to float32 rounding."""
+    """Small and large exponents and a block tail, against the reference to float32 rounding."""
     gen = torch.Generator().manual_seed(0)
     n = 7 * 512 + 77
     p = torch.randn(n, generator=gen)
@@ -127,9 +129,10 @@ def test_kernel_matches_reference_on_large_tensor():
     pk, mk, vk = p.clone(), m.clone(), v.clone()
     ss = [opts["lr"] / (1 - 0.9**7)]
     bc2 = [math.sqrt(1 - 0.999**7)]
-    args = (opts["lr"], 0.9, 0.999, 1e-8, 0.01, True, opts["alpha"], opts["beta"], 5.0, True)
-    assert KERNEL.horst_step_([pk], [g], [mk], [vk], ss, bc2, *args) == 0
-    torch.testing.assert_close(pk, ref.param, rtol=4e-7, atol=0)  # libmvec expf: <= 3 ulp
+    hp = HorstHyper(**opts, exp_clamp=5.0, nan_guard=True)
+    assert hp.bias_corrections([7]) == (ss, bc2)
+    assert KERNEL.horst_step_(Bucket([pk], [g], [mk], [vk], [7]), hp, mirror=True) == 0
+    torch.testing.assert_close(pk, ref.param, rtol=4e-7, atol=0)  # the kernel exp: <= 1.04 ulp
     torch.testing.assert_close(mk, ref.exp_avg, rtol=2.5e-7, atol=0)
     torch.testing.assert_close(vk, ref.exp_avg_sq, rtol=2.5e-7, atol=0)
 

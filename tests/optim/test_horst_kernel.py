@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from descentlab.optim._horst_kernel import load_kernel
+from descentlab.optim.functional import Bucket, HorstHyper
 from descentlab.optim.horst import HORST, horst_reference
 
 KERNEL = load_kernel()
@@ -98,9 +99,9 @@ def test_kernel_step_matches_reference(alpha, exp_clamp):
     ref = horst_reference(p, g, m, v, step=5, mirror=True, exp_clamp=exp_clamp, nan_guard=True, **opts)
     pk, mk, vk = p.clone(), m.clone(), v.clone()
     ss, bc2 = [opts["lr"] / (1 - 0.9**5)], [math.sqrt(1 - 0.999**5)]
-    clamp = -1.0 if exp_clamp is None else exp_clamp
-    args = (opts["lr"], 0.9, 0.999, 1e-8, 0.01, True, alpha, opts["beta"], clamp, True)
-    assert KERNEL.horst_step_([pk], [g], [mk], [vk], ss, bc2, *args) == 0
+    hp = HorstHyper(**opts, exp_clamp=exp_clamp, nan_guard=True)
+    assert hp.bias_corrections([5]) == (ss, bc2)
+    assert KERNEL.horst_step_(Bucket([pk], [g], [mk], [vk], [5]), hp, mirror=True) == 0
     # moments: the fused-AdamW rounding (fma lerp, correctly rounded sqrt) against the default's
     torch.testing.assert_close(mk, ref.exp_avg, rtol=2.5e-7, atol=0)
     torch.testing.assert_close(vk, ref.exp_avg_sq, rtol=2.5e-7, atol=0)
@@ -140,8 +141,8 @@ def test_kernel_nan_guard_and_unclamped_overflow():
     opts = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, alpha=1e5, beta=0.0)
     ref = horst_reference(p, g, m, v, step=1, mirror=True, exp_clamp=None, nan_guard=True, **opts)
     pk, mk, vk = p.clone(), m.clone(), v.clone()
-    args = (1e-2, 0.9, 0.999, 1e-8, 0.0, True, 1e5, 0.0, -1.0, True)
-    reverted = KERNEL.horst_step_([pk], [g], [mk], [vk], [1e-2 / 0.1], [math.sqrt(0.001)], *args)
+    hp = HorstHyper(**opts, exp_clamp=None, nan_guard=True)
+    reverted = KERNEL.horst_step_(Bucket([pk], [g], [mk], [vk], [1]), hp, mirror=True)
     assert reverted == ref.reverted and reverted >= 2  # overflowing exp(x) too, not only the bad gradients
     assert torch.equal(pk[5], p[5]) and torch.equal(mk[300], m[300])
     # |x| up to 89 here: one ulp of u becomes ~89 ulps of exp(x), hence the looser tolerance

@@ -5,9 +5,11 @@ from descentlab.optim.config import (
     OptimizerConfig,
     build_optimizer,
     build_scheduler,
+    horst_param_groups,
     param_groups,
 )
 from descentlab.optim.functional import (
+    HorstHyper,
     adam_update_,
     adam_update_foreach_,
     bias_correction,
@@ -16,11 +18,12 @@ from descentlab.optim.functional import (
     mirror_exponent,
 )
 from descentlab.optim.ham import HAM
-from descentlab.optim.horst import HORST, horst_param_groups, horst_reference
+from descentlab.optim.horst import HORST, horst_reference
 
 __all__ = [
     "HAM",
     "HORST",
+    "HorstHyper",
     "OptimizerConfig",
     "adam_update_",
     "adam_update_foreach_",

@@ -25,6 +25,8 @@ import logging
 import torch
 from torch import Tensor
 
+from descentlab.optim.functional import Bucket, HorstHyper
+
 logger = logging.getLogger(__name__)
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -102,30 +104,15 @@ def can_compile(device: torch.device) -> bool:
     return False
 
 
-def horst_compiled_(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    step_sizes: list[float],
-    bc2_sqrts: list[float],
-    *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    mirror: bool,
-    alpha: float,
-    beta: float,
-    exp_clamp: float | None,
-    nan_guard: bool,
-) -> Tensor:
+def horst_compiled_(bucket: Bucket, hp: HorstHyper, *, mirror: bool) -> Tensor:
     """In-place compiled HORST step of plain tensors sharing one device (float32 moments).
 
     Returns:
         The reverted count as a 0-dim tensor on the device (read it with ``int(...)``).
     """
+    params, grads, exp_avgs, exp_avg_sqs, steps = bucket
+    step_sizes, bc2_sqrts = hp.bias_corrections(steps)
+    lr, beta1, beta2, eps, weight_decay, alpha, beta, exp_clamp, nan_guard = hp
     host = [1 - lr * weight_decay, alpha, lr * beta, *step_sizes, *bc2_sqrts]
     scalars = torch.tensor(host, dtype=torch.float32).to(params[0].device, non_blocking=True)
     clamp = None if exp_clamp is None else float(exp_clamp)

@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from descentlab.optim.functional import Bucket, HorstHyper
+
 logger = logging.getLogger(__name__)
 
 
@@ -279,30 +281,13 @@ class HorstKernel:
         self._exp(x.data_ptr(), out.data_ptr(), x.numel(), int(bounded))
         return out
 
-    def horst_step_(
-        self,
-        params: list[Tensor],
-        grads: list[Tensor],
-        exp_avgs: list[Tensor],
-        exp_avg_sqs: list[Tensor],
-        step_sizes: list[float],
-        bc2_sqrts: list[float],
-        lr: float,
-        beta1: float,
-        beta2: float,
-        eps: float,
-        weight_decay: float,
-        mirror: bool,
-        alpha: float,
-        beta: float,
-        exp_clamp: float,
-        nan_guard: bool,
-    ) -> int:
-        """In-place fused step of contiguous float32 CPU tensors; ``exp_clamp <= 0`` means no clamp.
+    def horst_step_(self, bucket: Bucket, hp: HorstHyper, *, mirror: bool) -> int:
+        """In-place fused step of contiguous float32 CPU tensors at steps ``steps`` (one per tensor).
 
         Returns:
             The number of elements the NaN guard reverted.
         """
+        params, grads, exp_avgs, exp_avg_sqs, _ = bucket
         n = len(params)
         for lst in (grads, exp_avgs, exp_avg_sqs):
             for p, t in zip(params, lst, strict=True):
@@ -316,6 +301,9 @@ class HorstKernel:
         def ptrs(ts: list[Tensor]) -> ctypes.Array:
             return (ctypes.c_void_p * n)(*[t.data_ptr() for t in ts])
 
+        step_sizes, bc2_sqrts = hp.bias_corrections(bucket.steps)
+        lr, beta1, beta2, eps, weight_decay, alpha, beta, exp_clamp, nan_guard = hp
+        exp_clamp = -1.0 if exp_clamp is None else float(exp_clamp)  # the C side reads <= 0 as "no clamp"
         numel = (ctypes.c_int64 * n)(*[p.numel() for p in params])
         reverted = self._fn(
             n, ptrs(params), ptrs(grads), ptrs(exp_avgs), ptrs(exp_avg_sqs), numel,

@@ -39,7 +39,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from descentlab.errors import ConfigError
-from descentlab.optim.functional import adam_update_, hyperbolic_mirror
+from descentlab.optim.functional import adam_update_, evaluate_closure, hyperbolic_mirror
 
 ORDERS = ("mirror_after", "mirror_before", "dual")
 
@@ -183,10 +183,7 @@ class Composed(Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for group in self.param_groups:
             lr = group["lr"]
             for p in group["params"]:

@@ -264,6 +264,46 @@ def build_scheduler(cfg: OptimizerConfig, optimizer: Optimizer, total_steps: int
     return LambdaLR(optimizer, lambda k: warmup_cosine_factor(k, total_steps=total_steps, warmup_steps=warm))
 
 
+def horst_param_groups(
+    model: nn.Module,
+    *,
+    min_mirror_ndim: int = 2,
+    no_mirror_weight_decay: float | None = None,
+    verbose: bool = True,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Split a model's trainable parameters into a mirrored group (ndim >= ``min_mirror_ndim``) and the rest.
+
+    Kept for existing callers; new code builds groups with :func:`descentlab.optim.config.param_groups`,
+    whose decay and mirror rules are explicit.
+
+    Args:
+        model: the model whose ``named_parameters`` are grouped (frozen parameters are skipped).
+        min_mirror_ndim: tensors with at least this many dimensions get the mirror step.
+        no_mirror_weight_decay: weight decay of the non-mirrored group (biases, norms); ``None`` keeps the
+            optimizer default.
+        verbose: print one line per group with its tensor and parameter counts.
+        **options: extra keys for both groups (e.g. ``alpha=10.0``).
+
+    Returns:
+        Param groups for :class:`HORST`, each with ``name``, ``mirror``, ``params`` and ``num_params``.
+    """
+    mirrored, plain = [], []
+    for _, p in model.named_parameters():
+        if p.requires_grad:
+            (mirrored if p.ndim >= min_mirror_ndim else plain).append(p)
+    groups = []
+    for name, params, mirror in (("mirror", mirrored, True), ("no_mirror", plain, False)):
+        group = {"name": name, "mirror": mirror, "params": params, **options}
+        group["num_params"] = sum(p.numel() for p in params)
+        if not mirror and no_mirror_weight_decay is not None:
+            group["weight_decay"] = no_mirror_weight_decay
+        groups.append(group)
+        if verbose:
+            print(f"HORST group {name!r}: {len(params)} tensors, {group['num_params']:,} parameters")
+    return groups
+
+
 __all__ = [
     "BASES",
     "DECAY_RULES",
@@ -273,6 +313,7 @@ __all__ = [
     "OptimizerConfig",
     "build_optimizer",
     "build_scheduler",
+    "horst_param_groups",
     "param_groups",
     "warmup_cosine_factor",
 ]

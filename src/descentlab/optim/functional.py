@@ -17,8 +17,59 @@ bit for bit; the ``*_foreach_`` twins do the same ops on lists of tensors with `
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
 import torch
 from torch import Tensor
+
+
+class HorstHyper(NamedTuple):
+    """One param group's HORST hyper-parameters, as every implementation of the step takes them.
+
+    ``exp_clamp`` bounds the mirror exponent (None: unbounded); ``nan_guard`` keeps the old parameter and
+    moments of every element whose new value is not finite.
+    """
+
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    alpha: float
+    beta: float
+    exp_clamp: float | None
+    nan_guard: bool
+
+    @classmethod
+    def of_group(cls, group: Mapping[str, Any]) -> HorstHyper:
+        beta1, beta2 = group["betas"]
+        keys = ("lr", "eps", "weight_decay", "alpha", "beta", "exp_clamp", "nan_guard")
+        return cls(beta1=beta1, beta2=beta2, **{k: group[k] for k in keys})
+
+    def bias_corrections(self, steps: list[int]) -> tuple[list[float], list[float]]:
+        """Per-tensor ``(step_sizes, bc2_sqrts)`` of the steps k (see :func:`bias_correction`)."""
+        pairs = [bias_correction(k, lr=self.lr, betas=(self.beta1, self.beta2)) for k in steps]
+        return [a for a, _ in pairs], [b for _, b in pairs]
+
+
+class Bucket(NamedTuple):
+    """Tensors that one fast-path call steps together (same device, dtype and mirror rule), with the step
+    number k of each."""
+
+    params: list[Tensor]
+    grads: list[Tensor]
+    exp_avgs: list[Tensor]
+    exp_avg_sqs: list[Tensor]
+    steps: list[int]
+
+
+def evaluate_closure(closure: Callable[[], Tensor] | None) -> Tensor | None:
+    """``closure()`` with gradients enabled (inside an optimizer's no-grad ``step``), or None."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 def bias_correction(step: int, *, lr: float, betas: tuple[float, float]) -> tuple[float, float]:

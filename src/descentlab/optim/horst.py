@@ -35,9 +35,11 @@ from descentlab.errors import ConfigError
 from descentlab.optim import _horst_compiled
 from descentlab.optim._horst_kernel import load_kernel
 from descentlab.optim.functional import (
+    Bucket,
+    HorstHyper,
     adam_update_,
     adam_update_foreach_,
-    bias_correction,
+    evaluate_closure,
     hyperbolic_mirror,
     hyperbolic_mirror_foreach_,
 )
@@ -111,29 +113,14 @@ def horst_reference(
     return HorstStep(p.to(param.dtype), m.to(exp_avg.dtype), v.to(exp_avg_sq.dtype), reverted)
 
 
-def _horst_foreach_(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    steps: list[int],
-    *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    mirror: bool,
-    alpha: float,
-    beta: float,
-    exp_clamp: float | None,
-    nan_guard: bool,
-) -> int:
+def _horst_foreach_(bucket: Bucket, hp: HorstHyper, *, mirror: bool) -> int:
     """In-place HORST step of tensors sharing device and dtype, with ``torch._foreach_*`` ops.
 
     Returns:
         The number of elements the NaN guard reverted.
     """
+    params, grads, exp_avgs, exp_avg_sqs, steps = bucket
+    lr, beta1, beta2, eps, weight_decay, alpha, beta, exp_clamp, nan_guard = hp
     low = params[0].dtype in _LOW_PRECISION
     work = [p.float() for p in params] if low else params
     grads = [g.float() for g in grads] if low else grads
@@ -267,10 +254,7 @@ class HORST(Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         """Perform one HORST step on every parameter that has a gradient."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         self.reverted = 0
         pending: list[Tensor] = []  # the compiled path's device counts: read back once per step
         for group in self.param_groups:
@@ -295,18 +279,7 @@ class HORST(Optimizer):
         return "foreach"
 
     def _step_group(self, group: dict[str, Any], pending: list[Tensor]) -> None:
-        beta1, beta2 = group["betas"]
-        opts = dict(
-            lr=group["lr"],
-            beta1=beta1,
-            beta2=beta2,
-            eps=group["eps"],
-            weight_decay=group["weight_decay"],
-            alpha=group["alpha"],
-            beta=group["beta"],
-            exp_clamp=group["exp_clamp"],
-            nan_guard=group["nan_guard"],
-        )
+        hp = HorstHyper.of_group(group)
         impl = group["impl"]
         kernel = load_kernel() if impl in ("auto", "fused") else None
         buckets: dict[tuple, tuple[list, ...]] = {}
@@ -321,7 +294,7 @@ class HORST(Optimizer):
             mirror = p.ndim >= 2 if group["mirror"] is None else bool(group["mirror"])
             if impl == "reference":
                 new = horst_reference(
-                    p, p.grad, state["exp_avg"], state["exp_avg_sq"], step=step, mirror=mirror, **opts
+                    p, p.grad, state["exp_avg"], state["exp_avg_sq"], step=step, mirror=mirror, **hp._asdict()
                 )
                 self.reverted += new.reverted
                 for dst, src in zip((p, state["exp_avg"], state["exp_avg_sq"]), new[:3], strict=True):
@@ -335,44 +308,22 @@ class HORST(Optimizer):
             ):
                 lst.append(item)
         for (path, mirror, _, _), lists in buckets.items():
-            if path == "compiled" and self._step_compiled(group, lists, mirror, opts, pending):
+            if path == "compiled" and self._step_compiled(group, lists, hp, mirror, pending):
                 continue
-            if path == "kernel":
-                corrections = [bias_correction(k, lr=opts["lr"], betas=(beta1, beta2)) for k in lists[4]]
-                self.reverted += kernel.horst_step_(
-                    *lists[:4],
-                    [c[0] for c in corrections],
-                    [c[1] for c in corrections],
-                    opts["lr"],
-                    beta1,
-                    beta2,
-                    opts["eps"],
-                    opts["weight_decay"],
-                    mirror,
-                    opts["alpha"],
-                    opts["beta"],
-                    -1.0 if opts["exp_clamp"] is None else float(opts["exp_clamp"]),
-                    opts["nan_guard"],
-                )
-            else:
-                self.reverted += _horst_foreach_(*lists, mirror=mirror, **opts)
+            step_lists = kernel.horst_step_ if path == "kernel" else _horst_foreach_
+            self.reverted += step_lists(Bucket(*lists), hp, mirror=mirror)
 
     def _step_compiled(
-        self, group: dict[str, Any], lists: tuple[list, ...], mirror: bool, opts: dict, pending: list[Tensor]
+        self,
+        group: dict[str, Any],
+        lists: tuple[list, ...],
+        hp: HorstHyper,
+        mirror: bool,
+        pending: list[Tensor],
     ) -> bool:
         """Step one bucket with the compiled path; False (nothing modified) if ``auto`` could not compile it."""
-        betas = (opts["beta1"], opts["beta2"])
-        corrections = [bias_correction(k, lr=opts["lr"], betas=betas) for k in lists[4]]
         try:
-            pending.append(
-                _horst_compiled.horst_compiled_(
-                    *lists[:4],
-                    [c[0] for c in corrections],
-                    [c[1] for c in corrections],
-                    mirror=mirror,
-                    **opts,
-                )
-            )
+            pending.append(_horst_compiled.horst_compiled_(Bucket(*lists), hp, mirror=mirror))
         except Exception as exc:  # compilation fails before the graph runs: the tensors are untouched
             if group["impl"] == "compiled":
                 raise
@@ -403,44 +354,4 @@ class HORST(Optimizer):
                 self.state[p][key] = saved[key].to(device=p.device, dtype=saved[key].dtype, copy=True)
 
 
-def horst_param_groups(
-    model: nn.Module,
-    *,
-    min_mirror_ndim: int = 2,
-    no_mirror_weight_decay: float | None = None,
-    verbose: bool = True,
-    **options: Any,
-) -> list[dict[str, Any]]:
-    """Split a model's trainable parameters into a mirrored group (ndim >= ``min_mirror_ndim``) and the rest.
-
-    Kept for existing callers; new code builds groups with :func:`descentlab.optim.config.param_groups`,
-    whose decay and mirror rules are explicit.
-
-    Args:
-        model: the model whose ``named_parameters`` are grouped (frozen parameters are skipped).
-        min_mirror_ndim: tensors with at least this many dimensions get the mirror step.
-        no_mirror_weight_decay: weight decay of the non-mirrored group (biases, norms); ``None`` keeps the
-            optimizer default.
-        verbose: print one line per group with its tensor and parameter counts.
-        **options: extra keys for both groups (e.g. ``alpha=10.0``).
-
-    Returns:
-        Param groups for :class:`HORST`, each with ``name``, ``mirror``, ``params`` and ``num_params``.
-    """
-    mirrored, plain = [], []
-    for _, p in model.named_parameters():
-        if p.requires_grad:
-            (mirrored if p.ndim >= min_mirror_ndim else plain).append(p)
-    groups = []
-    for name, params, mirror in (("mirror", mirrored, True), ("no_mirror", plain, False)):
-        group = {"name": name, "mirror": mirror, "params": params, **options}
-        group["num_params"] = sum(p.numel() for p in params)
-        if not mirror and no_mirror_weight_decay is not None:
-            group["weight_decay"] = no_mirror_weight_decay
-        groups.append(group)
-        if verbose:
-            print(f"HORST group {name!r}: {len(params)} tensors, {group['num_params']:,} parameters")
-    return groups
-
-
-__all__ = ["HORST", "HorstStep", "horst_param_groups", "horst_reference"]
+__all__ = ["HORST", "HorstStep", "horst_reference"]
