@@ -1,7 +1,8 @@
 """Tiny random models for the tests, built from transformers configs (nothing to download).
 
 One factory per family, used across the suite: ``from tiny_models import tiny_bert`` (tests/conftest.py
-puts this folder on ``sys.path``). Dropout is off, so a model's output depends on its weights and inputs only.
+puts this folder on ``sys.path``; a script run by itself inserts it). Dropout is off unless asked for, so a
+model's output depends on its weights and inputs only. Each factory seeds torch with ``seed`` first.
 """
 
 from __future__ import annotations
@@ -23,77 +24,119 @@ PAD = 0
 
 
 def tiny_bert(
-    *, layers: int = 2, hidden: int = 32, vocab: int = VOCAB, num_labels: int = 2, seed: int = 0
+    *,
+    layers: int = 2,
+    hidden: int = 32,
+    vocab: int = VOCAB,
+    num_labels: int = 2,
+    seed: int = 0,
+    heads: int = 2,
+    positions: int = 64,
+    dropout: float = 0.0,
+    **config: object,
 ) -> BertForSequenceClassification:
-    """A BERT sequence classifier: ``layers`` blocks of width ``hidden``, 2 heads."""
+    """A BERT sequence classifier: ``layers`` blocks of width ``hidden``, ``heads`` heads, MLP width 2x.
+
+    ``config`` entries override the ``BertConfig`` fields (``pad_token_id``, ...).
+    """
     torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        intermediate_size=2 * hidden,
-        max_position_embeddings=64,
-        num_labels=num_labels,
-        pad_token_id=PAD,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return BertForSequenceClassification(config)
+    fields = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "intermediate_size": 2 * hidden,
+        "max_position_embeddings": positions,
+        "num_labels": num_labels,
+        "pad_token_id": PAD,
+        "hidden_dropout_prob": dropout,
+        "attention_probs_dropout_prob": dropout,
+    }
+    return BertForSequenceClassification(BertConfig(**{**fields, **config}))
 
 
 def tiny_gpt2(
-    *, layers: int = 2, hidden: int = 16, vocab: int = 50, positions: int = 32, seed: int = 0
+    *,
+    layers: int = 2,
+    hidden: int = 16,
+    vocab: int = 50,
+    positions: int = 32,
+    seed: int = 0,
+    heads: int = 2,
+    dropout: float = 0.0,
+    **config: object,
 ) -> GPT2LMHeadModel:
-    """A GPT-2 causal LM (tied embeddings)."""
+    """A GPT-2 causal LM (tied embeddings). ``config`` entries override the ``GPT2Config`` fields."""
     torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=vocab,
-        n_positions=positions,
-        n_embd=hidden,
-        n_layer=layers,
-        n_head=2,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    return GPT2LMHeadModel(config)
+    fields = {
+        "vocab_size": vocab,
+        "n_positions": positions,
+        "n_embd": hidden,
+        "n_layer": layers,
+        "n_head": heads,
+        "resid_pdrop": dropout,
+        "embd_pdrop": dropout,
+        "attn_pdrop": dropout,
+    }
+    return GPT2LMHeadModel(GPT2Config(**{**fields, **config}))
 
 
-def tiny_llama(*, layers: int = 2, hidden: int = 32, vocab: int = VOCAB, seed: int = 0) -> LlamaForCausalLM:
-    """A Llama causal LM with grouped-query attention and an untied LM head."""
+def tiny_llama(
+    *,
+    layers: int = 2,
+    hidden: int = 32,
+    vocab: int = VOCAB,
+    seed: int = 0,
+    heads: int = 4,
+    kv_heads: int = 2,
+    positions: int = 64,
+    tie: bool = False,
+    **config: object,
+) -> LlamaForCausalLM:
+    """A Llama causal LM with grouped-query attention; the LM head is untied unless ``tie``.
+
+    ``config`` entries override the ``LlamaConfig`` fields (``pad_token_id``, ``bos_token_id``, ...).
+    """
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(config)
+    fields = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "max_position_embeddings": positions,
+        "tie_word_embeddings": tie,
+    }
+    return LlamaForCausalLM(LlamaConfig(**{**fields, **config}))
 
 
 def tiny_vit(
-    *, layers: int = 2, hidden: int = 32, image: int = 8, patch: int = 4, num_labels: int = 3, seed: int = 0
+    *,
+    layers: int = 2,
+    hidden: int = 32,
+    image: int = 8,
+    patch: int = 4,
+    num_labels: int = 3,
+    seed: int = 0,
+    heads: int = 2,
+    **config: object,
 ) -> ViTForImageClassification:
-    """A ViT image classifier on ``image``x``image`` grey images."""
+    """A ViT image classifier on ``image``x``image`` grey images. ``config`` overrides ``ViTConfig`` fields."""
     torch.manual_seed(seed)
-    config = ViTConfig(
-        image_size=image,
-        patch_size=patch,
-        num_channels=1,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        intermediate_size=2 * hidden,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        num_labels=num_labels,
-    )
-    return ViTForImageClassification(config)
+    fields = {
+        "image_size": image,
+        "patch_size": patch,
+        "num_channels": 1,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "intermediate_size": 2 * hidden,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "num_labels": num_labels,
+    }
+    return ViTForImageClassification(ViTConfig(**{**fields, **config}))
 
 
 def token_batch(rows: list[list[int]], labels: list[int] | None = None) -> dict[str, torch.Tensor]:

@@ -63,22 +63,11 @@ def eval_batches() -> list[dict[str, torch.Tensor]]:
     return [default_collate(test[k : k + EVAL_BATCH]) for k in range(0, len(test), EVAL_BATCH)]
 
 
-def tiny_bert() -> torch.nn.Module:
-    from transformers import BertConfig, BertForSequenceClassification
+def bert() -> torch.nn.Module:
+    from tiny_models import tiny_bert
 
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        num_labels=2,
-        hidden_dropout_prob=0.0,  # ranks draw different dropout masks than a single process would
-        attention_probs_dropout_prob=0.0,
-    )
-    return BertForSequenceClassification(config)
+    # MiniLM's WordPiece vocabulary; dropout off (the default): ranks would draw other masks than one process
+    return tiny_bert(layers=LAYERS, hidden=32, vocab=30522, positions=64, num_labels=2, seed=0)
 
 
 def _per_example(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -96,7 +85,7 @@ def train_fit(horst_impl: str = "auto") -> dict[str, Any]:
     from descentlab.train.loop import TrainConfig, fit
     from descentlab.train.objectives import Constrained
 
-    model = tiny_bert()
+    model = bert()
     constraint = dl.LayerwiseDescent(num_layers=LAYERS, alpha=0.05, dual_lr=0.5)
     optimizer = dl.PrimalDual(dl.HORST(model.parameters(), lr=LR, alpha=1.0, impl=horst_impl), constraint)
     acdc = dl.ACDC(
@@ -149,7 +138,7 @@ def train_fsdp2(sharded: bool, horst_impl: str = "auto") -> dict[str, Any]:
     from descentlab.distributed import rank, world_size
     from descentlab.train.loop import rank_share
 
-    model = tiny_bert()
+    model = bert()
     if sharded:
         from torch.distributed.fsdp import fully_shard
 
@@ -202,4 +191,5 @@ def main(out_dir: Path, horst_impl: str) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tiny_models
     main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "auto")

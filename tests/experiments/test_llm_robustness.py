@@ -108,10 +108,11 @@ def test_methods_are_edits_of_one_base() -> None:
 @pytest.fixture(scope="module")
 def tiny_llama_dir(tmp_path_factory):
     """A 2-layer Llama with SmolLM2's tokenizer, saved as a local model folder."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
     from descentlab.data import asset_path, cache_dir
     from descentlab.data.models import smollm2_cache_ready
+    from tiny_models import tiny_llama
 
     try:
         gguf = asset_path("smollm2_gguf")
@@ -121,22 +122,21 @@ def tiny_llama_dir(tmp_path_factory):
         tok = AutoTokenizer.from_pretrained(cache_dir() / "smollm2", local_files_only=True)
     else:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
+    model = tiny_llama(
+        layers=2,
+        hidden=32,
+        heads=4,
+        kv_heads=2,
+        vocab=len(tok),
+        positions=128,
+        tie=True,
+        seed=0,
         pad_token_id=tok.pad_token_id or tok.eos_token_id,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
     )
     folder = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(cfg).save_pretrained(folder)
+    model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
 

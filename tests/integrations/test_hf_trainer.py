@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification, TrainingArguments
+from transformers import BertForSequenceClassification, TrainingArguments
 
 import descentlab as dl
 from descentlab.data import load_encoder_classifier, load_text_classification
 from descentlab.integrations.hf import SPARSITY_FILE, DescentTrainer
+from tiny_models import tiny_bert
 
 
 @pytest.fixture(scope="module")
@@ -30,17 +31,8 @@ def dataset():
 
 
 def _model() -> BertForSequenceClassification:
-    torch.manual_seed(0)
-    cfg = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        num_labels=2,
-    )
-    return BertForSequenceClassification(cfg)
+    # MiniLM's WordPiece vocabulary; BertConfig's default dropout (0.1), which resume must replay exactly
+    return tiny_bert(layers=3, hidden=32, vocab=30522, positions=64, num_labels=2, dropout=0.1, seed=0)
 
 
 def _trainer(out, dataset, max_steps: int) -> DescentTrainer:

@@ -1,4 +1,4 @@
-"""Fixtures shared by the optimizer tests: a tiny GPT-2 built from a transformers config and its LM loss."""
+"""Fixtures shared by the optimizer tests: a tiny GPT-2 (from tests/tiny_models.py) and its LM loss."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+
+from tiny_models import tiny_gpt2 as gpt2
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -22,12 +23,7 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def tiny_gpt2() -> Callable[[], torch.nn.Module]:
     """A factory of identical copies of a 1-layer GPT-2 (embeddings, attention, MLP, LayerNorms, biases)."""
-    torch.manual_seed(0)
-    cfg = GPT2Config(
-        vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )  # fmt: skip
-    base = GPT2LMHeadModel(cfg).float()
+    base = gpt2(layers=1, hidden=16, vocab=64, positions=16, seed=0)
     return lambda: copy.deepcopy(base)
 
 

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2LMHeadModel
 
 from descentlab.errors import ConfigError
 from descentlab.readout import CausalLMReadout, layer_losses
+from tiny_models import tiny_gpt2
 
 V = 211
 
 
 @pytest.fixture(scope="module")
 def gpt2() -> GPT2LMHeadModel:
-    torch.manual_seed(0)
-    config = GPT2Config(
-        n_layer=3, n_embd=32, n_head=4, vocab_size=V, n_positions=64, bos_token_id=0, eos_token_id=0
-    )
-    return GPT2LMHeadModel(config).eval()
+    return tiny_gpt2(
+        layers=3, hidden=32, heads=4, vocab=V, positions=64, seed=0, bos_token_id=0, eos_token_id=0
+    ).eval()
 
 
 def _batch(b: int = 3, t: int = 40) -> dict[str, torch.Tensor]:

@@ -25,12 +25,11 @@ from transformers import (
     LlamaForCausalLM,
     RobertaConfig,
     RobertaForSequenceClassification,
-    ViTConfig,
-    ViTForImageClassification,
 )
 
 from descentlab.errors import DataError, ModelError
 from descentlab.readout import layer_losses
+from tiny_models import tiny_bert, tiny_vit
 
 V, H, L = 97, 32, 3
 COMMON = {"hidden_size": H, "intermediate_size": 64, "num_attention_heads": 4, "vocab_size": V}
@@ -95,9 +94,7 @@ def test_encoder_classifiers_match_truncated_models(cls, config, layers_path) ->
 
 
 def test_regression_head_uses_mse_like_the_model() -> None:
-    model = (
-        BertForSequenceClassification(BertConfig(num_hidden_layers=2, num_labels=1, **COMMON)).double().eval()
-    )
+    model = tiny_bert(layers=2, hidden=H, heads=4, vocab=V, num_labels=1).double().eval()
     batch = _text_batch(torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=torch.float64))
     torch.testing.assert_close(layer_losses(model, batch)[-1], model(**batch).loss, rtol=0, atol=1e-12)
 
@@ -132,17 +129,7 @@ def test_causal_lms_match_truncated_models(cls, config, layers_path) -> None:
 
 
 def test_vit_matches_truncated_models() -> None:
-    config = ViTConfig(
-        num_hidden_layers=L,
-        hidden_size=H,
-        intermediate_size=64,
-        num_attention_heads=4,
-        image_size=16,
-        patch_size=4,
-        num_channels=1,
-        num_labels=5,
-    )
-    model = ViTForImageClassification(config).double().eval()
+    model = tiny_vit(layers=L, hidden=H, heads=4, image=16, patch=4, num_labels=5).double().eval()
     g = torch.Generator().manual_seed(0)
     batch = {
         "pixel_values": torch.randn(3, 1, 16, 16, generator=g, dtype=torch.float64),
@@ -156,7 +143,7 @@ def test_vit_matches_truncated_models() -> None:
 
 
 def test_readout_is_differentiable_and_trains_every_layer() -> None:
-    model = BertForSequenceClassification(BertConfig(num_hidden_layers=2, **COMMON))
+    model = tiny_bert(layers=2, hidden=H, heads=4, vocab=V)
     f = layer_losses(model, _text_batch(torch.tensor([0, 1, 1, 0])))
     f[1].backward()  # layer 1's readout reaches layer 1 and the shared head, not layer 2
     assert model.bert.encoder.layer[0].output.dense.weight.grad.abs().sum() > 0
@@ -181,7 +168,7 @@ def test_custom_head_and_clear_errors() -> None:
         layer_losses(model, batch)  # unsupported family: says how to pass a head
     with pytest.raises(ModelError, match="no hidden states"):
         layer_losses(model, batch, readout=lambda h, b: h.sum())
-    bert = BertForSequenceClassification(BertConfig(num_hidden_layers=2, **COMMON)).eval()
+    bert = tiny_bert(layers=2, hidden=H, heads=4, vocab=V).eval()
     with pytest.raises(DataError, match="labels"):
         layer_losses(bert, _text_batch(None))
 

@@ -35,20 +35,9 @@ class CliCase:
 
 
 def _tiny_bert(max_positions: int = 16) -> nn.Module:
-    from transformers import BertConfig, BertForSequenceClassification
+    from tiny_models import tiny_bert
 
-    torch.manual_seed(0)
-    return BertForSequenceClassification(
-        BertConfig(
-            vocab_size=50,
-            hidden_size=8,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=16,
-            max_position_embeddings=max_positions,
-            num_labels=2,
-        )
-    )
+    return tiny_bert(layers=2, hidden=8, vocab=50, positions=max_positions, num_labels=2, seed=0)
 
 
 def _bert_batch(length: int) -> dict[str, torch.Tensor]:

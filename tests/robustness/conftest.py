@@ -1,43 +1,19 @@
-"""Tiny models for the robustness tests, built from transformers configs (no weights to download)."""
+"""Fixtures of the robustness tests: the shared tiny BERT (tests/tiny_models.py), padded batches, random rows."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import BertForSequenceClassification
 
-VOCAB = 97
-PAD = 0
+from tiny_models import VOCAB, token_batch
+from tiny_models import tiny_bert as _tiny_bert
 
 
 @pytest.fixture
 def tiny_bert() -> BertForSequenceClassification:
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        num_labels=2,
-        pad_token_id=PAD,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return BertForSequenceClassification(config).eval()
-
-
-def _make_batch(rows: list[list[int]], labels: list[int] | None = None) -> dict[str, torch.Tensor]:
-    """Right-padded batch of token ids with attention mask (and labels)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), PAD, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-    batch = {"input_ids": ids, "attention_mask": (ids != PAD).long()}
-    if labels is not None:
-        batch["labels"] = torch.tensor(labels)
-    return batch
+    # 2 layers of width 32, vocabulary 97, pad id 0, dropout off
+    return _tiny_bert(layers=2, hidden=32, vocab=VOCAB, num_labels=2, seed=0).eval()
 
 
 def _random_rows(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
@@ -48,7 +24,8 @@ def _random_rows(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
 
 @pytest.fixture
 def make_batch():
-    return _make_batch
+    """Right-padded batch of token ids with attention mask (and labels)."""
+    return token_batch
 
 
 @pytest.fixture

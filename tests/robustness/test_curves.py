@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from descentlab.errors import ModelError
 from descentlab.robustness import (
@@ -20,6 +19,7 @@ from descentlab.robustness import (
     token_nll_metric,
 )
 from descentlab.robustness.perturb import embedding_rms
+from tiny_models import tiny_gpt2
 
 GAMMAS = (0.0, 0.5, 2.0)
 
@@ -153,8 +153,7 @@ def test_input_noise_rmse_matches_closed_form() -> None:
 
 
 def test_token_nll_metric_matches_hf_loss() -> None:
-    torch.manual_seed(0)
-    lm = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=32)).eval()
+    lm = tiny_gpt2(layers=1, heads=2, hidden=16, vocab=50, positions=32, seed=0).eval()
     ids = torch.randint(0, 50, (3, 12))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     with torch.no_grad():

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2LMHeadModel
 
 from descentlab.data.instructions import collate_causal
 from descentlab.errors import AssetMissingError, ConfigError
@@ -20,29 +20,27 @@ from descentlab.robustness.judge import (
     score_examples_reference,
 )
 from descentlab.robustness.winrate import win_rate as score_win_rate
+from tiny_models import PAD, VOCAB
+from tiny_models import tiny_gpt2 as _tiny_gpt2
 
 
 def win_rate(p: torch.Tensor) -> float:
     return preference_summary(p).rate
 
 
-VOCAB = 97
-PAD = 0
-
-
 def tiny_gpt2(seed: int, vocab: int = VOCAB) -> GPT2LMHeadModel:
-    torch.manual_seed(seed)
-    cfg = GPT2Config(
-        vocab_size=vocab,
-        n_positions=256,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
+    # GPT2Config's default dropout (0.1): one test trains a model in train mode
+    return _tiny_gpt2(
+        layers=2,
+        hidden=32,
+        vocab=vocab,
+        positions=256,
+        seed=seed,
+        dropout=0.1,
         pad_token_id=PAD,
         bos_token_id=1,
         eos_token_id=2,
-    )
-    return GPT2LMHeadModel(cfg).eval()
+    ).eval()
 
 
 def random_examples(n: int, seed: int = 0) -> list[dict[str, list[int]]]:

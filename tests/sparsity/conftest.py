@@ -21,10 +21,10 @@ def make_vit() -> Callable[..., nn.Module]:
 
 @pytest.fixture
 def make_gpt2() -> Callable[[], nn.Module]:
-    def make() -> nn.Module:
-        from transformers import GPT2Config, GPT2LMHeadModel
+    from tiny_models import tiny_gpt2
 
-        return GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=2, n_head=2))
+    def make() -> nn.Module:
+        return tiny_gpt2(layers=2, hidden=16, vocab=50, positions=16, seed=0)
 
     return make
 

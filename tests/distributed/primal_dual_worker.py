@@ -1,6 +1,6 @@
-"""Worker for test_distributed.py: DDP (gloo) training with PrimalDual; run as a script, not collected.
+"""Worker of test_primal_dual_ddp.py: DDP (gloo) training with PrimalDual; run as a script, not collected.
 
-Usage: python dist_worker.py OUT_DIR. Each of 2 ranks trains on its half of every global batch and saves
+Usage: python primal_dual_worker.py OUT_DIR. Each of 2 ranks trains on its half of every global batch and saves
 its λ trajectory and final parameters to OUT_DIR/rank{r}.pt. The ranks meet through a file in OUT_DIR
 (no TCP port to race for on a shared machine).
 """

@@ -1,4 +1,4 @@
-"""Two gloo processes hold identical λ, equal to a single-process run on the same global batch."""
+"""PrimalDual under DDP: two gloo processes hold identical λ, equal to a single-process run on the same global batch."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-WORKER = Path(__file__).with_name("dist_worker.py")
+WORKER = Path(__file__).with_name("primal_dual_worker.py")
 
 
 def _load_worker():
-    spec = importlib.util.spec_from_file_location("descentlab_dist_worker", WORKER)
+    spec = importlib.util.spec_from_file_location("descentlab_primal_dual_worker", WORKER)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
