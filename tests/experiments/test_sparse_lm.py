@@ -105,9 +105,8 @@ def test_same_budget_horst_without_mirror_is_adamw_and_workers_do_not_change_res
     _, res = _run(
         tmp_path,
         "seeds=[0]",
-        "methods.horst=null",
-        "methods.ham=null",
-        "methods.horst0=optimizer.name=horst optimizer.alpha=0 optimizer.beta=0",
+        "specs.horst0=optimizer.name=horst optimizer.alpha=0 optimizer.beta=0",
+        "methods=[adamw,horst0]",
         "workers=2",
     )
     assert list(res["methods"]) == ["adamw", "horst0"]
@@ -155,18 +154,18 @@ def test_config_errors_are_clear():
     from descentlab.experiments.sparse_lm import SparseLMConfig
 
     with pytest.raises(ConfigError, match="bad method spec"):
-        resolve_config(SparseLMConfig, overrides=["methods.sgd=optimizer.name=sgd"])
-    with pytest.raises(ConfigError, match="at least one method"):
-        resolve_config(
-            SparseLMConfig, overrides=["methods.adamw=null", "methods.horst=null", "methods.ham=null"]
-        )
+        resolve_config(SparseLMConfig, overrides=["specs.sgd=optimizer.name=sgd"])
+    with pytest.raises(ConfigError, match="at least one"):
+        resolve_config(SparseLMConfig, overrides=["methods=[]"])
+    with pytest.raises(ConfigError, match="unknown methods"):
+        resolve_config(SparseLMConfig, overrides=["methods=[adamw,lion]"])
     with pytest.raises(ConfigError, match="labels"):
-        resolve_config(SparseLMConfig, overrides=["methods.h@1=optimizer.name=horst"])
+        resolve_config(SparseLMConfig, overrides=["specs.h@1=optimizer.name=horst"])
     with pytest.raises(ConfigError, match="sparsities"):
         resolve_config(SparseLMConfig, overrides=["sparsities=[0.5,1.0]"])
     with pytest.raises(ConfigError, match="unknown config key 'optimizers'"):
         resolve_config(SparseLMConfig, overrides=["optimizers=[adamw]"])
-    methods = resolve_config(SparseLMConfig, overrides=["methods.ham=null"]).method_configs()
+    methods = resolve_config(SparseLMConfig, overrides=["methods=[adamw,horst]"]).method_configs()
     assert list(methods) == ["adamw", "horst"]
     # one budget: the methods differ in the optimizer's name and mirror strength only
     assert methods["horst"].optimizer.lr == methods["adamw"].optimizer.lr

@@ -111,7 +111,7 @@ def test_a_method_spec_edits_the_shared_acdc_for_itself_only() -> None:
 
     spec = "optimizer.name=horst optimizer.alpha=3.0 acdc.reset_moments=true"
     cfg = resolve_config(
-        SparseViTConfig, overrides=[f"methods.horst={spec}", "acdc.warmup=2", "only=[horst,adamw]"]
+        SparseViTConfig, overrides=[f"specs.horst={spec}", "acdc.warmup=2", "methods=[horst,adamw]"]
     )
     methods = cfg.compared()
     assert list(methods) == ["horst", "adamw"]
@@ -125,9 +125,9 @@ def test_bad_config_is_rejected_before_running(tmp_path) -> None:
     with pytest.raises(ConfigError, match="sparsities"):
         run_experiment("sparse-vit", overrides=["sparsities=[0.7,1.0]"], out=tmp_path)
     with pytest.raises(ConfigError, match="unknown methods"):
-        run_experiment("sparse-vit", overrides=["only=[adamw,lion]"], out=tmp_path)
+        run_experiment("sparse-vit", overrides=["methods=[adamw,lion]"], out=tmp_path)
     with pytest.raises(ConfigError, match=r"optimizer\.name"):
-        run_experiment("sparse-vit", overrides=["methods.lion=optimizer.name=lion"], out=tmp_path)
+        run_experiment("sparse-vit", overrides=["specs.lion=optimizer.name=lion"], out=tmp_path)
     with pytest.raises(ConfigError, match="dense"):
         run_experiment("sparse-vit", overrides=["dense=sgd"], out=tmp_path)
     assert not any(tmp_path.iterdir())

@@ -8,8 +8,9 @@ and the gap widens with sparsity. A pretrained SmolLM2-135M is pruned the same w
 pruning and evaluation code on a real model.
 
 Methods are one base :class:`~descentlab.train.recipe.MethodConfig` (AdamW, decay on matrices only, linear
-warm-up then cosine decay) and ``methods``: label -> override spec of it, e.g. on the command line
-``methods.horst-a10="optimizer.name=horst optimizer.alpha=10"``; ``methods.ham=null`` drops a method.
+warm-up then cosine decay), ``specs``: label -> override spec of it, and ``methods``: the labels to train,
+e.g. on the command line ``specs.horst-a10="optimizer.name=horst optimizer.alpha=10"
+methods=[adamw,horst-a10]``.
 
 Defaults: Jane Austen's novels split by novel (``load_austen``), a byte-level BPE trained on the training
 novels. ``tokenizer=gpt2 corpus=/path/to/SlimPajama-6B`` switches to the real GPT-2 BPE and a local corpus.
@@ -43,7 +44,7 @@ from descentlab.train.recipe import MethodConfig, build_recipe, methods_from_spe
 from descentlab.train.rundir import RunDir
 
 # every method shares the base's lr, betas, weight decay and schedule: one budget for all (METHODS §2.3)
-METHODS: dict[str, str | None] = {
+SPECS: dict[str, str] = {
     "adamw": "",
     "horst": "optimizer.name=horst optimizer.alpha=1.0 optimizer.beta=0.0",
     "ham": "optimizer.name=ham optimizer.alpha=200.0 optimizer.beta=1e-3",
@@ -71,8 +72,9 @@ class SparseLMConfig:
         model: shape of the GPT-2 (``model.n_positions`` is the block length).
         method: the base method: ERM with AdamW at peak lr 3e-3, weight decay 0.1 on matrices only (biases
             and norms get none), 5 % linear warm-up then cosine decay to 0.
-        methods: label -> override spec of ``method`` (:func:`~descentlab.train.recipe.with_overrides`);
-            a null spec drops the method. HAM's alpha/beta are its METHODS §2.3 defaults.
+        specs: label -> override spec of ``method`` (:func:`~descentlab.train.recipe.with_overrides`).
+            HAM's alpha/beta are its METHODS §2.3 defaults.
+        methods: the labels of ``specs`` to train, in this order.
         sparsities: one-shot layer-wise pruning levels.
         max_train_blocks: cap on training blocks (None: the whole training split).
         eval_blocks: validation blocks used for perplexity (a fixed prefix of the split).
@@ -93,7 +95,8 @@ class SparseLMConfig:
     bpe_vocab: int = 4096
     model: GPT2LMConfig = field(default_factory=lambda: GPT2LMConfig(n_layer=4, n_embd=128, n_head=4))
     method: MethodConfig = field(default_factory=_base_method)
-    methods: dict[str, str | None] = field(default_factory=lambda: dict(METHODS))
+    specs: dict[str, str] = field(default_factory=lambda: dict(SPECS))
+    methods: list[str] = field(default_factory=lambda: list(SPECS))
     sparsities: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
     max_train_blocks: int | None = None
     eval_blocks: int = 256
@@ -108,10 +111,15 @@ class SparseLMConfig:
     )
 
     def __post_init__(self) -> None:
-        labels = self.method_configs()  # validates every spec, naming it
-        if not labels:
-            raise ConfigError("methods must keep at least one method (a null spec drops one)")
-        bad = [label for label in labels if not _LABEL.fullmatch(label)]
+        if not self.methods:
+            raise ConfigError(f"methods must name at least one of the specs {sorted(self.specs)}")
+        unknown = sorted(set(self.methods) - set(self.specs))
+        if unknown:
+            raise ConfigError(
+                f"methods names unknown methods {unknown}; the specs define {sorted(self.specs)}"
+            )
+        methods_from_specs(self.method, self.specs)  # validates every spec, naming it
+        bad = [label for label in self.specs if not _LABEL.fullmatch(label)]
         if bad:
             raise ConfigError(f"method labels {bad} must match {_LABEL.pattern}: they name folders")
         if any(not 0.0 < s < 1.0 for s in self.sparsities):
@@ -121,7 +129,7 @@ class SparseLMConfig:
 
     def method_configs(self) -> dict[str, MethodConfig]:
         """The methods to train, by label, in ``methods`` order."""
-        return methods_from_specs(self.method, {k: v for k, v in self.methods.items() if v is not None})
+        return methods_from_specs(self.method, {label: self.specs[label] for label in self.methods})
 
 
 CONFIG = SparseLMConfig
@@ -143,7 +151,8 @@ PRESETS: dict[str, dict] = {
     # finish in about 45 min on a 2-core machine shared with other jobs
     "full": {
         "seeds": [0, 1, 2],
-        "methods.horst-alpha10": "optimizer.name=horst optimizer.alpha=10.0 optimizer.beta=0.0",
+        "specs.horst-alpha10": "optimizer.name=horst optimizer.alpha=10.0 optimizer.beta=0.0",
+        "methods": ["adamw", "horst", "horst-alpha10", "ham"],
         "bpe_vocab": 2048,
         "model.n_positions": 64,
         "train.max_steps": 300,

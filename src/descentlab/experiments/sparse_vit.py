@@ -48,8 +48,8 @@ class SparseViTConfig:
         acdc: the AC/DC schedule every sparse run shares, phases in epochs (None: the reference schedule
             scaled to the run); ``acdc.sparsity`` is set per job from ``sparsities``. A method's spec may
             edit it for that method alone (e.g. ``acdc.reset_moments=true``).
-        methods: label -> override spec of ``method`` (``with_overrides`` syntax), one per compared method.
-        only: labels of ``methods`` to train, in that order (empty: all).
+        specs: label -> override spec of ``method`` (``with_overrides`` syntax), one per known method.
+        methods: labels of ``specs`` to train, in that order.
         dense: label of the method also trained dense (AC/DC off) as the reference; null: none.
         tune_lr, tune_alpha: the validation grid (lr x α per label; a label without α candidates keeps its
             own α); used when ``tune`` is true.
@@ -69,14 +69,14 @@ class SparseViTConfig:
         )
     )
     acdc: ACDCConfig = field(default_factory=lambda: ACDCConfig(unit="epochs"))
-    methods: dict[str, str] = field(
+    specs: dict[str, str] = field(
         default_factory=lambda: {
             "adamw": "",
             "horst": "optimizer.name=horst optimizer.alpha=1.0 optimizer.beta=0.0",
             "ham": "optimizer.name=ham optimizer.alpha=200.0 optimizer.beta=0.001",
         }
     )
-    only: list[str] = field(default_factory=list)
+    methods: list[str] = field(default_factory=lambda: ["adamw", "horst", "ham"])
     dense: str | None = "adamw"
     sparsities: list[float] = field(default_factory=lambda: [0.7, 0.8, 0.9])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
@@ -103,24 +103,26 @@ class SparseViTConfig:
             raise ConfigError(f"sparsities must lie in (0, 1), got {bad}; e.g. sparsities=[0.7,0.8,0.9]")
         if not self.seeds:
             raise ConfigError("seeds must list at least one seed")
-        labels = [label for label in self.methods if not _LABEL.fullmatch(label)]
+        labels = [label for label in self.specs if not _LABEL.fullmatch(label)]
         if labels:
             raise ConfigError(f"method labels {labels} must match {_LABEL.pattern}; e.g. horst-a10")
-        for key, names in (("only", self.only), ("tune_alpha", list(self.tune_alpha))):
-            unknown = sorted(set(names) - set(self.methods))
+        if not self.methods:
+            raise ConfigError(f"methods must name at least one of the specs {sorted(self.specs)}")
+        for key, names in (("methods", self.methods), ("tune_alpha", list(self.tune_alpha))):
+            unknown = sorted(set(names) - set(self.specs))
             if unknown:
                 raise ConfigError(
-                    f"{key} names unknown methods {unknown}; methods are {sorted(self.methods)}"
+                    f"{key} names unknown methods {unknown}; the specs define {sorted(self.specs)}"
                 )
-        if self.dense is not None and self.dense not in self.methods:
-            raise ConfigError(f"dense={self.dense!r} is not a method; choose one of {sorted(self.methods)}")
-        self.compared()  # a bad override spec fails here, before any run directory is made
+        if self.dense is not None and self.dense not in self.specs:
+            raise ConfigError(f"dense={self.dense!r} is not a method; choose one of {sorted(self.specs)}")
+        self.compared(list(self.specs))  # a bad override spec fails here, before any run directory is made
 
     def compared(self, labels: list[str] | None = None) -> dict[str, MethodConfig]:
-        """The methods ``labels`` (default: ``only``, else all) as MethodConfigs, with the shared AC/DC."""
-        labels = labels or self.only or list(self.methods)
+        """The methods ``labels`` (default: ``methods``) as MethodConfigs, with the shared AC/DC."""
+        labels = labels or self.methods
         base = replace(self.method, acdc=self.method.acdc or self.acdc)
-        return methods_from_specs(base, {label: self.methods[label] for label in labels})
+        return methods_from_specs(base, {label: self.specs[label] for label in labels})
 
 
 PRESETS = {
@@ -134,8 +136,8 @@ PRESETS = {
         "seeds": [0],
         "train.epochs": 5,
         "method.optimizer.lr": 2e-3,
-        "methods.horst": "optimizer.name=horst optimizer.alpha=10.0 optimizer.beta=0.0",
-        "methods.ham": "optimizer.name=ham optimizer.alpha=200.0 optimizer.beta=0.001",
+        "specs.horst": "optimizer.name=horst optimizer.alpha=10.0 optimizer.beta=0.0",
+        "specs.ham": "optimizer.name=ham optimizer.alpha=200.0 optimizer.beta=0.001",
         "threads": 1,
         "workers": 1,
     },
@@ -278,7 +280,7 @@ def run(cfg: SparseViTConfig, run: RunDir) -> dict[str, Any]:
                 ]
 
         # 2. every (method, sparsity, seed) with the chosen hyper-parameters, plus the dense reference
-        if cfg.dense is not None and cfg.dense not in chosen:  # a reference outside ``only``: untuned
+        if cfg.dense is not None and cfg.dense not in chosen:  # a reference outside ``methods``: untuned
             chosen |= cfg.compared([cfg.dense])
         futures = {
             (label, s, seed): submit(label, chosen[label], s, seed)
