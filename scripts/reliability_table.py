@@ -13,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # tiny_models, the test suite's model factories
 
 from tests.reliability.cases import CLI_CASES, LIBRARY_CASES  # noqa: E402
 from tests.reliability.test_bad_inputs import run_cli  # noqa: E402
