@@ -1,5 +1,6 @@
-"""video-denoising: short training denoises held-out frames; the methods are built right; the experiment runs
-end to end, resumes from its job cache, and `descentlab report` redraws its figures from the run directory."""
+"""video-denoising: short training denoises held-out frames; the methods, grids and controls are built right;
+the claims' cells are the ones they say; the experiment runs end to end, picks settings on validation,
+resumes from its job cache, and `descentlab report` redraws its figures from the run directory."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments import run_experiment
 from descentlab.experiments import video_denoising as vd
 from descentlab.report.build import write_report
+from descentlab.report.video_claims import claim_cells, evaluate_claims, layer_increase
 from descentlab.robustness.video import denoise_frames, evaluate_denoiser
 from descentlab.train.loop import TrainConfig, fit
 from descentlab.train.objectives import DeepSupervision
@@ -50,7 +53,8 @@ def test_short_training_denoises_held_out_frames(carphone, arch: str, label: str
     model = vd.build_model(arch, cfg)
     recipe = build_recipe(cfg.method_config(arch, label), model, total_steps=60, loss_fn=vd.final_mse)
     test = carphone["test"][:300]
-    noisy = vd.noisy_test_clips(test, resolve_config(vd.VideoDenoisingConfig, overrides=["gammas=[1.0]"]), 0)
+    one = resolve_config(vd.VideoDenoisingConfig, overrides=["gammas=[1.0,2.0]"])
+    noisy = vd.noisy_test_clips(test, one, 0)[:1]  # gamma = 1 only
     before = evaluate_denoiser(model, test, noisy, batch_size=300)
     fit(
         model,
@@ -120,7 +124,10 @@ def test_methods_are_one_base_edited_by_specs() -> None:
         "all",
     )
     assert cfg.method_config("ut", "constrained-fast").constraint.dual_lr == 0.5
-    assert cfg.labels[-1] == "constrained-fast"
+    assert cfg.labels[-2:] == ["constrained-fast", "frozen-lambda"]
+    assert cfg.candidates("erm") == ["optimizer.lr=0.001", "optimizer.lr=0.003"]
+    assert cfg.candidates("resilient")[1] == "optimizer.lr=0.001 constraint.dual_lr=0.5"
+    assert len(cfg.candidates("constrained-fast")) == 4 and cfg.trained_labels[-1] == "constrained-fast"
     recipe = build_recipe(ut, vd.build_model("ut", cfg), total_steps=10, loss_fn=vd.final_mse)
     assert recipe.constraint is not None and recipe.constraint.resilience is not None
     assert torch.allclose(recipe.constraint.alpha, torch.full((2,), 0.2, dtype=recipe.constraint.alpha.dtype))
@@ -134,6 +141,12 @@ def test_config_errors() -> None:
         ["run_methods=[sgd]"],
         ["methods.erm=optimizer.lr=-1"],
         ["alpha={ut: 1.5}"],
+        ["data.val_frac=0.0"],
+        ["run_methods=[constrained]"],
+        ["frozen={frozen-lambda: erm}"],
+        ["run_methods=[erm,frozen-lambda]"],
+        ["gammas=[0.5,1.0]"],
+        ["baselines=[bm3d]"],
     ):
         with pytest.raises(ConfigError):
             resolve_config(vd.VideoDenoisingConfig, overrides=bad)
@@ -149,26 +162,51 @@ def test_experiment_end_to_end_resume_and_report(tmp_path: Path, carphone) -> No
         "data.video=carphone_pristine",
         "data.size=48",
         "data.n_train=128",
+        "data.n_val=32",
         "data.n_test=64",
         "model.depth=2",
         "model.width=16",
         "model.heads=2",
         "model.num_atoms=64",
-        "train.max_steps=3",
+        "train.max_steps=9",  # crosses an epoch end (8 steps), where the constraint flushes its dual step
         "train.batch_size=16",
+        "val_every=3",
         "gammas=[1.0,2.0]",
         "seeds=[0,1]",
+        "lr_grid=[0.003]",
+        "constraint_grid=[constraint.dual_lr=0.05,constraint.dual_lr=0.5]",
+        "baseline_grid={nl-means: {h: [0.1]}, gaussian: {sigma_t: [1.0], sigma_s: [0.5, 1.0]}}",
+        "n_boot=200",
     ]
     path = run_experiment("video-denoising", overrides=overrides, out=tmp_path)
     results = json.loads((path / "results.json").read_text())
-    assert set(results["methods"]) == {f"{a}-{o}" for a in vd.ARCHITECTURES for o in vd.METHODS}
+    labels = [*vd.METHODS, "frozen-lambda"]
+    assert set(results["methods"]) == {f"{a}-{o}" for a in vd.ARCHITECTURES for o in labels}
     for block in results["methods"].values():
         curve = block["curves"]["gaussian"]
         assert curve["x_name"] == "gamma" and curve["metric"] == "rmse" and len(curve["mean"]) == 2
         assert all(len(v) == 3 for v in block["layer_loss"].values())
+        assert [c["step"] for c in block["val_curves"]] == [[0, 3, 6, 9]] * 2
+    # the grid: the constrained candidate of lowest validation RMSE is the one kept
+    grid = results["methods"]["ut-constrained"]["grid"]
+    assert grid["chosen"] == int(np.argmin(grid["val_rmse"])) and len(grid["val_rmse"]) == 2
+    assert results["methods"]["ut-constrained"]["spec"] == grid["candidates"][grid["chosen"]]
+    # frozen λ: the multipliers of the finished constrained run of the same seed, never stepped
+    frozen, source = results["methods"]["dust-frozen-lambda"], results["methods"]["dust-constrained"]
+    assert frozen["lambda"] == source["lambda"] and frozen["spec"] == source["spec"]
+    # the claims: 4 per non-ERM method, each with a CI and a verdict
+    claims = results["claims"]
+    assert len(claims) == 4 * 2 * (len(labels) - 1)
+    assert all(
+        c["verdict"] in ("reproduced", "refuted", "inconclusive") and c["shape"] == [2, 64] for c in claims
+    )
+    assert set(results["baselines"]) == {"gaussian", "temporal-median", "nl-means"}
+    assert results["baselines"]["gaussian"]["params"]["sigma_t"] == 1.0
+    assert len(results["baselines"]["nl-means"]["rmse"]) == 2  # one curve per seed's noise
     report = (path / "report.md").read_text()
-    assert "Paired RMSE difference" in report
-    for name in ("rmse-relative-to-erm", "layer-mse-log", "sample-frames", "curves", "layer-loss"):
+    assert "Paired RMSE difference" in report and "Claims against ERM" in report
+    names = ("rmse-relative-to-erm", "layer-mse-log", "sample-frames", "curves", "layer-loss")
+    for name in (*names, "rmse-with-baselines", "validation-curves"):
         assert f"figures/{name}.png" in report and (path / "figures" / f"{name}.png").is_file()
     logged = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
     assert any("lambda/1" in row for row in logged if "constrained" in row.get("tag", ""))
@@ -184,4 +222,81 @@ def test_experiment_end_to_end_resume_and_report(tmp_path: Path, carphone) -> No
     lines = len(logged)
     assert run_experiment("video-denoising", resume=path) == path
     assert len((path / "metrics.jsonl").read_text().splitlines()) == lines
-    assert json.loads((path / "results.json").read_text())["methods"] == results["methods"]
+    again = json.loads((path / "results.json").read_text())
+    assert again["methods"] == results["methods"] and again["claims"] == results["claims"]
+
+
+def test_validation_split_is_the_end_of_the_training_range() -> None:
+    clip = torch.arange(40.0).reshape(40, 1, 1).expand(40, 2, 2).contiguous()
+    parts = split_sequences([clip], num_frames=2, crop=2, test_frac=0.25, val_frac=0.25)
+    frames = {k: set(v[:, :, 0, 0].flatten().tolist()) for k, v in parts.items()}
+    assert max(frames["train"]) < min(frames["val"]) and max(frames["val"]) < min(frames["test"])
+    assert frames["val"] == set(map(float, range(20, 30))) and frames["test"] == set(
+        map(float, range(30, 40))
+    )
+    assert set(split_sequences([clip], num_frames=2, crop=2)) == {"train", "test"}
+    with pytest.raises(ConfigError):
+        split_sequences([clip], num_frames=2, crop=2, test_frac=0.5, val_frac=0.5)
+
+
+def test_blind_noise_levels_span_their_range() -> None:
+    torch.manual_seed(0)
+    data = NoisyClips(torch.zeros(400, 2, 8, 8), 0.0, sigma_max=0.3)
+    stds = torch.stack([data[i]["noisy"].std() for i in range(400)])
+    assert stds.min() < 0.03 and 0.27 < stds.max() < 0.33
+    with pytest.raises(ConfigError):
+        NoisyClips(torch.zeros(4, 2, 8, 8), 0.2, sigma_max=0.1)
+
+
+def test_per_example_errors_add_up_to_the_layer_mse() -> None:
+    torch.manual_seed(0)
+    cfg = _tiny("gammas=[1.0,2.0]")
+    model = vd.build_model("ut", cfg)
+    clean = torch.rand(10, 8, 8, 8)
+    ev = evaluate_denoiser(model, clean, vd.noisy_test_clips(clean, cfg, 0), batch_size=4, per_example=True)
+    assert ev["example_mse"].shape == (2, 3, 10)
+    torch.testing.assert_close(
+        ev["example_mse"].double().mean(2),
+        torch.tensor(ev["layer_mse"], dtype=torch.float64),
+        rtol=1e-5,
+        atol=0,
+    )
+
+
+def test_claim_cells() -> None:
+    gen = np.random.default_rng(0)
+    erm = gen.uniform(0.01, 0.02, size=(2, 3, 4, 50))  # [seeds, gammas, layers, sequences]
+    erm[:, 2] *= 4.0  # gamma = 3 is harder
+    half = erm / 4.0  # RMSE halved everywhere: lower RMSE, the same growth ratio
+    cells = claim_cells(half, erm, [0.5, 1.0, 3.0], margin=0.01)
+    a, b = cells["lower-rmse-ood"]
+    np.testing.assert_allclose(a, b / 2)
+    np.testing.assert_allclose(*cells["graceful"])
+    np.testing.assert_allclose(cells["in-distribution"][1], 1.01 * np.sqrt(erm[:, 1, -1]))
+    mono = np.sort(erm, axis=2)[:, :, ::-1]
+    assert (layer_increase(mono) == 0).all() and (layer_increase(erm) > 0).any()
+    claims = {
+        c["claim"]: c
+        for c in evaluate_claims({"ut-erm": erm, "ut-x": half}, [0.5, 1.0, 3.0], margin=0.01, n_boot=200)
+    }
+    assert claims["lower-rmse-ood"]["verdict"] == "reproduced"
+    assert claims["in-distribution"]["verdict"] == "reproduced"
+    assert claims["graceful"]["verdict"] == "inconclusive"  # exactly equal ratios: a CI of [0, 0]
+
+
+def test_dataset_folders_load_as_clips_without_their_ground_truth(tmp_path: Path) -> None:
+    from PIL import Image
+
+    # UCSD Ped layout: Train/Train001/001.tif...; Test/Test001_gt/ holds masks that are not a clip
+    gen = np.random.default_rng(0)
+    for folder, n in (("Train/Train001", 6), ("Train/Train002", 5), ("Test/Test001_gt", 6)):
+        (tmp_path / folder).mkdir(parents=True)
+        for i in range(n):
+            suffix = "bmp" if folder.endswith("_gt") else "tif"
+            pixels = gen.integers(0, 256, size=(12, 18), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / folder / f"{i + 1:03d}.{suffix}")
+    (tmp_path / "Train" / ".DS_Store").write_bytes(b"")
+    clips = load_clips(tmp_path, size=8)
+    assert [tuple(c.shape) for c in clips] == [(6, 8, 12), (5, 8, 12)]
+    first = np.asarray(Image.open(tmp_path / "Train/Train001/001.tif"), dtype=np.float32) / 255
+    torch.testing.assert_close(load_clips(tmp_path / "Train/Train001")[0][0], torch.from_numpy(first))

@@ -7,8 +7,10 @@ Sources, by name or path:
 - ``"vtest"``: opencv's ``vtest.avi`` (795 frames of a static surveillance camera) under
   ``cache_dir()/video/`` when ``make debian-assets`` extracted it;
 - a video file (anything FFmpeg reads) or a folder holding video files or frame images (png/jpg/tif), such
-  as UCSD Ped (``Train/Train001/001.tif``), CUHK Avenue (``training_videos/01.avi``) or ShanghaiTech. Every
-  video file, and every folder of frames, is one clip.
+  as UCSD Ped (``Train/Train001/001.tif``), CUHK Avenue (``training_videos/01.avi``) or ShanghaiTech
+  (``training/videos/01_001.avi``, ``testing/frames/01_0014/000.jpg``). Every video file, and every folder of
+  frames, is one clip; ground-truth folders beside them (``*_gt``, ``ground_truth*``, ``*mask*``) and hidden
+  files are skipped.
 
 Frames are luma (the Y plane) scaled to [0, 1] and resized with an antialiased bilinear filter.
 """
@@ -111,12 +113,19 @@ def _named_clip(name: str) -> Path:
     )
 
 
+def _is_annotation(path: Path, root: Path) -> bool:
+    """Ground-truth masks shipped beside the frames (UCSD ``Test001_gt/``, Avenue ``ground_truth_demo/``,
+    ShanghaiTech ``test_frame_mask/`` and ``test_pixel_mask/``) and hidden files are not clips."""
+    parts = [p.lower() for p in path.relative_to(root).parts]
+    return any(p.startswith(".") or p.endswith("_gt") or "ground_truth" in p or "mask" in p for p in parts)
+
+
 def _clip_sources(root: Path) -> list[Path | list[Path]]:
     """Clips below a folder: each video file, and each folder's sorted frame images, in sorted order."""
     sources: list[Path | list[Path]] = []
     frame_dirs: dict[Path, list[Path]] = {}
     for f in sorted(root.rglob("*")):
-        if not f.is_file():
+        if not f.is_file() or _is_annotation(f, root):
             continue
         suffix = f.suffix.lower()
         if suffix in VIDEO_SUFFIXES:
@@ -212,26 +221,38 @@ def split_sequences(
     num_frames: int,
     crop: int,
     test_frac: float = 0.25,
+    val_frac: float = 0.0,
     time_stride: int | None = None,
     space_stride: int | None = None,
 ) -> dict[str, Tensor]:
-    """Train and test sequences from disjoint time ranges of every clip.
+    """Train, validation and test sequences from disjoint time ranges of every clip.
 
-    Each clip of T frames is cut at ``c = round((1 - test_frac) T)``: train sequences come from frames
-    ``[0, c)`` and test sequences from ``[c, T)``; a sequence never crosses the cut, so no frame is shared.
+    Each clip of T frames is cut at ``c = round((1 - test_frac) T)``: test sequences come from frames
+    ``[c, T)``. With ``val_frac > 0`` the end of the training range, frames ``[v, c)`` with
+    ``v = round((1 - test_frac - val_frac) T)``, is the validation range and train keeps ``[0, v)``; else
+    train keeps ``[0, c)``. A sequence never crosses a cut, so no frame is shared between splits.
 
     Returns:
-        ``{"train": [N_train, num_frames, crop, crop], "test": [N_test, ...]}``.
+        ``{"train": [N_train, num_frames, crop, crop], "test": [N_test, ...]}``, plus ``"val"`` when
+        ``val_frac > 0``.
 
     Raises:
-        DataError: either split ends up empty (clips too short for ``num_frames`` or ``test_frac``).
+        DataError: a split ends up empty (clips too short for ``num_frames`` or the fractions).
     """
     if not 0.0 < test_frac < 1.0:
         raise ConfigError(f"test_frac must be in (0, 1), got {test_frac}")
+    if not 0.0 <= val_frac < 1.0 - test_frac:
+        raise ConfigError(f"val_frac must be in [0, 1 - test_frac), got {val_frac} (test_frac={test_frac})")
     parts: dict[str, list[Tensor]] = {"train": [], "test": []}
+    if val_frac > 0:
+        parts["val"] = []
     for clip in clips:
         cut = round((1.0 - test_frac) * clip.shape[0])
-        for split, piece in (("train", clip[:cut]), ("test", clip[cut:])):
+        val_cut = round((1.0 - test_frac - val_frac) * clip.shape[0]) if val_frac > 0 else cut
+        pieces = [("train", clip[:val_cut]), ("test", clip[cut:])]
+        if val_frac > 0:
+            pieces.append(("val", clip[val_cut:cut]))
+        for split, piece in pieces:
             parts[split].append(
                 clip_sequences(
                     piece,
@@ -265,13 +286,20 @@ class NoisyClips(Dataset):
         sigma: noise standard deviation (pixel units, frames in [0, 1]).
         seed: None draws fresh noise at every access from the global torch RNG (training: a new draw every
             epoch, reproducible under a seeded loop); an int fixes one draw per item (evaluation).
+        sigma_max: when set, every access draws its std uniformly from ``[sigma, sigma_max]`` ("blind"
+            training on a range of noise levels); needs ``seed=None``.
     """
 
-    def __init__(self, clean: Tensor, sigma: float, *, seed: int | None = None) -> None:
+    def __init__(
+        self, clean: Tensor, sigma: float, *, seed: int | None = None, sigma_max: float | None = None
+    ) -> None:
         if sigma < 0:
             raise ConfigError(f"sigma must be >= 0, got {sigma}")
+        if sigma_max is not None and (sigma_max < sigma or seed is not None):
+            raise ConfigError(f"sigma_max={sigma_max} must be >= sigma={sigma}, with seed=None")
         self.clean = clean
         self.sigma = float(sigma)
+        self.sigma_max = None if sigma_max is None else float(sigma_max)
         self.noisy: Tensor | None = None
         if seed is not None:
             gen = torch.Generator().manual_seed(seed)
@@ -282,5 +310,10 @@ class NoisyClips(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Tensor]:
         x = self.clean[index]
-        y = self.noisy[index] if self.noisy is not None else add_noise(x, self.sigma)
+        if self.noisy is not None:
+            return {"noisy": self.noisy[index], "target": x}
+        sigma = self.sigma
+        if self.sigma_max is not None:
+            sigma += (self.sigma_max - self.sigma) * float(torch.rand(()))
+        y = add_noise(x, sigma)
         return {"noisy": y, "target": x}

@@ -1,53 +1,68 @@
-"""video-denoising: UT and DUST trained with ERM, layer-wise descent constraints, and resilient constraints.
+"""video-denoising: UT and DUST trained with ERM, layer-wise descent constraints and controls, against classical
+denoisers, every setting chosen on a validation split.
 
-Claim under test (METHODS §1.6): trained at noise σ_train and tested at γ·σ_train, the constrained unrolled
-model has lower RMSE at γ >= 1 while its in-distribution (γ = 1) RMSE is kept.
+Claims under test (METHODS §1.6), trained at noise σ_train and tested at γ·σ_train: the constrained unrolled
+model (1) has lower RMSE than ERM at γ > 1, (2) degrades more gracefully (RMSE(γ)/RMSE(1) grows more slowly),
+(3) keeps its in-distribution RMSE, and (4) has a monotone per-layer MSE. Each gets a paired 95 % CI over
+test sequences and seeds and a verdict (``report.video_claims``).
 
 Protocol: grayscale clips (opencv's vtest.avi by default: a static surveillance camera, like UCSD / Avenue)
-are resized, cut into sequences of T frames × crop × crop pixels, train and test from disjoint time ranges.
-Every (architecture, method) pair trains from the same initialisation, on the same batches and noise
-draws, for the same number of steps; every method is tested on the same noisy test clips at each γ.
+are resized and cut into sequences of T frames × crop × crop pixels. Train, validation and test come from
+disjoint time ranges of every clip (validation: the end of the training range). Per architecture and
+method, each candidate of a small grid (learning rate; for constrained methods also the dual step) trains
+with seed 0 and the one of lowest validation RMSE at γ = 1 is kept and trained with the other seeds. Every
+(architecture, method) pair trains from the same initialisation, on the same batches, for the same number of
+steps; every method and baseline is tested on the same noisy test clips at each γ.
 
-Methods are one base :class:`MethodConfig` (``method``) edited by the override specs of ``methods``; the
-job of (architecture, method label, seed) is named ``<arch>-<label>-seed<seed>``. The constraint's α is
-per architecture (``alpha``): it is set on the base before a method's spec is applied, so a spec may still
-set ``constraint.alpha`` itself.
+Methods are one base :class:`MethodConfig` (``method``) edited by the override specs of ``methods``; a
+candidate appends ``optimizer.lr=...`` and a ``constraint_grid`` entry to its method's spec. Jobs are named
+``<arch>-<label>@<candidate>-seed<seed>``. Controls: ``blind`` labels train ERM on noise levels drawn from a
+γ range (the positive control), and ``frozen`` labels hold the final multipliers of a finished constrained
+run of the same seed fixed (no dual step). The constraint's α is per architecture (``alpha``).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
-from torch import Tensor, nn
 
 from descentlab.config import config_to_dict
 from descentlab.constrained.config import DescentConfig
-from descentlab.data.video import NoisyClips, add_noise, load_clips, split_sequences
+from descentlab.data.video import add_noise, load_clips, split_sequences
 from descentlab.errors import ConfigError
+from descentlab.experiments.video_jobs import (
+    build_model,
+    final_mse,
+    job,
+    noisy_test_clips,
+)
+from descentlab.experiments.video_jobs import job_key as _key
+from descentlab.experiments.video_jobs import rank as _rank
 from descentlab.io import load_arrays
-from descentlab.models.dust import DUST
-from descentlab.models.unrolled import UnrolledTransformer
 from descentlab.optim.config import OptimizerConfig
-from descentlab.report.results import Curve, MethodResult, Results
-from descentlab.report.stats import column_mean_std
-from descentlab.report.video_denoising import SAMPLE_FRAMES, paired_table, rmse_table
-from descentlab.robustness.video import denoise_frames, evaluate_denoiser
+from descentlab.report.results import Results
+from descentlab.report.video_claims import summarise
+from descentlab.report.video_denoising import SAMPLE_FRAMES
+from descentlab.robustness.video_baselines import BASELINES
 from descentlab.train.jobs import JobRunner
-from descentlab.train.loop import TrainConfig, fit, seed_everything
-from descentlab.train.recipe import MethodConfig, build_recipe, with_overrides
+from descentlab.train.loop import TrainConfig
+from descentlab.train.recipe import MethodConfig, with_overrides
 from descentlab.train.rundir import RunDir
+
+__all__ = ["CONFIG", "PRESETS", "VideoDenoisingConfig", "build_model", "final_mse", "noisy_test_clips", "run"]
 
 ARCHITECTURES = ("ut", "dust")
 # "deep-supervision" is a control: the mean of the per-layer losses f_1..f_L, i.e. the same per-layer signal
-# as the constrained objective with fixed, equal weights instead of multipliers.
+# as the constrained objective with fixed, equal weights instead of multipliers. "blind" is ERM on a range of
+# noise levels (see `blind`).
 METHODS = {
     "erm": "",
     "constrained": "objective=constrained",
     "resilient": "objective=constrained constraint.resilient=true",
     "deep-supervision": "objective=deep-supervision",
+    "blind": "",
 }
 
 
@@ -61,7 +76,9 @@ class VideoDataConfig:
     crop: int = 8  # sequences are crop x crop pixels
     time_stride: int = 4
     test_frac: float = 0.25  # the last quarter of every clip is the test range
+    val_frac: float = 0.15  # the frames just before it are the validation range
     n_train: int | None = 8000  # random subset of the train sequences (None: all)
+    n_val: int = 500
     n_test: int = 1000
     sigma_train: float = 0.1  # noise std in [0, 1] pixel units (0.1 ≈ 25/255)
 
@@ -101,7 +118,20 @@ class VideoDenoisingConfig:
     model: UnrolledConfig = field(default_factory=UnrolledConfig)
     method: MethodConfig = field(default_factory=_base_method)  # the base every method's spec edits
     methods: dict[str, str] = field(default_factory=lambda: dict(METHODS))  # label -> MethodConfig overrides
-    run_methods: list[str] | None = None  # labels of `methods` to train, in this order (None: all)
+    run_methods: list[str] | None = None  # labels of `methods` and `frozen` to train, in order (None: all)
+    # label -> [γ_low, γ_high]: ERM trained on σ ~ U(γ_low, γ_high)·σ_train per example (positive control)
+    blind: dict[str, list[float]] = field(default_factory=lambda: {"blind": [0.0, 3.0]})
+    # label -> the constrained label whose final λ (same architecture and seed) it holds fixed
+    frozen: dict[str, str] = field(default_factory=lambda: {"frozen-lambda": "constrained"})
+    lr_grid: list[float] = field(default_factory=lambda: [1e-3, 3e-3])  # every method's candidates
+    constraint_grid: list[str] = field(  # crossed with lr_grid for constrained methods
+        default_factory=lambda: ["constraint.dual_lr=0.05", "constraint.dual_lr=0.5"]
+    )
+    val_every: int = 50  # steps between validation points
+    baselines: list[str] = field(default_factory=lambda: list(BASELINES))
+    baseline_grid: dict[str, dict[str, list]] = field(default_factory=dict)  # name -> replaces grid entries
+    id_margin: float = 0.01  # claim 3: RMSE at γ = 1 at most this fraction above ERM's
+    n_boot: int = 2000
     # α per architecture. DUST starts as ISTA from x̂_0 = 0, whose layers already cut the MSE by ~50 % each,
     # so α = 0.1 never binds there; UT starts at x̂_0 ≈ y, and (1 - α)^L must stay above f_L / f_0 ≈ 0.4.
     alpha: dict[str, float] = field(default_factory=lambda: {"ut": 0.1, "dust": 0.5})
@@ -124,29 +154,60 @@ class VideoDenoisingConfig:
         missing = [a for a in self.architectures if a not in self.alpha]
         if missing:
             raise ConfigError(f"alpha has no value for {missing}; set alpha.<arch>=0.1")
-        unknown = [m for m in self.labels if m not in self.methods]
-        if unknown or not self.labels:
+        known = [*self.methods, *self.frozen]
+        unknown = [m for m in self.labels if m not in known]
+        if unknown or not self.labels or "erm" not in self.labels:
             raise ConfigError(
-                f"run_methods {unknown or '[]'} must name entries of methods {list(self.methods)}"
+                f"run_methods {unknown or self.labels} must name entries of methods or frozen {known}, "
+                "erm included (every claim compares with it)"
+            )
+        for label, source in self.frozen.items():
+            if label in self.labels and (source not in self.labels or source in self.frozen):
+                raise ConfigError(f"frozen.{label}={source!r} must name a trained constrained label")
+        if not self.lr_grid or not self.constraint_grid:
+            raise ConfigError(
+                "lr_grid and constraint_grid need one entry each at least (constraint_grid: [''])"
             )
         for arch in self.architectures:  # a bad spec or α fails here, before any run directory is made
-            for label in self.labels:
-                self.method_config(arch, label)
+            for label in self.trained_labels:
+                for spec in self.candidates(label):
+                    with_overrides(self.method_config(arch, label), spec)
+            for label, source in self.frozen.items():
+                if label in self.labels and not self.method_config(arch, source).constrained:
+                    raise ConfigError(f"frozen.{label}: {source!r} is not a constrained method")
         if not self.seeds or not self.gammas or 1.0 not in self.gammas:
             raise ConfigError(
                 "need at least one seed and a gamma grid that contains 1.0, e.g. gammas=[1.0,2.0]"
             )
+        if not any(g > 1.0 for g in self.gammas):
+            raise ConfigError("the claims need a gamma above 1.0, e.g. gammas=[1.0,2.0]")
         if self.data.crop % self.model.patch_size:
             raise ConfigError(f"data.crop={self.data.crop} must be a multiple of model.patch_size")
+        if not self.data.val_frac > 0:
+            raise ConfigError("data.val_frac must be > 0: every setting is chosen on validation")
+        unknown_b = [b for b in self.baselines if b not in BASELINES]
+        if unknown_b:
+            raise ConfigError(f"unknown baselines {unknown_b}; choose from {list(BASELINES)}")
 
     @property
     def labels(self) -> list[str]:
-        return list(self.methods) if self.run_methods is None else list(self.run_methods)
+        return [*self.methods, *self.frozen] if self.run_methods is None else list(self.run_methods)
+
+    @property
+    def trained_labels(self) -> list[str]:
+        """The labels with their own grid search (the frozen controls take their source's setting)."""
+        return [label for label in self.labels if label not in self.frozen]
 
     def method_config(self, arch: str, label: str) -> MethodConfig:
         """The base method with this architecture's α, edited by the label's spec."""
         base = replace(self.method, constraint=replace(self.method.constraint, alpha=self.alpha[arch]))
         return with_overrides(base, self.methods[label])
+
+    def candidates(self, label: str) -> list[str]:
+        """The grid of ``label``: override specs applied after its method spec, in grid order."""
+        constrained = with_overrides(self.method, self.methods[label]).constrained
+        extra = self.constraint_grid if constrained else [""]
+        return [f"optimizer.lr={lr:g} {c}".strip() for lr in self.lr_grid for c in extra]
 
 
 CONFIG = VideoDenoisingConfig
@@ -155,71 +216,27 @@ PRESETS = {
     "quick": {
         "data.size": 72,
         "data.n_train": 2000,
-        "data.n_test": 500,
+        "data.n_val": 200,
+        "data.n_test": 300,
         "model.depth": 4,
         "model.num_atoms": 144,
         "train.max_steps": 150,
         "train.batch_size": 32,
+        "lr_grid": [3e-3],
+        "constraint_grid": ["constraint.dual_lr=0.05"],
+        "baseline_grid": {"nl-means": {"h": [0.1]}, "gaussian": {"sigma_t": [0.5, 1.0]}},
+        "n_boot": 500,
     },
-    "full": {"seeds": [0, 1, 2], "train.max_steps": 400},
+    # ≤ 25 min on 2 idle cores: 54 jobs (the grid's 28 seed-0 runs, 20 more seeds, 6 frozen-λ runs)
+    "full": {
+        "seeds": [0, 1, 2],
+        "model.depth": 4,
+        "train.max_steps": 1600,
+        "lr_grid": [3e-3, 1e-2],
+        "workers": 2,
+        "val_every": 100,
+    },
 }
-
-
-def build_model(arch: str, cfg: VideoDenoisingConfig) -> nn.Module:
-    m, d = cfg.model, cfg.data
-    shared = {
-        "image_size": d.crop,
-        "num_frames": d.num_frames,
-        "patch_size": m.patch_size,
-        "depth": m.depth,
-        "width": m.width,
-        "heads": m.heads,
-    }
-    if arch == "ut":
-        return UnrolledTransformer(**shared, mlp_ratio=m.mlp_ratio)
-    return DUST(**shared, num_atoms=m.num_atoms, causal=m.causal, threshold_init=m.threshold_init)
-
-
-def final_mse(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """ERM's loss: the MSE of the final estimate."""
-    return nn.functional.mse_loss(model(batch["noisy"]).final, batch["target"])
-
-
-def noisy_test_clips(test: Tensor, cfg: VideoDenoisingConfig, seed: int) -> list[Tensor]:
-    """The noisy test clips at each γ: level i is drawn from a generator seeded by ``(seed, i)``."""
-    return [
-        add_noise(test, g * cfg.data.sigma_train, generator=torch.Generator().manual_seed(10_007 * seed + i))
-        for i, g in enumerate(cfg.gammas)
-    ]
-
-
-def train_and_evaluate(
-    cfg: VideoDenoisingConfig, arch: str, label: str, seed: int, data: dict[str, Tensor], run: RunDir
-) -> dict:
-    """One job: train ``<arch>-<label>`` with ``seed``, evaluate it at every γ; seed 0's sample frames saved."""
-    key = f"{arch}-{label}-seed{seed}"
-    seed_everything(seed)  # the same initialisation for every method of an architecture
-    model = build_model(arch, cfg)
-    train = NoisyClips(data["train"], cfg.data.sigma_train)
-    train_cfg = replace(cfg.train, seed=seed)
-    recipe = build_recipe(
-        cfg.method_config(arch, label),
-        model,
-        total_steps=train_cfg.total_steps(len(train)),
-        loss_fn=final_mse,
-    )
-    start = time.perf_counter()
-    fit(model, train, cfg=train_cfg, run=run, tag=key, **recipe.fit_kwargs())
-    train_seconds = time.perf_counter() - start
-    ev = evaluate_denoiser(
-        model, data["test"], noisy_test_clips(data["test"], cfg, seed), batch_size=cfg.eval_batch_size
-    )
-    ev["train_seconds"] = train_seconds
-    run.log(tag=key, eval_rmse=ev["rmse"], gammas=cfg.gammas)
-    if seed == cfg.seeds[0]:
-        frames = torch.stack([denoise_frames(model, y, cfg.data.crop) for y in data["sample_noisy"]])
-        run.save_arrays(f"jobs/{key}-frames.npz", denoised=frames)
-    return ev
 
 
 def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
@@ -228,51 +245,116 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
     d = cfg.data
     clips = load_clips(d.video, size=d.size, max_frames=d.max_frames, max_clips=d.max_clips)
     splits = split_sequences(
-        clips, num_frames=d.num_frames, crop=d.crop, test_frac=d.test_frac, time_stride=d.time_stride
+        clips,
+        num_frames=d.num_frames,
+        crop=d.crop,
+        test_frac=d.test_frac,
+        val_frac=d.val_frac,
+        time_stride=d.time_stride,
     )
     pick = torch.Generator().manual_seed(1234)
-    train = splits["train"][torch.randperm(len(splits["train"]), generator=pick)[: d.n_train]]
-    test = splits["test"][torch.randperm(len(splits["test"]), generator=pick)[: d.n_test]]
+    sizes = {"train": d.n_train, "val": d.n_val, "test": d.n_test}
+    data = {k: splits[k][torch.randperm(len(splits[k]), generator=pick)[: sizes[k]]] for k in sizes}
     # Whole frames from the start of the first clip's test range, for the sample-frame figure.
     cut = round((1.0 - d.test_frac) * clips[0].shape[0])
     sample_clean = clips[0][cut : cut + d.num_frames]
-    sample_gammas = [1.0, max(cfg.gammas)]
+    sample_gammas = sorted({1.0, max(cfg.gammas)})
     gen = torch.Generator().manual_seed(99)
-    sample_noisy = torch.stack(
+    data["sample_noisy"] = torch.stack(
         [add_noise(sample_clean, g * d.sigma_train, generator=gen) for g in sample_gammas]
     )
-    data = {"train": train, "test": test, "sample_noisy": sample_noisy}
 
-    jobs = [(seed, arch, label) for seed in cfg.seeds for arch in cfg.architectures for label in cfg.labels]
-    per_seed: dict[str, list[dict]] = {}  # method -> per-seed evaluations, in seed order
-    threads = max(cfg.torch_threads, 1)
+    seed0, later = cfg.seeds[0], cfg.seeds[1:]
+    archs, tuned = cfg.architectures, cfg.trained_labels
+    frozen = [label for label in cfg.labels if label in cfg.frozen]
+    evs: dict[tuple[str, str], list[dict]] = {}  # (arch, label) -> per-seed evaluations
+    grid: dict[tuple[str, str], list[dict]] = {}  # (arch, label) -> seed-0 evaluation of every candidate
+    chosen: dict[tuple[str, str], int] = {}
     with JobRunner(
-        train_and_evaluate, workers=cfg.workers, cache_dir=run.path / "jobs", threads=threads
+        job, workers=cfg.workers, cache_dir=run.path / "jobs", threads=max(cfg.torch_threads, 1)
     ) as runner:
-        futures = [
-            (
-                f"{arch}-{label}",
-                runner.submit(f"{arch}-{label}-seed{seed}", cfg, arch, label, seed, data, run),
+        baselines = runner.submit("baselines", "baselines", cfg, data, run) if cfg.baselines else None
+        pending = {
+            (a, lab, i): runner.submit(
+                _key(a, lab, i, seed0), "train", cfg, a, lab, spec, seed0, data, run, _key(a, lab, i, seed0)
             )
-            for seed, arch, label in jobs
-        ]
-        for method, future in futures:
-            per_seed.setdefault(method, []).append(future.result())
+            for a in archs
+            for lab in tuned
+            for i, spec in enumerate(cfg.candidates(lab))
+        }
+        later_jobs = {}
+        for a in archs:
+            for lab in tuned:
+                grid[a, lab] = [pending[a, lab, i].result() for i in range(len(cfg.candidates(lab)))]
+                chosen[a, lab] = min(
+                    range(len(grid[a, lab])), key=lambda i: _rank(grid[a, lab][i]["val_rmse"])
+                )
+                spec = cfg.candidates(lab)[chosen[a, lab]]
+                for s in later:
+                    k = _key(a, lab, chosen[a, lab], s)
+                    later_jobs[a, lab, s] = runner.submit(k, "train", cfg, a, lab, spec, s, data, run, k)
+        frozen_jobs = {}
+        for a in archs:
+            for lab in tuned:
+                rest = [later_jobs[a, lab, s].result() for s in later]
+                evs[a, lab] = [grid[a, lab][chosen[a, lab]], *rest]
+                spec = cfg.candidates(lab)[chosen[a, lab]]
+                for fl in (f for f in frozen if cfg.frozen[f] == lab):  # as soon as its source is done
+                    for s, ev in zip(cfg.seeds, evs[a, lab], strict=True):
+                        k = _key(a, fl, None, s)
+                        frozen_jobs[a, fl, s] = runner.submit(
+                            k, "train", cfg, a, lab, spec, s, data, run, k, ev["lambda"]
+                        )
+        for a in archs:
+            for lab in frozen:
+                evs[a, lab] = [frozen_jobs[a, lab, s].result() for s in cfg.seeds]
+        base = baselines.result() if baselines is not None else {}
 
-    methods = {m: _method_result(evs, cfg) for m, evs in per_seed.items()}
-    method_dicts = {m: r.to_dict() for m, r in methods.items()}
-    noisy_mean, _ = column_mean_std([ev["noisy_rmse"] for ev in next(iter(per_seed.values()))])
-    seed0 = cfg.seeds[0]
+    def job_key(a: str, lab: str, s: int) -> str:
+        return _key(a, lab, None if lab in cfg.frozen else chosen[a, lab], s)
+
+    order = [(a, lab) for a in archs for lab in cfg.labels]
+    errors = {
+        f"{a}-{lab}": np.stack(
+            [
+                load_arrays(run.path / f"jobs/{job_key(a, lab, s)}-errors.npz")["example_mse"]
+                for s in cfg.seeds
+            ]
+        )
+        for a, lab in order
+    }
+    base_arrays = {b: load_arrays(run.path / f"jobs/baselines-{b}.npz") for b in base}
     run.save_arrays(
         SAMPLE_FRAMES,
         clean=sample_clean,
-        noisy=sample_noisy,
+        noisy=data["sample_noisy"],
         gammas=np.asarray(sample_gammas),
         seed=np.asarray(seed0),
-        methods=np.asarray(list(methods)),
+        methods=np.asarray([f"{a}-{lab}" for a, lab in order] + list(base)),
         denoised=np.stack(
-            [load_arrays(run.path / f"jobs/{m}-seed{seed0}-frames.npz")["denoised"] for m in methods]
+            [
+                load_arrays(run.path / f"jobs/{job_key(a, lab, seed0)}-frames.npz")["denoised"]
+                for a, lab in order
+            ]
+            + [base_arrays[b]["denoised"] for b in base]
         ),
+    )
+    body = summarise(
+        per_seed={f"{a}-{lab}": evs[a, lab] for a, lab in order},
+        grids={
+            f"{a}-{lab}": {
+                "candidates": cfg.candidates(lab),
+                "chosen": chosen[a, lab],
+                "val_rmse": [g["val_rmse"] for g in grid[a, lab]],
+            }
+            for a, lab in grid
+        },
+        errors=errors,
+        baselines=base,
+        baseline_errors={b: base_arrays[b]["example_mse"] for b in base},
+        gammas=list(cfg.gammas),
+        margin=cfg.id_margin,
+        n_boot=cfg.n_boot,
     )
     results = Results(
         experiment="video-denoising",
@@ -281,47 +363,32 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
             "dataset": d.video,
             "frames": f"{len(clips)} clip(s), resized to height {d.size}, {d.num_frames}-frame sequences of "
             f"{d.crop}x{d.crop} pixels",
-            "split": f"time: first {1 - d.test_frac:.0%} of each clip train, last {d.test_frac:.0%} test",
-            "n_train": len(train),
-            "n_eval": len(test),
+            "split": f"time: first {1 - d.test_frac - d.val_frac:.0%} of each clip train, next {d.val_frac:.0%} "
+            f"validation, last {d.test_frac:.0%} test",
+            "n_train": len(data["train"]),
+            "n_val": len(data["val"]),
+            "n_eval": len(data["test"]),
             "sigma_train": d.sigma_train,
             "gammas": list(cfg.gammas),
             "seeds": list(cfg.seeds),
             "draws": 1,
-            "steps": cfg.train.total_steps(len(train)),
+            "steps": cfg.train.total_steps(len(data["train"])),
             "batch_size": cfg.train.batch_size,
+            "selection": "per (architecture, method): the candidate of lowest validation RMSE at gamma = 1 "
+            "(seed 0, final step); lr grid x constraint grid for constrained methods",
             "noise": "additive Gaussian on pixels in [0, 1], test level gamma * sigma_train",
+            "blind": {k: v for k, v in cfg.blind.items() if k in cfg.labels},
+            "frozen": {k: v for k, v in cfg.frozen.items() if k in cfg.labels},
         },
-        methods=methods,
-        tables=[
-            rmse_table(method_dicts, noisy_mean, cfg.gammas),
-            paired_table({m: [ev["rmse"] for ev in evs] for m, evs in per_seed.items()}, cfg.gammas),
-        ],
+        methods=body["methods"],
+        tables=body["tables"],
         notes=[
             "RMSE in [0, 1] pixel units over all test pixels; the noisy input's RMSE is gamma * sigma_train.",
             "layer_loss is the test MSE of each layer's estimate (index 0: the initial iterate; DUST's is D·0).",
+            "Claim CIs: paired bootstrap over (seeds x test sequences) of per-sequence statistics "
+            "(report.stats.paired_bootstrap); baselines are tuned at gamma = 1 on validation and then held "
+            "fixed, like the learned models.",
         ],
+        extra={k: body[k] for k in ("claims", "baselines", "selection", "versus_baselines")},
     )
     return results.to_dict()
-
-
-def _method_result(evs: list[dict], cfg: VideoDenoisingConfig) -> MethodResult:
-    """Mean ± std over seeds of one method's RMSE curve; per-layer MSE at γ = 1 and at the largest γ."""
-    mean, std = column_mean_std([ev["rmse"] for ev in evs], ddof=1, impl="torch")
-    one = cfg.gammas.index(1.0)
-    ood = [i for i, g in enumerate(cfg.gammas) if g > 1.0]
-    layer = {
-        f"gamma={gamma:g}": column_mean_std([ev["layer_mse"][i] for ev in evs], ddof=1, impl="torch")[0]
-        for i, gamma in enumerate(cfg.gammas)
-        if gamma in (1.0, max(cfg.gammas))
-    }
-    curve = Curve("gamma", list(cfg.gammas), "rmse", mean, std, extra={"summary": sum(mean) / len(mean)})
-    return MethodResult(
-        metrics={
-            "rmse_in_distribution": mean[one],
-            "rmse_mean_gamma_gt_1": sum(mean[i] for i in ood) / max(len(ood), 1),
-            "train_seconds": sum(ev["train_seconds"] for ev in evs) / len(evs),
-        },
-        curves={"gaussian": curve},
-        layer_loss=layer,
-    )

@@ -5,8 +5,9 @@ Method names are ``<architecture>-<label>`` (``ut-erm``, ``dust-constrained``...
 * RMSE against γ, mean ± std over seeds, with the noisy input's RMSE as the first row;
 * the paired difference RMSE(method) - RMSE(ERM) of the same architecture and seed (negative = better).
 
-Figures (:func:`figures`): RMSE relative to ERM, per-layer test MSE on a log scale, and sample frames (clean,
-noisy, denoised) read from ``sample-frames.npz`` in the run directory.
+Figures (:func:`figures`): RMSE relative to ERM, per-layer test MSE on a log scale, test RMSE with the
+classical baselines, validation curves, and sample frames (clean, noisy, every method and baseline) read
+from ``sample-frames.npz`` in the run directory.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from descentlab.report.figures import new_figure, save_figure
 from descentlab.report.stats import column_mean_std
 
 SAMPLE_FRAMES = "sample-frames.npz"
-# the sample-frame figure shows these labels only: the controls would crowd it
-SAMPLE_LABELS = ("erm", "constrained", "resilient")
 
 Methods = Mapping[str, Mapping[str, Any]]
 
@@ -156,32 +155,79 @@ def plot_samples(
         path: the PNG to write.
     """
     clean, noisy, gammas = frames["clean"], frames["noisy"], frames["gammas"].tolist()
-    denoised = dict(zip(frames["methods"].tolist(), frames["denoised"], strict=True))
+    names = frames["methods"].tolist()
+    denoised = dict(zip(names, frames["denoised"], strict=True))
     t = clean.shape[0] // 2
     h, w = frames["denoised"].shape[-2:]
-    labels = {_label(m) for m in denoised}
-    shown = [label for label in SAMPLE_LABELS if label in labels]
+    baselines = [n for n in names if _arch(n) not in architectures]
+    width = max(sum(_arch(n) == a for n in names) for a in architectures)
     rows = [(arch, i) for arch in architectures for i in range(len(gammas))]
-    cols = 2 + len(shown)
-    fig, axes = new_figure(len(rows), cols, figsize=(2.2 * cols * w / h, 2.3 * len(rows)))
+    cols = 2 + len(baselines) + width
+    fig, axes = new_figure(len(rows), cols, figsize=(1.9 * cols * w / h, 1.9 * len(rows)))
     target = clean[t, :h, :w]
 
     def show(ax: Any, img: np.ndarray, title: str) -> None:
         ax.imshow(np.clip(img, 0, 1), cmap="gray", vmin=0, vmax=1)
-        ax.set_title(title, fontsize=7)
+        ax.set_title(title, fontsize=6)
         ax.axis("off")
 
     def rmse(img: np.ndarray) -> float:
         return float(np.sqrt(np.mean(np.square(img - target))))
 
     for r, (arch, i) in enumerate(rows):
+        for ax in axes[r]:
+            ax.axis("off")
         show(axes[r][0], target, "clean")
         show(axes[r][1], noisy[i][t, :h, :w], f"noisy gamma={gammas[i]:g} ({rmse(noisy[i][t, :h, :w]):.3f})")
-        for c, label in enumerate(shown):
-            img = denoised[f"{arch}-{label}"][i][t]
-            show(axes[r][2 + c], img, f"{arch} {label} ({rmse(img):.3f})")
-    caption = f"Middle frame of a test clip (seed {int(frames['seed'])}), denoised tile by tile; frame RMSE in brackets"
+        shown = baselines + [n for n in names if _arch(n) == arch]
+        for c, name in enumerate(shown):
+            img = denoised[name][i][t]
+            show(axes[r][2 + c], img, f"{name.replace('-', ' ', 1)} ({rmse(img):.3f})")
+    caption = (
+        f"Middle frame of a test clip (seed {int(frames['seed'])}), every method and baseline denoising it tile "
+        "by tile; frame RMSE in brackets"
+    )
     return _save(fig, path, caption, dpi=90)
+
+
+def plot_val_curves(methods: Methods, architectures: Sequence[str], path: Path) -> dict[str, str] | None:
+    """Validation RMSE at gamma = 1 against the training step (mean over seeds), one panel per architecture."""
+    if not any(block.get("val_curves") for block in methods.values()):
+        return None
+    fig, axes = new_figure(1, len(architectures), panel_size=(4.4, 3.4))
+    for ax, arch in zip(axes[0], architectures, strict=True):
+        for method, block in methods.items():
+            curves = block.get("val_curves") or []
+            if _arch(method) != arch or not curves:
+                continue
+            steps = curves[0]["step"]
+            mean = np.mean([c["rmse"] for c in curves], axis=0)
+            erm = _label(method) == "erm"
+            ax.plot(
+                steps[1:], mean[1:], lw=2.2 if erm else 1.0, color="k" if erm else None, label=_label(method)
+            )
+        _style(ax, arch.upper(), "training step", "validation RMSE (gamma = 1)", legend_size=7)
+    return _save(fig, path, "Validation RMSE during training (mean over seeds; ERM in black)")
+
+
+def plot_rmse_with_baselines(
+    results: Mapping[str, Any], architectures: Sequence[str], path: Path
+) -> dict[str, str] | None:
+    """Test RMSE against gamma: every learned method (solid) and classical baseline (dashed), per architecture."""
+    methods, baselines = results.get("methods", {}), results.get("baselines", {})
+    fig, axes = new_figure(1, len(architectures), panel_size=(4.4, 3.4))
+    for ax, arch in zip(axes[0], architectures, strict=True):
+        for method, block in methods.items():
+            if _arch(method) == arch:
+                c = block["curves"]["gaussian"]
+                ax.plot(c["x"], c["mean"], marker="o", ms=3, label=_label(method))
+        for k, (name, b) in enumerate(baselines.items()):
+            x = methods[next(iter(methods))]["curves"]["gaussian"]["x"]
+            ax.plot(x, b["rmse_mean"], ls="--", color=f"C{7 + k % 3}", marker="s", ms=3, label=name)
+        _style(ax, arch.upper(), "gamma (test sigma / sigma_train)", "test RMSE", legend_size=7)
+    return _save(
+        fig, path, "Test RMSE against gamma: learned models (solid) and classical baselines (dashed)"
+    )
 
 
 def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
@@ -197,7 +243,10 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
     drawn = [
         plot_relative(methods, architectures, folder / "rmse-relative-to-erm.png"),
         plot_layer_profiles(methods, architectures, folder / "layer-mse-log.png"),
+        plot_rmse_with_baselines(results, architectures, folder / "rmse-with-baselines.png"),
+        plot_val_curves(methods, architectures, folder / "validation-curves.png"),
     ]
+    drawn = [d for d in drawn if d is not None]
     samples = Path(run_dir) / SAMPLE_FRAMES
     if samples.is_file():
         drawn.append(plot_samples(load_arrays(samples), architectures, folder / "sample-frames.png"))
@@ -210,6 +259,8 @@ __all__ = [
     "paired_table",
     "plot_layer_profiles",
     "plot_relative",
+    "plot_rmse_with_baselines",
     "plot_samples",
+    "plot_val_curves",
     "rmse_table",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -22,8 +23,13 @@ __all__ = ["denoise_frames", "evaluate_denoiser"]
 
 @torch.no_grad()
 def evaluate_denoiser(
-    model: nn.Module, clean: Tensor, noisy_levels: Sequence[Tensor], *, batch_size: int
-) -> dict[str, list]:
+    model: nn.Module,
+    clean: Tensor,
+    noisy_levels: Sequence[Tensor],
+    *,
+    batch_size: int,
+    per_example: bool = False,
+) -> dict[str, Any]:
     """RMSE of the final estimate and the MSE at every layer, for each noisy version of ``clean``.
 
     Args:
@@ -31,23 +37,34 @@ def evaluate_denoiser(
         clean: ``[N, T, H, W]`` clean test clips.
         noisy_levels: one ``[N, T, H, W]`` noisy copy of ``clean`` per noise level.
         batch_size: clips per forward pass (memory only: the sums are per clip, then added in order).
+        per_example: also return ``"example_mse"``, a float32 tensor ``[levels, L+1, N]`` of every clip's
+            MSE at every layer (the cells of a paired bootstrap over clips).
 
     Returns:
         ``{"rmse": [per level], "noisy_rmse": [per level], "layer_mse": [per level: [MSE_0..MSE_L]]}``.
     """
     model.eval()
-    rmse, noisy_rmse, layer_mse = [], [], []
+    rmse, noisy_rmse, layer_mse, examples = [], [], [], []
     for noisy in noisy_levels:
         sse = None
+        per_clip = []
         for s in range(0, len(clean), batch_size):
             out = model(noisy[s : s + batch_size])
-            err = (out.layer_estimates - clean[s : s + batch_size]).pow(2).flatten(1).sum(1)
+            sq = (out.layer_estimates - clean[s : s + batch_size]).pow(2).flatten(2)  # [L+1, B, pixels]
+            if per_example:
+                per_clip.append(sq.mean(2))
+            err = sq.flatten(1).sum(1)
             sse = err if sse is None else sse + err
+        if per_example:
+            examples.append(torch.cat(per_clip, 1).float())
         per_layer = (sse / clean.numel()).tolist()
         layer_mse.append(per_layer)
         rmse.append(math.sqrt(per_layer[-1]))
         noisy_rmse.append(float((noisy - clean).pow(2).mean().sqrt()))
-    return {"rmse": rmse, "noisy_rmse": noisy_rmse, "layer_mse": layer_mse}
+    result: dict[str, Any] = {"rmse": rmse, "noisy_rmse": noisy_rmse, "layer_mse": layer_mse}
+    if per_example:
+        result["example_mse"] = torch.stack(examples)
+    return result
 
 
 @torch.no_grad()
