@@ -264,3 +264,85 @@ def test_worker_processes_give_the_same_layout(tiny_encoder_dir, tmp_path) -> No
             "constrained-seed1-test.json",
         ]
     )
+
+
+def test_ldp_verdicts_follow_the_paired_ci() -> None:
+    from descentlab.report.text_robustness_ldp import ldp_verdict_rows
+
+    rng = np.random.default_rng(0)
+    erm = (rng.random((2, 2, 2, 300)) < 0.6).astype(float)  # correctness [seed, draw, ε, example]
+    better = np.maximum(erm, (rng.random(erm.shape) < 0.3).astype(float))  # fixes ~30 % of the errors
+    rows = ldp_verdict_rows(
+        {"metric_ldp": {"erm": erm, "constrained": better, "worse": 1 - better}}, [10.0, 99.0]
+    )
+    by = {(r[0], r[2]): r for r in rows}
+    assert [r[2] for r in rows[:3]] == ["10", "99", "mean over the grid"]
+    assert by[("constrained - erm", "mean over the grid")][7] == "reproduced"
+    assert by[("worse - erm", "10")][7] == "refuted"
+    assert by[("constrained - erm", "10")][3] == pytest.approx(better[:, :, 0].mean())
+    same = ldp_verdict_rows({"metric_ldp": {"erm": erm, "constrained": erm.copy()}}, [10.0, 99.0])
+    assert {r[7] for r in same} == {"inconclusive"}
+
+
+def test_ldp_kinds_are_off_in_the_presets() -> None:
+    for preset in tr.PRESETS:
+        assert resolve_config(tr.CONFIG, preset=preset, presets=tr.PRESETS).evaluation.ldp_kinds == []
+
+
+def test_accuracy_against_epsilon_end_to_end(tiny_encoder_dir, tmp_path) -> None:
+    out = run_experiment(
+        "text-robustness",
+        preset="quick",
+        out=tmp_path / "runs",
+        overrides=[
+            f"model={tiny_encoder_dir}",
+            "methods=[erm,constrained]",
+            "seeds=[0,1]",
+            "data.n_train=32",
+            "data.n_eval=16",
+            "data.max_length=24",
+            "train.batch_size=16",
+            "train.progress=false",
+            "evaluation.kinds=[gaussian]",
+            "evaluation.gammas=[0.0,1.0]",
+            "evaluation.ldp_kinds=[metric_ldp,gaussian_mechanism]",
+            "evaluation.epsilons=[3.0,300.0]",
+        ],
+    )
+    res = json.loads((out / "results.json").read_text())
+    ldp = res["protocol"]["ldp"]
+    assert ldp["kinds"] == ["metric_ldp", "gaussian_mechanism"] and ldp["clip"] > 0
+    for block in res["methods"].values():
+        for kind in ldp["kinds"]:
+            curve = block["curves"][kind]
+            assert (
+                curve["x_name"] == "epsilon" and curve["x"] == [3.0, 300.0] and len(curve["per_model"]) == 2
+            )
+            assert block["metrics"][f"{kind}_mean_over_epsilons"] == pytest.approx(np.mean(curve["mean"]))
+    privacy = next(t for t in res["tables"] if t["title"].startswith("Privacy"))
+    assert [r[:2] for r in privacy["rows"]] == [
+        ["metric_ldp", 3.0],
+        ["metric_ldp", 300.0],
+        ["gaussian_mechanism", 3.0],
+        ["gaussian_mechanism", 300.0],
+    ]
+    verdicts = next(t for t in res["tables"] if t["title"].startswith("Claim"))
+    assert len(verdicts["rows"]) == 2 * 3 and {r[7] for r in verdicts["rows"]} <= {
+        "reproduced",
+        "refuted",
+        "inconclusive",
+    }
+    # the figure is drawn from results.json + arrays/ldp.npz, and rebuilt byte for byte
+    arrays = np.load(out / "arrays" / "ldp.npz")
+    assert arrays["erm__metric_ldp"].shape == (2, 2, 2, 16)  # [seed, draw (quick: 2), ε, example]
+    np.testing.assert_allclose(
+        arrays["constrained__gaussian_mechanism"].mean(axis=(1, 3)),
+        res["methods"]["constrained"]["curves"]["gaussian_mechanism"]["per_model"],
+        rtol=1e-6,
+    )
+    figure = (out / "figures" / "ldp-accuracy.png").read_bytes()
+    report = (out / "report.md").read_text()
+    assert "figures/ldp-accuracy.png" in report
+    shutil.rmtree(out / "figures")
+    assert write_report(out).read_text() == report
+    assert (out / "figures" / "ldp-accuracy.png").read_bytes() == figure

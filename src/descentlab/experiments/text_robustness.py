@@ -8,7 +8,8 @@ constrained method is chosen among a small grid of candidates (override specs) o
 (first seed only), never on test; the choice and the reason go into the protocol. Test evaluation: clean
 accuracy, accuracy against γ for each noise kind (``draws`` realisations per model, content-keyed so that
 every method sees the same noisy inputs), the per-layer test loss clean and at γ = ``profile_gamma``, and
-clean accuracy on optional dataset-shift sets.
+clean accuracy on optional dataset-shift sets; with ``evaluation.ldp_kinds``, accuracy against the local-DP
+ε (METHODS.md §4.3) with paired CIs, the privacy accounting and a verdict per ε against ERM.
 """
 
 from __future__ import annotations
@@ -19,12 +20,21 @@ from typing import Any
 
 from descentlab.config import config_to_dict
 from descentlab.constrained.config import DescentConfig
+from descentlab.data import load_encoder_classifier
 from descentlab.data.text_batches import Prepared, TextDataConfig, prepare_data
 from descentlab.errors import ConfigError
 from descentlab.optim.config import OptimizerConfig
 from descentlab.report import text_robustness as report
+from descentlab.report import text_robustness_ldp as ldp_report
 from descentlab.report.results import Results
-from descentlab.robustness import NoiseEvalConfig, RobustnessCurves, layer_loss_profile, robustness_curve
+from descentlab.robustness import (
+    EmbeddingGeometry,
+    NoiseEvalConfig,
+    RobustnessCurves,
+    layer_loss_profile,
+    mean_sequence_tokens,
+    robustness_curve,
+)
 from descentlab.train.jobs import JobRunner
 from descentlab.train.loop import TrainConfig, fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe, with_overrides
@@ -203,8 +213,6 @@ def train_model(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir
 
     ``fit`` resumes from the newest checkpoint under the job's tag, so a finished fit only reloads.
     """
-    from descentlab.data import load_encoder_classifier
-
     seed_everything(job.seed)
     model, _ = load_encoder_classifier(cfg.model, num_labels=data.num_labels)
     train_cfg = replace(cfg.train, seed=job.seed)
@@ -246,6 +254,13 @@ def run_job(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) ->
             out["robust"] = curve.summary()["gaussian"]
         return out
     curves = accuracy_curves(model, data.test, ev, job.seed, list(ev.kinds), ev.draws)
+    ldp = None
+    if ev.ldp_kinds:  # ev.clip was resolved by run(): one mechanism for every model
+        ldp = robustness_curve(
+            model, data.test, kinds=list(ev.ldp_kinds), epsilons=ev.epsilons, draws=ev.draws,
+            seed=ev.noise_seed, model_seeds=[job.seed], keep_examples=True,
+            perturb_kwargs={"delta": ev.delta, "clip": ev.clip},
+        ).to_dict()  # fmt: skip
     noisy = layer_loss_profile(
         model, data.test, kind=ev.profile_kind, gamma=ev.profile_gamma, draws=ev.draws, seed=ev.noise_seed
     )
@@ -257,12 +272,15 @@ def run_job(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) ->
         "profiles": {"clean": layer_loss_profile(model, data.test), ev.profile_condition: noisy},
         "extra": extra,
         "multipliers": constraint.multipliers.tolist() if constraint is not None else None,
+        "ldp_curves": ldp,
+        "embedding_max_norm": EmbeddingGeometry.of(model).max_norm,
     }
 
 
 def decode_output(out: dict[str, Any]) -> dict[str, Any]:
-    if "curves" in out:
-        out = {**out, "curves": RobustnessCurves.from_dict(out["curves"])}
+    for key in ("curves", "ldp_curves"):
+        if out.get(key) is not None:
+            out = {**out, key: RobustnessCurves.from_dict(out[key])}
     return out
 
 
@@ -270,6 +288,11 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
     d, ev, seed0 = cfg.data, cfg.evaluation, cfg.seeds[0]
     data = prepare_data(cfg.data, cfg.model)
     methods = cfg.resolved_methods()
+    geometry = None
+    if ev.ldp_kinds:  # the Gaussian mechanism's C: fixed from the pretrained model unless given
+        geometry = EmbeddingGeometry.of(load_encoder_classifier(cfg.model, num_labels=data.num_labels)[0])
+        ev = replace(ev, clip=ev.clip if ev.clip is not None else geometry.max_norm)
+        cfg = replace(cfg, evaluation=ev)
 
     # 1. ERM for every seed, and every candidate of a constrained method on the first seed (validation)
     specs = {m: cfg.selection.candidates.get(m, [""]) for m, mc in methods.items() if mc.constrained}
@@ -316,6 +339,12 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
     # 3. results in the DESIGN.md shape; the raw accuracies [seed, draw, γ] feed the paired-gap figure
     joined = {m: RobustnessCurves.concat([o["curves"] for o in outs]) for m, outs in outputs.items()}
     run.save_arrays(report.ACCURACY_ARRAYS, **report.accuracy_arrays(joined))
+    ldp_joined, ldp_tables, ldp_protocol = {}, [], {}  # type: ignore[var-annotated]
+    if geometry is not None:
+        ldp_joined, ldp_tables, ldp_protocol = ldp_report.summarise(
+            outputs, geometry, ev, mean_sequence_tokens(data.test)
+        )
+        run.save_arrays(ldp_report.LDP_ARRAYS, **ldp_report.ldp_arrays(ldp_joined))
     blocks = {}
     for m, outs in outputs.items():
         profiles = {k: [o["profiles"][k] for o in outs] for k in outs[0]["profiles"]}
@@ -324,6 +353,7 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
         blocks[m] = report.method_block(joined[m], profiles, extra, lams, ev.kinds[0])
         if m in candidates:
             blocks[m].extra["constraint"] = asdict(candidates[m][chosen[m]].constraint)
+        ldp_report.add_ldp_curves(blocks[m], ldp_joined.get(m))  # no-op without the ε kinds
     opt = cfg.method.optimizer
     protocol = {
         "dataset": d.name,
@@ -350,12 +380,14 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
         },
         "shift_sets": list(d.shift),
     }
+    if geometry is not None:
+        protocol["ldp"] = ldp_protocol
     results = Results(
         experiment=NAME,
         config=config_to_dict(cfg),
         protocol=protocol,
         methods=blocks,
-        tables=report.extra_tables(joined, blocks, selection_rows, list(d.shift)),
+        tables=report.extra_tables(joined, blocks, selection_rows, list(d.shift)) + ldp_tables,
         notes=report.notes(blocks, len(cfg.seeds)),
     )
     return results.to_dict()

@@ -8,6 +8,9 @@ has always reported them. The paired gap of a method m against ERM at noise leve
 pairs share the training seed and the noise realisation (noise is keyed by content), so the spread is that
 of the *difference*, much smaller than that of either curve. :func:`figures` draws it from the accuracies
 ``run()`` saved in ``arrays/accuracy.npz``.
+
+
+Accuracy against ε, when the run evaluated the local-DP kinds: :mod:`.text_robustness_ldp`.
 """
 
 from __future__ import annotations
@@ -170,10 +173,18 @@ def notes(methods: Mapping[str, MethodResult], n_seeds: int) -> list[str]:
 
 
 def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
-    """The paired gap against ERM per noise kind (one panel each), with a ±1 std band over (seed, draw).
+    """The paired gap against ERM per noise kind (one panel each), with a ±1 std band over (seed, draw),
+    and, when the run evaluated the ε kinds, :func:`ldp_figure`.
 
-    Drawn from ``arrays/accuracy.npz``; nothing when the run saved no arrays or has no ERM to pair with.
+    Drawn from ``arrays/accuracy.npz`` (and ``arrays/ldp.npz``); nothing when the run saved no arrays or has
+    no ERM to pair with.
     """
+    from descentlab.report.text_robustness_ldp import ldp_figure
+
+    return _paired_gap_figure(results, run_dir) + ldp_figure(results, run_dir)
+
+
+def _paired_gap_figure(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / ACCURACY_ARRAYS
     if not path.is_file():
         return []

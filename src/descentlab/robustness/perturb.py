@@ -9,6 +9,11 @@ METHODS.md §1.5. With σ the reference scale (σ_E = RMS of the input-embedding
 - substitute: each token's embedding replaced, with probability min(1, γ/4), by the embedding of a
   uniformly drawn vocabulary row (embeddings only).
 
+Two more embedding kinds are calibrated by a privacy parameter ε instead of γ (:mod:`.ldp`,
+METHODS.md §4.3): ``metric_ldp`` (e + z, density ∝ exp(-ε‖z‖) per token) and ``gaussian_mechanism``
+(clip_C(e) + σξ with σ from the analytic Gaussian mechanism at (ε, δ), Δ = 2C). Their noise is absolute
+(it does not scale with σ_E); the record's ``gamma`` is the equivalent level, per-coordinate std / σ_E.
+
 The noise is a pure function of (seed, draw, example content, position): see :mod:`.noise`. ``replicas=k``
 lets one forward pass carry k stacked copies of a batch, copy j receiving draw ``draw + j``; this is the
 batched fast path of :func:`descentlab.robustness.curves.robustness_curve`.
@@ -26,9 +31,11 @@ import torch
 from torch import Tensor, nn
 
 from descentlab.errors import ConfigError, DataError, ModelError
+from descentlab.robustness import ldp
 from descentlab.robustness import noise as nz
 
-EMBEDDING_KINDS = ("gaussian", "uniform", "discrete", "substitute")
+EMBEDDING_KINDS = ("gaussian", "uniform", "discrete", "substitute")  # levels γ
+LDP_KINDS = ldp.LDP_KINDS  # levels ε
 INPUT_KINDS = nz.NOISE_KINDS
 KEY_MODES = ("content", "sequence")
 
@@ -43,6 +50,9 @@ class Perturbation:
     sigma: float
     calls: int = 0
     rows: int = 0
+    epsilon: float | None = None  # ε kinds: the mechanism's ε (gamma is then the equivalent level)
+    delta: float | None = None  # gaussian_mechanism: δ per token
+    clip: float | None = None  # gaussian_mechanism: the clip norm C (sensitivity 2C)
 
 
 def substitution_probability(gamma: float) -> float:
@@ -112,13 +122,40 @@ def _valid_positions(ids: Tensor, pad_token_id: int | None) -> Tensor | None:
     return None if pad_token_id is None else ids != pad_token_id
 
 
+def default_clip(module: nn.Module) -> float:
+    """The Gaussian mechanism's default clip norm C: the largest row norm of ``module.weight``, so that
+    clipping leaves every vocabulary row (and the clean accuracy) unchanged."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        raise ModelError(f"{type(module).__name__} has no `weight` matrix to take C from; pass clip=<float>.")
+    with torch.no_grad():
+        return float(weight.detach().double().norm(dim=1).max())
+
+
+def _ldp_setup(
+    kind: str, gamma: float | None, epsilon: float | None, delta: float, clip: float | None, target: nn.Module
+) -> tuple[float, float | None]:
+    """Check an ε kind's arguments; return (ε, C or None)."""
+    if gamma is not None:
+        raise ConfigError(f"the {kind} kind is calibrated by epsilon=<ε>, not by gamma; drop gamma.")
+    if epsilon is None:
+        raise ConfigError(f"the {kind} kind needs epsilon=<ε > 0>.")
+    ldp.check_epsilon(epsilon, delta if kind == "gaussian_mechanism" else None)
+    if kind != "gaussian_mechanism":
+        return float(epsilon), None
+    return float(epsilon), float(clip) if clip is not None else default_clip(target)
+
+
 @contextmanager
 def perturb_embeddings(
     model: nn.Module,
     kind: str = "gaussian",
-    gamma: float = 1.0,
+    gamma: float | None = None,
     seed: int = 0,
     *,
+    epsilon: float | None = None,
+    delta: float = 1e-5,
+    clip: float | None = None,
     draw: int = 0,
     replicas: int = 1,
     module: nn.Module | None = None,
@@ -130,9 +167,14 @@ def perturb_embeddings(
 
     Args:
         model: any model; ``model.get_input_embeddings()`` is hooked unless ``module`` is given.
-        kind: ``gaussian``, ``uniform``, ``discrete`` or ``substitute`` (see the module docstring).
-        gamma: noise level γ >= 0, relative to σ_E; γ = 0 leaves every output bit-identical.
+        kind: ``gaussian``, ``uniform``, ``discrete`` or ``substitute`` (level γ), or ``metric_ldp`` or
+            ``gaussian_mechanism`` (level ε); see the module docstring.
+        gamma: noise level γ >= 0 (default 1), relative to σ_E; γ = 0 leaves every output bit-identical.
+            Not used by the ε kinds.
         seed: noise seed; with ``draw`` it indexes independent noise realisations.
+        epsilon: ε of ``metric_ldp`` (per unit L2 distance) or of ``gaussian_mechanism`` (per token).
+        delta: δ of ``gaussian_mechanism`` (per token).
+        clip: C of ``gaussian_mechanism`` (default: the largest row norm of the embedding matrix).
         draw: index of the noise draw (the first one when ``replicas > 1``).
         replicas: the batch holds this many stacked copies; copy j gets draw ``draw + j``.
         module: the embedding module to hook (for models without ``get_input_embeddings``).
@@ -148,12 +190,20 @@ def perturb_embeddings(
     The hook is removed when the context exits, also on an exception. Forward calls that bypass the
     embedding module (``inputs_embeds=...``) are not perturbed: check ``record.calls``.
     """
-    _check_args(kind, gamma, EMBEDDING_KINDS, key, replicas)
     target = module if module is not None else input_embedding_module(model)
+    private = kind in LDP_KINDS
+    if private:
+        epsilon, clip = _ldp_setup(kind, gamma, epsilon, delta, clip, target)
+        gamma = 1.0  # checked below, then replaced by the equivalent level once d is known
+    gamma = 1.0 if gamma is None else gamma
+    _check_args(kind, gamma, EMBEDDING_KINDS + LDP_KINDS, key, replicas)
     scale = float(sigma) if sigma is not None else embedding_rms(target)
     if pad_token_id == "auto":
         pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None)
     record = Perturbation(kind=kind, gamma=float(gamma), seed=seed, sigma=scale)
+    if private:  # gamma: the equivalent level, known once the hook sees the width d
+        record.gamma, record.epsilon = math.nan, epsilon
+        record.delta, record.clip = (delta, clip) if kind == "gaussian_mechanism" else (None, None)
 
     def hook(mod: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor | None:
         record.calls += 1
@@ -167,6 +217,10 @@ def perturb_embeddings(
             keys = _row_keys(
                 source, valid, seed=seed, draw=draw, replicas=replicas, key=key, call=record.calls
             )
+            if private:
+                std = ldp.mechanism_std(kind, epsilon, output.shape[-1], delta=delta, clip=clip or 0.0)
+                record.gamma = std / scale
+                return ldp.privatize(kind, output, keys, epsilon, delta=delta, clip=clip)
             if kind != "substitute":
                 xi = nz.standard_noise(kind, keys, tuple(output.shape))
                 return output + (gamma * scale * xi).to(output.dtype)
