@@ -111,7 +111,11 @@ def test_deep_supervision_is_the_mean_per_layer_mse(arch: str) -> None:
 
 
 def test_methods_are_one_base_edited_by_specs() -> None:
-    cfg = _tiny("alpha.ut=0.2", "methods.constrained-fast=objective=constrained constraint.dual_lr=0.5")
+    cfg = _tiny(
+        "alpha.ut=0.2",
+        "specs.constrained-fast=objective=constrained constraint.dual_lr=0.5",
+        f"methods=[{','.join([*vd.SPECS, 'constrained-fast', *vd.FROZEN])}]",
+    )
     ut, dust = cfg.method_config("ut", "resilient"), cfg.method_config("dust", "constrained")
     assert (ut.objective, ut.constraint.resilient, ut.constraint.alpha) == ("constrained", True, 0.2)
     assert (dust.constraint.alpha, dust.constraint.form, dust.constraint.detach_prev) == (0.5, "ratio", True)
@@ -134,17 +138,23 @@ def test_methods_are_one_base_edited_by_specs() -> None:
     assert isinstance(recipe.scheduler, torch.optim.lr_scheduler.CosineAnnealingLR)
 
 
+def test_methods_default_to_every_spec_and_frozen_label() -> None:
+    cfg = _tiny()
+    assert cfg.methods == cfg.labels == [*vd.SPECS, *vd.FROZEN]
+    assert _tiny("methods=[erm,blind]").labels == ["erm", "blind"]
+
+
 def test_config_errors() -> None:
     for bad in (
         ["architectures=[vit]"],
         ["gammas=[0.5,2.0]"],
-        ["run_methods=[sgd]"],
-        ["methods.erm=optimizer.lr=-1"],
+        ["methods=[sgd]"],
+        ["specs.erm=optimizer.lr=-1"],
         ["alpha={ut: 1.5}"],
         ["data.val_frac=0.0"],
-        ["run_methods=[constrained]"],
+        ["methods=[constrained]"],
         ["frozen={frozen-lambda: erm}"],
-        ["run_methods=[erm,frozen-lambda]"],
+        ["methods=[erm,frozen-lambda]"],
         ["gammas=[0.5,1.0]"],
         ["baselines=[bm3d]"],
     ):
@@ -180,7 +190,7 @@ def test_experiment_end_to_end_resume_and_report(tmp_path: Path, carphone) -> No
     ]
     path = run_experiment("video-denoising", overrides=overrides, out=tmp_path)
     results = json.loads((path / "results.json").read_text())
-    labels = [*vd.METHODS, "frozen-lambda"]
+    labels = [*vd.SPECS, "frozen-lambda"]
     assert set(results["methods"]) == {f"{a}-{o}" for a in vd.ARCHITECTURES for o in labels}
     for block in results["methods"].values():
         curve = block["curves"]["gaussian"]

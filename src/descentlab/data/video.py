@@ -36,6 +36,8 @@ __all__ = [
     "clip_sequences",
     "load_clips",
     "load_video",
+    "noisy_test_clips",
+    "noisy_val_clips",
     "split_sequences",
 ]
 
@@ -276,6 +278,20 @@ def add_noise(clean: Tensor, sigma: float, *, generator: torch.Generator | None 
     """Additive white Gaussian noise, ``y = x + σ ε``, ε ~ N(0, I); not clipped, so the noise stays Gaussian."""
     noise = torch.randn(clean.shape, generator=generator, dtype=clean.dtype, device=clean.device)
     return clean + sigma * noise
+
+
+def noisy_test_clips(test: Tensor, *, gammas: Sequence[float], sigma: float, seed: int) -> list[Tensor]:
+    """The noisy test clips at each level ``γ·sigma``: level i is drawn from a generator seeded by
+    ``10007·seed + i``, so every method (and baseline) of a seed sees the same noise."""
+    return [
+        add_noise(test, g * sigma, generator=torch.Generator().manual_seed(10_007 * seed + i))
+        for i, g in enumerate(gammas)
+    ]
+
+
+def noisy_val_clips(val: Tensor, *, sigma: float, seed: int = 4242) -> Tensor:
+    """The validation clips at ``sigma``: one fixed draw (from ``seed``) shared by every method and baseline."""
+    return add_noise(val, sigma, generator=torch.Generator().manual_seed(seed))
 
 
 class NoisyClips(Dataset):

@@ -14,8 +14,8 @@ with seed 0 and the one of lowest validation RMSE at γ = 1 is kept and trained 
 (architecture, method) pair trains from the same initialisation, on the same batches, for the same number of
 steps; every method and baseline is tested on the same noisy test clips at each γ.
 
-Methods are one base :class:`MethodConfig` (``method``) edited by the override specs of ``methods``; a
-candidate appends ``optimizer.lr=...`` and a ``constraint_grid`` entry to its method's spec. Jobs are named
+Methods are one base :class:`MethodConfig` (``method``) edited by the override specs of ``specs``; ``methods``
+lists the labels run. A candidate appends ``optimizer.lr=...`` and a ``constraint_grid`` entry to its method's spec. Jobs are named
 ``<arch>-<label>@<candidate>-seed<seed>``. Controls: ``blind`` labels train ERM on noise levels drawn from a
 γ range (the positive control), and ``frozen`` labels hold the final multipliers of a finished constrained
 run of the same seed fixed (no dual step). The constraint's α is per architecture (``alpha``).
@@ -23,33 +23,35 @@ run of the same seed fixed (no dual step). The constraint's α is per architectu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+import time
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor, nn
 
 from descentlab.config import config_to_dict
 from descentlab.constrained.config import DescentConfig
-from descentlab.data.video import add_noise, load_clips, split_sequences
+from descentlab.data.video import NoisyClips, noisy_val_clips
+from descentlab.data.video import noisy_test_clips as noisy_levels
+from descentlab.data.video_data import VideoDataConfig, load_denoising_data
 from descentlab.errors import ConfigError
-from descentlab.experiments.video_jobs import (
-    build_model,
-    final_mse,
-    job,
-    noisy_test_clips,
-)
-from descentlab.experiments.video_jobs import job_key as _key
-from descentlab.experiments.video_jobs import rank as _rank
-from descentlab.io import load_arrays
+from descentlab.models.denoisers import UnrolledConfig, build_denoiser, final_mse
 from descentlab.optim.config import OptimizerConfig
 from descentlab.report.results import Results
-from descentlab.report.video_claims import summarise
+from descentlab.report.video_claims import NOTES, load_job_arrays, summarise
 from descentlab.report.video_denoising import SAMPLE_FRAMES
-from descentlab.robustness.video_baselines import BASELINES
+from descentlab.robustness.video import ValidationCurve, denoise_frames, evaluate_denoiser
+from descentlab.robustness.video_baselines import BASELINES, run_baselines
 from descentlab.train.jobs import JobRunner
-from descentlab.train.loop import TrainConfig
-from descentlab.train.recipe import MethodConfig, with_overrides
+from descentlab.train.loop import TrainConfig, fit, seed_everything
+from descentlab.train.recipe import MethodConfig, build_frozen_recipe, build_recipe, with_overrides
 from descentlab.train.rundir import RunDir
+from descentlab.train.tuning import tune_and_replicate
 
 __all__ = ["CONFIG", "PRESETS", "VideoDenoisingConfig", "build_model", "final_mse", "noisy_test_clips", "run"]
 
@@ -57,42 +59,15 @@ ARCHITECTURES = ("ut", "dust")
 # "deep-supervision" is a control: the mean of the per-layer losses f_1..f_L, i.e. the same per-layer signal
 # as the constrained objective with fixed, equal weights instead of multipliers. "blind" is ERM on a range of
 # noise levels (see `blind`).
-METHODS = {
+SPECS = {
     "erm": "",
     "constrained": "objective=constrained",
     "resilient": "objective=constrained constraint.resilient=true",
     "deep-supervision": "objective=deep-supervision",
     "blind": "",
 }
-
-
-@dataclass
-class VideoDataConfig:
-    video: str = "vtest"  # a clip name (vtest, bikes, ...) or a file / folder (UCSD, Avenue, ShanghaiTech)
-    size: int = 96  # frame height after resizing (the width keeps the aspect)
-    max_frames: int | None = None  # per clip
-    max_clips: int | None = None
-    num_frames: int = 8  # frames per sequence T
-    crop: int = 8  # sequences are crop x crop pixels
-    time_stride: int = 4
-    test_frac: float = 0.25  # the last quarter of every clip is the test range
-    val_frac: float = 0.15  # the frames just before it are the validation range
-    n_train: int | None = 8000  # random subset of the train sequences (None: all)
-    n_val: int = 500
-    n_test: int = 1000
-    sigma_train: float = 0.1  # noise std in [0, 1] pixel units (0.1 ≈ 25/255)
-
-
-@dataclass
-class UnrolledConfig:
-    depth: int = 6
-    width: int = 64
-    heads: int = 4
-    patch_size: int = 8  # = crop: one token per frame
-    mlp_ratio: float = 2.0  # UT
-    num_atoms: int = 256  # DUST dictionary size (a perfect square for the DCT initialisation)
-    threshold_init: float = 0.02  # DUST
-    causal: bool = False  # DUST frame attention
+# the frozen-λ control: label -> the constrained label whose final multipliers it holds fixed
+FROZEN = {"frozen-lambda": "constrained"}
 
 
 def _base_method() -> MethodConfig:
@@ -117,12 +92,13 @@ class VideoDenoisingConfig:
     data: VideoDataConfig = field(default_factory=VideoDataConfig)
     model: UnrolledConfig = field(default_factory=UnrolledConfig)
     method: MethodConfig = field(default_factory=_base_method)  # the base every method's spec edits
-    methods: dict[str, str] = field(default_factory=lambda: dict(METHODS))  # label -> MethodConfig overrides
-    run_methods: list[str] | None = None  # labels of `methods` and `frozen` to train, in order (None: all)
+    specs: dict[str, str] = field(default_factory=lambda: dict(SPECS))  # label -> MethodConfig overrides
+    # the labels of `specs` and `frozen` to train, in order
+    methods: list[str] = field(default_factory=lambda: [*SPECS, *FROZEN])
     # label -> [γ_low, γ_high]: ERM trained on σ ~ U(γ_low, γ_high)·σ_train per example (positive control)
     blind: dict[str, list[float]] = field(default_factory=lambda: {"blind": [0.0, 3.0]})
     # label -> the constrained label whose final λ (same architecture and seed) it holds fixed
-    frozen: dict[str, str] = field(default_factory=lambda: {"frozen-lambda": "constrained"})
+    frozen: dict[str, str] = field(default_factory=lambda: dict(FROZEN))
     lr_grid: list[float] = field(default_factory=lambda: [1e-3, 3e-3])  # every method's candidates
     constraint_grid: list[str] = field(  # crossed with lr_grid for constrained methods
         default_factory=lambda: ["constraint.dual_lr=0.05", "constraint.dual_lr=0.5"]
@@ -154,11 +130,11 @@ class VideoDenoisingConfig:
         missing = [a for a in self.architectures if a not in self.alpha]
         if missing:
             raise ConfigError(f"alpha has no value for {missing}; set alpha.<arch>=0.1")
-        known = [*self.methods, *self.frozen]
+        known = [*self.specs, *self.frozen]
         unknown = [m for m in self.labels if m not in known]
         if unknown or not self.labels or "erm" not in self.labels:
             raise ConfigError(
-                f"run_methods {unknown or self.labels} must name entries of methods or frozen {known}, "
+                f"methods {unknown or self.labels} must name entries of specs or frozen {known}, "
                 "erm included (every claim compares with it)"
             )
         for label, source in self.frozen.items():
@@ -191,7 +167,7 @@ class VideoDenoisingConfig:
 
     @property
     def labels(self) -> list[str]:
-        return [*self.methods, *self.frozen] if self.run_methods is None else list(self.run_methods)
+        return list(self.methods)
 
     @property
     def trained_labels(self) -> list[str]:
@@ -201,11 +177,11 @@ class VideoDenoisingConfig:
     def method_config(self, arch: str, label: str) -> MethodConfig:
         """The base method with this architecture's α, edited by the label's spec."""
         base = replace(self.method, constraint=replace(self.method.constraint, alpha=self.alpha[arch]))
-        return with_overrides(base, self.methods[label])
+        return with_overrides(base, self.specs[label])
 
     def candidates(self, label: str) -> list[str]:
         """The grid of ``label``: override specs applied after its method spec, in grid order."""
-        constrained = with_overrides(self.method, self.methods[label]).constrained
+        constrained = with_overrides(self.method, self.specs[label]).constrained
         extra = self.constraint_grid if constrained else [""]
         return [f"optimizer.lr={lr:g} {c}".strip() for lr in self.lr_grid for c in extra]
 
@@ -239,105 +215,148 @@ PRESETS = {
 }
 
 
+def _rank(val_rmse: float) -> tuple[bool, float]:  # a diverged (NaN) validation RMSE ranks last
+    return (math.isnan(val_rmse), val_rmse)
+
+
+def _key(arch: str, label: str, candidate: int | None, seed: int) -> str:
+    return f"{arch}-{label}" + ("" if candidate is None else f"@{candidate}") + f"-seed{seed}"
+
+
+def build_model(arch: str, cfg: VideoDenoisingConfig) -> nn.Module:
+    return build_denoiser(arch, image_size=cfg.data.crop, num_frames=cfg.data.num_frames, **asdict(cfg.model))
+
+
+def noisy_test_clips(test: Tensor, cfg: VideoDenoisingConfig, seed: int) -> list[Tensor]:
+    """The noisy test clips of ``seed`` at each γ of ``cfg.gammas`` (the same for every method)."""
+    return noisy_levels(test, gammas=cfg.gammas, sigma=cfg.data.sigma_train, seed=seed)
+
+
+def train_and_evaluate(
+    cfg: VideoDenoisingConfig,
+    arch: str,
+    label: str,
+    spec: str,
+    seed: int,
+    data: dict[str, Tensor],
+    run: RunDir,
+    key: str,
+    lam: list[float] | None = None,
+) -> dict:
+    """Train ``arch`` with method ``label`` edited by ``spec`` from ``seed``; validate while training; test.
+
+    The validation curve is the RMSE at γ = 1 on the validation clips every ``cfg.val_every`` steps; its final
+    point is what the grid search compares. ``lam`` (the frozen-λ control): the constraint's multipliers
+    start at ``lam`` and never take a dual step. A label of ``cfg.blind`` trains on noise levels drawn
+    uniformly from its γ range times σ_train.
+    """
+    seed_everything(seed)  # the same initialisation for every method of an architecture
+    model = build_model(arch, cfg)
+    sigma = cfg.data.sigma_train
+    lo, hi = cfg.blind.get(label, (1.0, None))  # a blind label: σ ~ U(lo, hi)·σ_train per example
+    train = NoisyClips(data["train"], lo * sigma, sigma_max=None if hi is None else hi * sigma)
+    train_cfg = replace(cfg.train, seed=seed)
+    method = with_overrides(cfg.method_config(arch, label), spec)
+    total = train_cfg.total_steps(len(train))
+    build = build_recipe if lam is None else partial(build_frozen_recipe, lam=lam)
+    recipe = build(method, model, total_steps=total, loss_fn=final_mse)
+    val_noisy = noisy_val_clips(data["val"], sigma=sigma)
+    curve = ValidationCurve(
+        model, data["val"], val_noisy, every=cfg.val_every, total=total, batch_size=cfg.eval_batch_size
+    )
+    start = time.perf_counter()
+    fit(model, train, cfg=train_cfg, run=run, tag=key, callbacks=[curve], **recipe.fit_kwargs())
+    train_seconds = time.perf_counter() - start
+    test_noisy = noisy_test_clips(data["test"], cfg, seed)
+    ev = evaluate_denoiser(model, data["test"], test_noisy, batch_size=cfg.eval_batch_size, per_example=True)
+    run.save_arrays(f"jobs/{key}-errors.npz", example_mse=ev.pop("example_mse").numpy())
+    ev.update(
+        train_seconds=train_seconds, val_curve=curve.points, val_rmse=curve.points["rmse"][-1], spec=spec
+    )
+    if recipe.constraint is not None:
+        ev["lambda"] = recipe.constraint.duals.lam.tolist()
+    run.log(tag=key, eval_rmse=ev["rmse"], gammas=cfg.gammas, val_rmse=ev["val_rmse"])
+    if seed == cfg.seeds[0]:
+        frames = torch.stack([denoise_frames(model, y, cfg.data.crop) for y in data["sample_noisy"]])
+        run.save_arrays(f"jobs/{key}-frames.npz", denoised=frames)
+    return ev
+
+
+def baselines_job(cfg: VideoDenoisingConfig, data: dict, run: RunDir, key: str = "baselines") -> dict:
+    """Every classical baseline, chosen on validation at σ_train and tested on each seed's test noise (the
+    learned models' of that seed); saves ``jobs/<key>-<name>.npz`` (``example_mse``, ``denoised``)."""
+    sigma = cfg.data.sigma_train
+    results, arrays = run_baselines(
+        cfg.baselines,
+        val_clean=data["val"],
+        val_noisy=noisy_val_clips(data["val"], sigma=sigma),
+        test_clean=data["test"],
+        test_noisy=[noisy_test_clips(data["test"], cfg, seed) for seed in cfg.seeds],
+        sample_noisy=data["sample_noisy"],
+        sigma=sigma,
+        tile=cfg.data.crop,
+        grids=cfg.baseline_grid,
+    )
+    for name, arr in arrays.items():
+        run.save_arrays(f"jobs/{key}-{name}.npz", **arr)
+    return results
+
+
+def job(kind: str, *args: Any) -> dict:
+    """The experiment's one job function (one :class:`~descentlab.train.jobs.JobRunner` runs both kinds): a
+    top-level function (it runs in spawned workers); its arrays go to ``jobs/<key>-*.npz`` of the run."""
+    return {"train": train_and_evaluate, "baselines": baselines_job}[kind](*args)
+
+
 def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
-    d = cfg.data
-    clips = load_clips(d.video, size=d.size, max_frames=d.max_frames, max_clips=d.max_clips)
-    splits = split_sequences(
-        clips,
-        num_frames=d.num_frames,
-        crop=d.crop,
-        test_frac=d.test_frac,
-        val_frac=d.val_frac,
-        time_stride=d.time_stride,
-    )
-    pick = torch.Generator().manual_seed(1234)
-    sizes = {"train": d.n_train, "val": d.n_val, "test": d.n_test}
-    data = {k: splits[k][torch.randperm(len(splits[k]), generator=pick)[: sizes[k]]] for k in sizes}
-    # Whole frames from the start of the first clip's test range, for the sample-frame figure.
-    cut = round((1.0 - d.test_frac) * clips[0].shape[0])
-    sample_clean = clips[0][cut : cut + d.num_frames]
     sample_gammas = sorted({1.0, max(cfg.gammas)})
-    gen = torch.Generator().manual_seed(99)
-    data["sample_noisy"] = torch.stack(
-        [add_noise(sample_clean, g * d.sigma_train, generator=gen) for g in sample_gammas]
-    )
+    data, sample_clean, data_protocol = load_denoising_data(**asdict(cfg.data), sample_gammas=sample_gammas)
 
-    seed0, later = cfg.seeds[0], cfg.seeds[1:]
-    archs, tuned = cfg.architectures, cfg.trained_labels
+    seed0, archs = cfg.seeds[0], cfg.architectures
     frozen = [label for label in cfg.labels if label in cfg.frozen]
-    evs: dict[tuple[str, str], list[dict]] = {}  # (arch, label) -> per-seed evaluations
-    grid: dict[tuple[str, str], list[dict]] = {}  # (arch, label) -> seed-0 evaluation of every candidate
-    chosen: dict[tuple[str, str], int] = {}
     with JobRunner(
         job, workers=cfg.workers, cache_dir=run.path / "jobs", threads=max(cfg.torch_threads, 1)
     ) as runner:
         baselines = runner.submit("baselines", "baselines", cfg, data, run) if cfg.baselines else None
-        pending = {
-            (a, lab, i): runner.submit(
-                _key(a, lab, i, seed0), "train", cfg, a, lab, spec, seed0, data, run, _key(a, lab, i, seed0)
-            )
-            for a in archs
-            for lab in tuned
-            for i, spec in enumerate(cfg.candidates(lab))
-        }
-        later_jobs = {}
-        for a in archs:
-            for lab in tuned:
-                grid[a, lab] = [pending[a, lab, i].result() for i in range(len(cfg.candidates(lab)))]
-                chosen[a, lab] = min(
-                    range(len(grid[a, lab])), key=lambda i: _rank(grid[a, lab][i]["val_rmse"])
-                )
-                spec = cfg.candidates(lab)[chosen[a, lab]]
-                for s in later:
-                    k = _key(a, lab, chosen[a, lab], s)
-                    later_jobs[a, lab, s] = runner.submit(k, "train", cfg, a, lab, spec, s, data, run, k)
+
+        def train(a: str, lab: str, i: int | None, spec: str, s: int, lam=None, fl: str = "") -> Future:
+            k = _key(a, fl or lab, i, s)
+            return runner.submit(k, "train", cfg, a, lab, spec, s, data, run, k, lam)
+
         frozen_jobs = {}
-        for a in archs:
-            for lab in tuned:
-                rest = [later_jobs[a, lab, s].result() for s in later]
-                evs[a, lab] = [grid[a, lab][chosen[a, lab]], *rest]
-                spec = cfg.candidates(lab)[chosen[a, lab]]
-                for fl in (f for f in frozen if cfg.frozen[f] == lab):  # as soon as its source is done
-                    for s, ev in zip(cfg.seeds, evs[a, lab], strict=True):
-                        k = _key(a, fl, None, s)
-                        frozen_jobs[a, fl, s] = runner.submit(
-                            k, "train", cfg, a, lab, spec, s, data, run, k, ev["lambda"]
-                        )
+
+        def then(group: tuple[str, str], i: int, per_seed: list[dict]) -> None:  # a source's frozen-λ runs
+            a, lab = group
+            for fl in (f for f in frozen if cfg.frozen[f] == lab):
+                for s, ev in zip(cfg.seeds, per_seed, strict=True):
+                    frozen_jobs[a, fl, s] = train(a, lab, None, cfg.candidates(lab)[i], s, ev["lambda"], fl)
+
+        grid, chosen, evs = tune_and_replicate(
+            {(a, lab): cfg.candidates(lab) for a in archs for lab in cfg.trained_labels},
+            cfg.seeds,
+            submit=lambda g, i, spec, s: train(*g, i, spec, s),
+            score=lambda ev: _rank(ev["val_rmse"]),
+            then=then,
+        )
         for a in archs:
             for lab in frozen:
                 evs[a, lab] = [frozen_jobs[a, lab, s].result() for s in cfg.seeds]
         base = baselines.result() if baselines is not None else {}
 
-    def job_key(a: str, lab: str, s: int) -> str:
-        return _key(a, lab, None if lab in cfg.frozen else chosen[a, lab], s)
-
     order = [(a, lab) for a in archs for lab in cfg.labels]
-    errors = {
-        f"{a}-{lab}": np.stack(
-            [
-                load_arrays(run.path / f"jobs/{job_key(a, lab, s)}-errors.npz")["example_mse"]
-                for s in cfg.seeds
-            ]
-        )
-        for a, lab in order
-    }
-    base_arrays = {b: load_arrays(run.path / f"jobs/baselines-{b}.npz") for b in base}
+    cand = {(a, lab): None if lab in cfg.frozen else chosen[a, lab] for a, lab in order}
+    keys = {f"{a}-{lab}": [_key(a, lab, cand[a, lab], s) for s in cfg.seeds] for a, lab in order}
+    errors, base_errors, denoised = load_job_arrays(run.path / "jobs", keys, list(base))
     run.save_arrays(
         SAMPLE_FRAMES,
         clean=sample_clean,
         noisy=data["sample_noisy"],
         gammas=np.asarray(sample_gammas),
         seed=np.asarray(seed0),
-        methods=np.asarray([f"{a}-{lab}" for a, lab in order] + list(base)),
-        denoised=np.stack(
-            [
-                load_arrays(run.path / f"jobs/{job_key(a, lab, seed0)}-frames.npz")["denoised"]
-                for a, lab in order
-            ]
-            + [base_arrays[b]["denoised"] for b in base]
-        ),
+        methods=np.asarray([*keys, *base]),
+        denoised=denoised,
     )
     body = summarise(
         per_seed={f"{a}-{lab}": evs[a, lab] for a, lab in order},
@@ -351,7 +370,7 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
         },
         errors=errors,
         baselines=base,
-        baseline_errors={b: base_arrays[b]["example_mse"] for b in base},
+        baseline_errors=base_errors,
         gammas=list(cfg.gammas),
         margin=cfg.id_margin,
         n_boot=cfg.n_boot,
@@ -360,15 +379,7 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
         experiment="video-denoising",
         config=config_to_dict(cfg),
         protocol={
-            "dataset": d.video,
-            "frames": f"{len(clips)} clip(s), resized to height {d.size}, {d.num_frames}-frame sequences of "
-            f"{d.crop}x{d.crop} pixels",
-            "split": f"time: first {1 - d.test_frac - d.val_frac:.0%} of each clip train, next {d.val_frac:.0%} "
-            f"validation, last {d.test_frac:.0%} test",
-            "n_train": len(data["train"]),
-            "n_val": len(data["val"]),
-            "n_eval": len(data["test"]),
-            "sigma_train": d.sigma_train,
+            **data_protocol,
             "gammas": list(cfg.gammas),
             "seeds": list(cfg.seeds),
             "draws": 1,
@@ -382,13 +393,7 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
         },
         methods=body["methods"],
         tables=body["tables"],
-        notes=[
-            "RMSE in [0, 1] pixel units over all test pixels; the noisy input's RMSE is gamma * sigma_train.",
-            "layer_loss is the test MSE of each layer's estimate (index 0: the initial iterate; DUST's is D·0).",
-            "Claim CIs: paired bootstrap over (seeds x test sequences) of per-sequence statistics "
-            "(report.stats.paired_bootstrap); baselines are tuned at gamma = 1 on validation and then held "
-            "fixed, like the learned models.",
-        ],
+        notes=NOTES,
         extra={k: body[k] for k in ("claims", "baselines", "selection", "versus_baselines")},
     )
     return results.to_dict()

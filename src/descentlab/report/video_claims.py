@@ -20,13 +20,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from descentlab.io import load_arrays
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import column_mean_std, paired_bootstrap, verdict
 from descentlab.report.video_denoising import paired_table, rmse_table
+
+NOTES = [
+    "RMSE in [0, 1] pixel units over all test pixels; the noisy input's RMSE is gamma * sigma_train.",
+    "layer_loss is the test MSE of each layer's estimate (index 0: the initial iterate; DUST's is D·0).",
+    "Claim CIs: paired bootstrap over (seeds x test sequences) of per-sequence statistics "
+    "(report.stats.paired_bootstrap); baselines are tuned at gamma = 1 on validation and then held "
+    "fixed, like the learned models.",
+]
 
 CLAIMS = {
     "lower-rmse-ood": "lower RMSE than ERM at gamma > 1 (per-sequence RMSE, mean over gamma > 1)",
@@ -284,3 +294,23 @@ def convergence_table(methods: Mapping[str, Mapping[str, Any]]) -> dict[str, Any
         "columns": ["method", "at 50 %", "at 75 %", "at 100 %", "gain over the last quarter"],
         "rows": rows,
     }
+
+
+def load_job_arrays(
+    jobs_dir: Path,
+    keys: Mapping[str, Sequence[str]],
+    baselines: Sequence[str],
+    baseline_key: str = "baselines",
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """The arrays the jobs saved under ``jobs_dir``: per method (its job keys, one per seed), ``errors`` stacks
+    ``<key>-errors.npz``'s ``example_mse`` over seeds; per baseline, ``<baseline_key>-<name>.npz``'s
+    ``example_mse``; ``denoised`` stacks the first key's ``<key>-frames.npz`` of every method, then every
+    baseline's frames, in that order."""
+    runs = {
+        name: [load_arrays(jobs_dir / f"{k}-errors.npz")["example_mse"] for k in ks]
+        for name, ks in keys.items()
+    }
+    base = {b: load_arrays(jobs_dir / f"{baseline_key}-{b}.npz") for b in baselines}
+    frames = [load_arrays(jobs_dir / f"{ks[0]}-frames.npz")["denoised"] for ks in keys.values()]
+    denoised = np.stack(frames + [base[b]["denoised"] for b in baselines])
+    return {k: np.stack(v) for k, v in runs.items()}, {b: base[b]["example_mse"] for b in baselines}, denoised

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["denoise_frames", "evaluate_denoiser"]
+__all__ = ["ValidationCurve", "denoise_frames", "evaluate_denoiser"]
 
 
 @torch.no_grad()
@@ -79,3 +79,31 @@ def denoise_frames(model: nn.Module, noisy: Tensor, tile: int) -> Tensor:
     x = noisy[:, : nh * tile, : nw * tile].reshape(t, nh, tile, nw, tile).permute(1, 3, 0, 2, 4)
     out = model(x.reshape(nh * nw, t, tile, tile)).final
     return out.reshape(nh, nw, t, tile, tile).permute(2, 0, 3, 1, 4).reshape(t, nh * tile, nw * tile)
+
+
+class ValidationCurve:
+    """A training callback ``(step, model, logs)``: the RMSE on fixed validation clips at step 0 (on
+    construction), every ``every`` steps and at step ``total``, in ``points = {"step": [...], "rmse": [...]}``.
+    Each evaluation leaves the model in training mode."""
+
+    def __init__(
+        self, model: nn.Module, clean: Tensor, noisy: Tensor, *, every: int, total: int, batch_size: int
+    ) -> None:
+        self.clean, self.noisy, self.every, self.total, self.batch_size = (
+            clean,
+            noisy,
+            every,
+            total,
+            batch_size,
+        )
+        self.points: dict[str, list] = {"step": [0], "rmse": [self.rmse(model)]}
+
+    def rmse(self, model: nn.Module) -> float:
+        value = evaluate_denoiser(model, self.clean, [self.noisy], batch_size=self.batch_size)["rmse"][0]
+        model.train()
+        return value
+
+    def __call__(self, step: int, model: nn.Module, _logs: dict[str, float]) -> None:
+        if step % self.every == 0 or step == self.total:
+            self.points["step"].append(step)
+            self.points["rmse"].append(self.rmse(model))

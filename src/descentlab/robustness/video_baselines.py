@@ -14,14 +14,17 @@ the same shape, one clip at a time along axis 0 (clips never mix):
   clip are left out of ``d²``; candidates outside it get weight 0). Written here in torch because neither
   opencv nor scikit-image is a dependency.
 
-:func:`choose_on_validation` picks a baseline's parameters from a grid by the RMSE on validation clips.
+:func:`choose_on_validation` picks a baseline's parameters from a grid by the RMSE on validation clips;
+:func:`run_baselines` does so for several baselines and tests each on noisy test clips.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -36,6 +39,7 @@ __all__ = [
     "denoise_tiles",
     "gaussian_filter",
     "nonlocal_means",
+    "run_baselines",
     "temporal_median",
 ]
 
@@ -138,3 +142,58 @@ def denoise_tiles(fn: Callable[[Tensor], Tensor], frames: Tensor, tile: int) -> 
     x = frames[:, : nh * tile, : nw * tile].reshape(t, nh, tile, nw, tile).permute(1, 3, 0, 2, 4)
     out = fn(x.reshape(nh * nw, t, tile, tile))
     return out.reshape(nh, nw, t, tile, tile).permute(2, 0, 3, 1, 4).reshape(t, nh * tile, nw * tile)
+
+
+def run_baselines(
+    names: Sequence[str],
+    *,
+    val_clean: Tensor,
+    val_noisy: Tensor,
+    test_clean: Tensor,
+    test_noisy: Sequence[Sequence[Tensor]],
+    sample_noisy: Tensor,
+    sigma: float,
+    tile: int,
+    grids: Mapping[str, Mapping[str, list[Any]]] | None = None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, np.ndarray]]]:
+    """Choose every baseline's parameters on validation, then test it on every seed's noisy test clips.
+
+    Args:
+        names: keys of :data:`BASELINES`, in order.
+        val_clean, val_noisy: the validation clips the parameters are chosen on.
+        test_clean: the clean test clips ``[N, T, H, W]``.
+        test_noisy: per seed, the noisy test clips at each noise level.
+        sample_noisy: whole noisy frames ``[levels, T, H, W]``, denoised tile by tile for the figure.
+        sigma: the noise std ``nl-means`` corrects its distances by.
+        tile: the tile side for ``sample_noisy``.
+        grids: name -> entries that replace those of the baseline's default grid.
+
+    Returns:
+        ``results[name]`` with ``params``, ``val_grid``, ``val_rmse``, ``rmse`` (per seed, per level) and
+        ``seconds``; ``arrays[name]`` with ``example_mse [seeds, levels, N]`` and ``denoised [levels, T, h, w]``.
+    """
+    results: dict[str, dict[str, Any]] = {}
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+    for name in names:
+        fn, grid = BASELINES[name]
+        grid = {**grid, **(grids or {}).get(name, {})}
+        fixed = {"sigma": sigma} if name == "nl-means" else {}
+        start = time.perf_counter()
+        params, scores = choose_on_validation(fn, grid, val_clean, val_noisy, **fixed)
+        per_seed, examples = [], []
+        for levels in test_noisy:
+            mse = torch.stack(
+                [(fn(y, **params, **fixed) - test_clean).pow(2).flatten(1).mean(1) for y in levels]
+            )
+            examples.append(mse.numpy())
+            per_seed.append([math.sqrt(float(v)) for v in mse.double().mean(1)])
+        frames = torch.stack([denoise_tiles(partial(fn, **params, **fixed), y, tile) for y in sample_noisy])
+        arrays[name] = {"example_mse": np.stack(examples), "denoised": frames.numpy()}
+        results[name] = {
+            "params": params,
+            "val_grid": scores,
+            "val_rmse": min(s["val_rmse"] for s in scores),
+            "rmse": per_seed,
+            "seconds": time.perf_counter() - start,
+        }
+    return results, arrays

@@ -21,8 +21,8 @@ Objectives (the loss the primal optimizer descends):
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -146,6 +146,22 @@ def build_recipe(
             model, optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch
         )
     return Recipe(objective, optimizer, scheduler, sparsity, constraint)
+
+
+# a dual step every this many optimizer steps: never, within any budget
+NEVER = 10**12
+
+
+def build_frozen_recipe(
+    method: MethodConfig, model: torch.nn.Module, lam: Sequence[float], **kwargs: Any
+) -> Recipe:
+    """:func:`build_recipe` of a constrained ``method`` with its multipliers held at ``lam``: no dual step at
+    all (``dual_every`` beyond any budget, and η_λ = 0 for the epoch-end flush too). The frozen-λ control."""
+    method = replace(method, constraint=replace(method.constraint, dual_every=NEVER))
+    recipe = build_recipe(method, model, **kwargs)
+    recipe.constraint.duals.lam = torch.tensor(list(lam), dtype=torch.float64)
+    recipe.constraint.duals.lr = 0.0
+    return recipe
 
 
 def _num_layers(model: torch.nn.Module) -> int:
