@@ -95,6 +95,13 @@ def test_smollm2_cache_is_rebuilt_when_the_gguf_changes(tmp_path):
     (tmp_path / "descentlab_source.json").write_text(json.dumps(fingerprint))
     assert _cache_is_current(tmp_path, fingerprint)
     assert not _cache_is_current(tmp_path, {**fingerprint, "size": fingerprint["size"] + 1})
+    assert not _cache_is_current(tmp_path, {**fingerprint, "sha256": "0" * 64})  # same size, other bytes
+    # a second install of the same wheel (another venv) has another mtime but the same bytes
+    copy = tmp_path / "copy" / gguf.name
+    copy.parent.mkdir()
+    copy.write_bytes(gguf.read_bytes())
+    os.utime(copy, ns=(1, 1))
+    assert _gguf_fingerprint(copy) == fingerprint
     (tmp_path / "model.safetensors").unlink()
     assert not _cache_is_current(tmp_path, fingerprint)
 
