@@ -211,9 +211,12 @@ def mean_sequence_tokens(batches: Iterable[Mapping[str, Any]]) -> int:
     return max(1, round(sum(counts) / len(counts)))
 
 
+DEFAULT_TABLE_GAMMAS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0)
+
+
 def gamma_epsilon_table(
     model: nn.Module,
-    gammas: Sequence[float] = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0),
+    gammas: Sequence[float] = DEFAULT_TABLE_GAMMAS,
     *,
     tokens: int = 32,
     delta: float = 1e-5,
@@ -233,21 +236,17 @@ def gamma_epsilon_table(
 
 
 def print_gamma_epsilon(
-    model: nn.Module,
-    gammas: Sequence[float] = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0),
-    *,
-    tokens: int = 32,
-    delta: float = 1e-5,
-    clip: float | None = None,
-    module: nn.Module | None = None,
+    model: nn.Module, gammas: Sequence[float] = DEFAULT_TABLE_GAMMAS, **options: Any
 ) -> list[dict[str, Any]]:
     """Print, for ``model``, which ε each noise level γ (relative to σ_E) corresponds to; returns the rows.
 
     Per kind: ε of the mechanism with per-coordinate std γσ_E, the expected noise norm, the per-token
-    (replace-one-token) ε and the ε of a whole ``tokens``-token sequence (δ noted).
+    (replace-one-token) ε and the ε of a whole ``tokens``-token sequence (δ noted). ``options`` are those of
+    :func:`gamma_epsilon_table` (``tokens``, ``delta``, ``clip``, ``module``).
     """
-    geometry = EmbeddingGeometry.of(model, module)
-    rows = gamma_epsilon_table(model, gammas, tokens=tokens, delta=delta, clip=clip, module=module)
+    rows = gamma_epsilon_table(model, gammas, **options)
+    tokens, delta, clip = options.get("tokens", 32), options.get("delta", 1e-5), options.get("clip")
+    geometry = EmbeddingGeometry.of(model, options.get("module"))
     c = geometry.max_norm if clip is None else clip
     print(
         f"d = {geometry.d}, σ_E = {geometry.sigma_e:.4g}, RMS token norm {geometry.rms_norm:.4g}, "
