@@ -132,6 +132,19 @@ def test_selection_prefers_robust_among_candidates_that_keep_clean_accuracy() ->
     assert tr.settings_diff({"alpha": 0.1, "dual_lr": 0.5}, {"alpha": 0.1, "dual_lr": 0.05}) == "dual_lr=0.5"
 
 
+# a two-seed ERM-vs-constrained run on the tiny encoder, small enough for seconds
+TWO_SEED_RUN = [
+    "methods=[erm,constrained]",
+    "seeds=[0,1]",
+    "data.n_train=32",
+    "data.n_eval=16",
+    "data.max_length=24",
+    "train.batch_size=16",
+    "train.progress=false",
+    "evaluation.kinds=[gaussian]",
+]
+
+
 @pytest.fixture(scope="module")
 def tiny_encoder_dir(tmp_path_factory):
     """A 2-layer BERT classifier with the real MiniLM tokenizer, saved like any HF checkpoint."""
@@ -234,14 +247,7 @@ def test_worker_processes_give_the_same_layout(tiny_encoder_dir, tmp_path) -> No
         overrides=[
             f"model={tiny_encoder_dir}",
             "workers=2",
-            "methods=[erm,constrained]",
-            "seeds=[0,1]",
-            "data.n_train=32",
-            "data.n_eval=16",
-            "data.max_length=24",
-            "train.batch_size=16",
-            "train.progress=false",
-            "evaluation.kinds=[gaussian]",
+            *TWO_SEED_RUN,
             "evaluation.gammas=[0.0,2.0]",
             'selection.candidates.constrained=["", "detach_prev=true"]',
         ],
@@ -296,14 +302,7 @@ def test_accuracy_against_epsilon_end_to_end(tiny_encoder_dir, tmp_path) -> None
         out=tmp_path / "runs",
         overrides=[
             f"model={tiny_encoder_dir}",
-            "methods=[erm,constrained]",
-            "seeds=[0,1]",
-            "data.n_train=32",
-            "data.n_eval=16",
-            "data.max_length=24",
-            "train.batch_size=16",
-            "train.progress=false",
-            "evaluation.kinds=[gaussian]",
+            *TWO_SEED_RUN,
             "evaluation.gammas=[0.0,1.0]",
             "evaluation.ldp_kinds=[metric_ldp,gaussian_mechanism]",
             "evaluation.epsilons=[3.0,300.0]",
