@@ -157,6 +157,7 @@ def test_config_errors() -> None:
         ["methods=[erm,frozen-lambda]"],
         ["gammas=[0.5,1.0]"],
         ["baselines=[bm3d]"],
+        ["budget_check=0.5"],
     ):
         with pytest.raises(ConfigError):
             resolve_config(vd.VideoDenoisingConfig, overrides=bad)
@@ -210,11 +211,18 @@ def test_experiment_end_to_end_resume_and_report(tmp_path: Path, carphone) -> No
     assert all(
         c["verdict"] in ("reproduced", "refuted", "inconclusive") and c["shape"] == [2, 64] for c in claims
     )
+    # the budget check: ERM's chosen setting, first seed, twice the steps on a stretched schedule
+    for arch in vd.ARCHITECTURES:
+        check, erm = results["budget_check"][arch], results["methods"][f"{arch}-erm"]
+        assert (check["base_steps"], check["steps"]) == (9, 18)
+        assert check["val_curve"]["step"] == [0, 3, 6, 9, 12, 15, 18]
+        assert check["base_val_rmse"] == erm["val_curves"][0]["rmse"][-1]
+        assert check["val_gain"] == pytest.approx(1 - check["val_rmse"] / check["base_val_rmse"])
     assert set(results["baselines"]) == {"gaussian", "temporal-median", "nl-means"}
     assert results["baselines"]["gaussian"]["params"]["sigma_t"] == 1.0
     assert len(results["baselines"]["nl-means"]["rmse"]) == 2  # one curve per seed's noise
     report = (path / "report.md").read_text()
-    assert "Paired RMSE difference" in report and "Claims against ERM" in report
+    assert "Paired RMSE difference" in report and "Claims against ERM" in report and "Budget check" in report
     names = ("rmse-relative-to-erm", "layer-mse-log", "sample-frames", "curves", "layer-loss")
     for name in (*names, "rmse-with-baselines", "validation-curves"):
         assert f"figures/{name}.png" in report and (path / "figures" / f"{name}.png").is_file()

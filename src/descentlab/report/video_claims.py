@@ -231,8 +231,17 @@ def summarise(
     gammas: Sequence[float],
     margin: float,
     n_boot: int,
+    budget: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The experiment's results body: ``methods``, ``tables``, ``claims``, ``baselines``, ``selection``..."""
+    """The experiment's results body: ``methods``, ``tables``, ``claims``, ``baselines``, ``selection``...
+
+    ``grids``: method -> (its candidates, the chosen index, the first-seed result of every candidate). ``budget``: architecture -> the budget-check job of its ERM (the chosen setting, first seed, retrained for
+    ``steps`` instead of ``base_steps``), compared with the same seed's run at the base budget.
+    """
+    grids = {
+        m: {"candidates": list(c), "chosen": i, "val_rmse": [r["val_rmse"] for r in runs]}
+        for m, (c, i, runs) in grids.items()
+    }
     methods = {m: _method_result(evs, gammas, grids.get(m)) for m, evs in per_seed.items()}
     method_dicts = {m: r.to_dict() for m, r in methods.items()}
     noisy_mean, _ = column_mean_std([ev["noisy_rmse"] for ev in next(iter(per_seed.values()))])
@@ -267,12 +276,50 @@ def summarise(
             _versus_table(vs, gammas),
             sel_table,
             convergence_table(method_dicts),
+            *([budget_table(checks)] if (checks := budget_checks(budget or {}, per_seed, gammas)) else []),
         ],
         "claims": claims,
         "baselines": dict(baselines),
         "selection": selection,
         "versus_baselines": vs,
+        "budget_check": checks,
     }
+
+
+def budget_checks(
+    budget: Mapping[str, Mapping[str, Any]],
+    per_seed: Mapping[str, Sequence[Mapping[str, Any]]],
+    gammas: Sequence[float],
+) -> dict[str, dict[str, Any]]:
+    """Per architecture: ERM's validation and test RMSE (γ = 1) at the base budget and at the longer one, and
+    the relative gain ``(base - long) / base`` of the longer budget (positive: longer training still helps)."""
+    out = {}
+    for arch, job in budget.items():
+        base = per_seed[f"{arch}-erm"][0]
+        one = list(gammas).index(1.0)
+        out[arch] = {
+            "base_steps": job["base_steps"],
+            "steps": job["steps"],
+            "base_val_rmse": base["val_rmse"],
+            "val_rmse": job["val_rmse"],
+            "val_gain": (base["val_rmse"] - job["val_rmse"]) / base["val_rmse"],
+            "val_curve": job["val_curve"],
+            "base_test_rmse": base["rmse"][one],
+            "test_rmse": job["rmse"][one],
+        }
+    return out
+
+
+def budget_table(checks: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    return {
+        "title": "Budget check: ERM (chosen setting, first seed) retrained with a longer cosine schedule",
+        "columns": ["architecture", "steps", "val RMSE", "longer: steps", "longer: val RMSE", "gain"],
+        "rows": [
+            [a.upper(), c["base_steps"], f"{c['base_val_rmse']:.4f}", c["steps"], f"{c['val_rmse']:.4f}",
+             f"{100 * c['val_gain']:.2f} %"]
+            for a, c in checks.items()
+        ],
+    }  # fmt: skip
 
 
 def convergence_table(methods: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

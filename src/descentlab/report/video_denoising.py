@@ -190,8 +190,14 @@ def plot_samples(
     return _save(fig, path, caption, dpi=90)
 
 
-def plot_val_curves(methods: Methods, architectures: Sequence[str], path: Path) -> dict[str, str] | None:
-    """Validation RMSE at gamma = 1 against the training step (mean over seeds), one panel per architecture."""
+def plot_val_curves(
+    methods: Methods,
+    architectures: Sequence[str],
+    path: Path,
+    budget: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, str] | None:
+    """Validation RMSE at gamma = 1 against the training step (mean over seeds), one panel per architecture;
+    ERM's budget check (``results["budget_check"]``: first seed, longer schedule) dashed."""
     if not any(block.get("val_curves") for block in methods.values()):
         return None
     fig, axes = new_figure(1, len(architectures), panel_size=(4.4, 3.4))
@@ -206,8 +212,16 @@ def plot_val_curves(methods: Methods, architectures: Sequence[str], path: Path) 
             ax.plot(
                 steps[1:], mean[1:], lw=2.2 if erm else 1.0, color="k" if erm else None, label=_label(method)
             )
+        if arch in (budget or {}):
+            check = budget[arch]
+            curve = check["val_curve"]
+            ax.plot(curve["step"][1:], curve["rmse"][1:], "k--", lw=1.4, label=f"erm, {check['steps']} steps")
         _style(ax, arch.upper(), "training step", "validation RMSE (gamma = 1)", legend_size=7)
-    return _save(fig, path, "Validation RMSE during training (mean over seeds; ERM in black)")
+    return _save(
+        fig,
+        path,
+        "Validation RMSE during training (mean over seeds; ERM in black; dashed: ERM's longer budget)",
+    )
 
 
 def plot_rmse_with_baselines(
@@ -244,7 +258,9 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
         plot_relative(methods, architectures, folder / "rmse-relative-to-erm.png"),
         plot_layer_profiles(methods, architectures, folder / "layer-mse-log.png"),
         plot_rmse_with_baselines(results, architectures, folder / "rmse-with-baselines.png"),
-        plot_val_curves(methods, architectures, folder / "validation-curves.png"),
+        plot_val_curves(
+            methods, architectures, folder / "validation-curves.png", results.get("budget_check")
+        ),
     ]
     drawn = [d for d in drawn if d is not None]
     samples = Path(run_dir) / SAMPLE_FRAMES
