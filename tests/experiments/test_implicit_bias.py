@@ -108,7 +108,7 @@ def test_horst_l1_margin_beats_adam(classification):
 
 TINY = [
     "seeds=[0,1]",
-    "methods=[gd,horst,ham,sign+mirror_before]",
+    "methods=[gd,adam,horst,ham,sign+mirror_before]",
     "regression.n=8",
     "regression.d=20",
     "regression.support=2",
@@ -118,6 +118,16 @@ TINY = [
     "classification.support=2",
     "classification.steps=60",
     "curve_points=4",
+    "scales.n=10",
+    "scales.d=20",
+    "scales.support=2",
+    "scales.steps=60",
+    "scales.decades=[0,3]",
+    "scales.methods=[adam,horst,ham]",
+    "scales.horst_alphas=[0.3,1]",
+    "scales.ham_alphas=[0.03,0.1]",
+    "scales.validation_seeds=[100]",
+    "claims.n_boot=200",
 ]
 
 
@@ -133,25 +143,47 @@ def test_run_writes_tables_and_figure_data(tiny_run):
     from descentlab.io import load_arrays
 
     path, res = tiny_run
-    assert list(res["methods"]) == ["gd", "horst", "ham", "sign+mirror_before"]
+    main = ["gd", "adam", "horst", "ham", "sign+mirror_before"]
+    assert list(res["methods"]) == [*main, "adam (scales)", "horst (scales)", "ham (scales)"]
     horst = res["methods"]["horst"]
     assert horst["curves"]["cls_margin"]["x"] == ib.log_grid(60, 4)
     assert len(horst["curves"]["cls_margin"]["std"]) == 4  # two seeds: a real spread
-    assert len(res["tables"]) == 2 and len(res["tables"][0]["rows"]) == 4
+    assert [t["title"].split(":")[0] for t in res["tables"]] == [
+        "Regression (from w = 0)", "Separable classification", "Heterogeneous column scales",
+        "Validation seeds", "Claims",
+    ]  # fmt: skip
+    assert len(res["tables"][0]["rows"]) == 5
+    # the scale study: alpha chosen from its grid per spread, per-seed values, one claim row each
+    chosen = res["scales"]["chosen_alpha"]
+    assert (
+        set(chosen) == {"0", "3"} and chosen["3"]["horst"] in (0.3, 1.0) and chosen["3"]["ham"] in (0.03, 0.1)
+    )
+    assert len(res["scales"]["per_seed"]["3"]["ham"]["l1_margin_ratio"]) == 2
+    assert res["methods"]["horst (scales)"]["curves"]["scales_l1_margin"]["x"] == [0.0, 3.0]
+    claims = {c["claim"]: c for c in res["claims"]}
+    assert set(claims) == {"l1-direction", "l1-vs-adam", "sparser-than-adam", "min-l1-regression",
+                           "l1-direction@0", "horst-vs-ham@0", "l1-direction@3", "horst-vs-ham@3"}  # fmt: skip
+    c = claims["horst-vs-ham@3"]
+    assert c["shape"] == [2] and c["verdict"] in ("reproduced", "refuted", "inconclusive")
+    assert c["estimate"] == pytest.approx(sum(c["a"]) / 2 - sum(c["b"]) / 2)
+    assert c["a"] == res["scales"]["per_seed"]["3"]["horst"]["l1_margin_ratio"]
     # the figure data is the first seed's: the final classification weights reproduce its margin
     z = ib.make_classification(10, 20, 2, seed=0)
     final = load_arrays(path / "arrays" / "final-weights.npz")
     margins = load_arrays(path / "arrays" / "margins.npz")
-    assert list(final) == list(res["methods"]) and margins["steps"][-1] == 60
+    assert list(final) == main and margins["steps"][-1] == 60
     w = torch.from_numpy(final["horst"])
     assert margins["horst"][-1] == pytest.approx(ib.normalized_margin(w, z, 1) / ib.optimal_margins(z)["l1"])
     traj = load_arrays(path / "arrays" / "trajectories.npz")
     assert traj["gd"].shape == (len(traj["steps"]), 20)
-    for name in ("regression-trajectories", "classification-margins", "classification-weights"):
+    for name in ("regression-trajectories", "classification-margins", "classification-weights",
+                 "scales-margins", "scales-weights"):  # fmt: skip
         assert (path / "figures" / f"{name}.png").stat().st_size > 0
         assert f"figures/{name}.png" in (path / "report.md").read_text()
     with pytest.raises(ib.ConfigError):
         ib.ImplicitBiasConfig(methods=["lion"])
+    with pytest.raises(ib.ConfigError, match="disjoint"):
+        ib.ImplicitBiasConfig(seeds=[0, 100])
 
 
 def test_report_rebuilds_the_same_figures_and_report(tiny_run, tmp_path):
@@ -196,3 +228,4 @@ def test_registry_and_presets_resolve():
     for preset in ("quick", "full"):
         cfg = resolve_config(exp.config_cls, preset=preset, presets=exp.presets, overrides=[])
         assert cfg.regression.steps == ib.PRESETS[preset]["regression.steps"]
+        assert not set(cfg.seeds) & set(cfg.scales.validation_seeds)

@@ -1,45 +1,72 @@
-"""implicit-bias: which norm each optimizer geometry implicitly favours (METHODS.md section 2.2).
+r"""implicit-bias: which norm each optimizer geometry implicitly favours (METHODS.md section 2.2).
 
-Two synthetic float64 problems with exact references:
+Three synthetic float64 problems with exact references (:mod:`descentlab.data.synthetic`):
 
 * under-determined least squares from w = 0 (n < d): GD should reach the pseudo-inverse (min-L2) solution,
   L_inf steepest descent ("sign", dual-norm scaled so it settles) a near-min-L_inf one, greedy coordinate
   descent and hyperbolic mirror descent near-min-L1 ones; minimum L1 / L_inf norms come from ``linprog``;
 * linearly separable classification with the exponential loss: the normalised margins
   min_i y_i <x_i, w> / ||w||_p against the optimal L1 and L_inf margins (``linprog``), and the number of
-  non-zeros. HORST (mirror after Adam) should approach the optimal L1 margin; Adam sits near the L_inf one.
+  non-zeros. HORST (mirror after Adam) should approach the optimal L1 margin (Theorem 4.7); Adam sits near
+  the L_inf one;
+* the same classification with column scales spread over ``scales.decades`` decades (``scales.*``), the
+  problem that separates HORST from HAM.
 
-Every method is a real optimizer from :mod:`descentlab.optim` stepping one parameter vector whose gradient
-is set in closed form: HORST and HAM are built from an :class:`~descentlab.optim.config.OptimizerConfig`
-over the raw tensor (mirror step on it, no weight decay); the other geometries (steepest operators x the
-hyperbolic mirror map, either order) are ``compose(...)`` directly, as they do not fit a model-level config.
-Figures (trajectories, margin paths, final weights of the first seed) are drawn by
-:mod:`descentlab.report.implicit_bias` from arrays this run saves under ``arrays/``.
+Why heterogeneous scales separate HORST and HAM. Both take AdamW's step and then multiply each weight by
+exp(-a_j sign(w_j)), clamped, with
+
+    HORST:  a_j = alpha u_j,        u_j = eta m_hat_j / (sqrt(v_hat_j) + eps)   (the Adam update)
+    HAM:    a_j = eta alpha g_j                                                  (the raw gradient)
+
+On the scaled problem g_j = s_j gamma_j (data/synthetic.py). Adam's update is invariant under
+g_j -> c_j g_j, so HORST's exponent does not see s_j: once a coordinate's gradient sign is stable,
+|u_j| ~ eta and log|w_j| grows by about eta alpha per step whatever s_j, so columns of scale 10^-2 gain
+L1 mass as fast as columns of scale 10^2 while adding 10^-4 times the margin per unit of it. HAM's exponent
+is eta alpha s_j gamma_j: multiplicative growth in proportion to the raw gradient, the exponentiated-
+gradient step whose coordinates race at the rate each buys margin per unit of L1 norm, which is what the
+L1-optimal separator rewards. The price is a scale: eta alpha max_j |g_j| must stay well below the clamp,
+so HAM's alpha has to be chosen for the problem, and each method's alpha is chosen on separate validation
+seeds before the evaluation seeds run. At 0 decades the exponents differ only through |gamma_j|. Controls
+of the mechanism: normalised GD + mirror (keeps relative gradient sizes), sign + mirror (does not).
+Claims and statistics: :mod:`descentlab.report.implicit_bias_claims`.
+
+Every method is a real optimizer from :mod:`descentlab.optim` (:mod:`descentlab.train.vector_fit`); the
+figures are drawn by :mod:`descentlab.report.implicit_bias` from the arrays this run saves under ``arrays/``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from scipy.optimize import linprog
 from torch import Tensor
 
 from descentlab.config import config_to_dict
+from descentlab.data.synthetic import (
+    classification_grad,
+    count_nonzeros,
+    l1_max_margin_separator,
+    l1_share,
+    make_classification,
+    make_heterogeneous_classification,
+    make_regression,
+    normalized_margin,
+    optimal_margins,
+    regression_grad,
+    regression_references,
+    separator_metrics,
+    upper_half,
+)
 from descentlab.errors import ConfigError, NumericalError
-from descentlab.optim.compose import HyperbolicMirror, compose
-from descentlab.optim.config import OptimizerConfig, build_optimizer
+from descentlab.report.implicit_bias_claims import claims_table, evaluate_claims, main_tables, scales_results
 from descentlab.report.results import Curve, MethodResult, Results
 from descentlab.report.stats import column_mean_std, mean_std
 from descentlab.train.rundir import RunDir
+from descentlab.train.vector_fit import GEOMETRIES, log_grid, make_geometry, regression_lr, train
 
-METHODS = (
-    "gd", "sign", "coordinate", "adam", "hyperbolic_md", "horst", "ham", "ngd+mirror_after",
-    "sign+mirror_after", "gd+mirror_before", "sign+mirror_before", "adam+mirror_before",
-)  # fmt: skip
+METHODS = GEOMETRIES
 
 
 @dataclass
@@ -57,8 +84,44 @@ class ProblemConfig:
     lr: float | None = None
 
 
+SCALE_METHODS = ("adam", "horst", "ham", "ngd+mirror_after", "sign+mirror_after")
+
+
+@dataclass
+class ScalesConfig:
+    """The heterogeneous-scale classification (module docs): one problem per spread in ``decades``.
+
+    ``horst_alphas`` / ``ham_alphas``: the grids each method's alpha is chosen from, by the mean L1 margin
+    ratio on ``validation_seeds`` (disjoint from the evaluation seeds), per spread; a run that overflows
+    scores -inf. The controls ``ngd+mirror_after`` and ``sign+mirror_after`` keep ``horst_alpha``.
+    ``methods = []`` skips the study.
+    """
+
+    n: int = 40
+    d: int = 100
+    support: int = 3
+    steps: int = 10000
+    lr: float = 1e-2
+    decades: list[float] = field(default_factory=lambda: [0.0, 1.0, 2.0, 3.0, 4.0])
+    methods: list[str] = field(default_factory=lambda: list(SCALE_METHODS))
+    horst_alphas: list[float] = field(default_factory=lambda: [0.01, 0.03, 0.1, 0.3, 1.0, 3.0])
+    ham_alphas: list[float] = field(default_factory=lambda: [0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0])
+    validation_seeds: list[int] = field(default_factory=lambda: [100, 101])
+
+
+@dataclass
+class ClaimsConfig:
+    """``l1_threshold``: the fraction tau of the optimal L1 margin that counts as "approaches it" (fixed
+    before the run; METHODS.md measured 0.94-0.96 for HORST); ``n_boot``: bootstrap replicates."""
+
+    l1_threshold: float = 0.9
+    n_boot: int = 4000
+
+
 @dataclass
 class ImplicitBiasConfig:
+    """Top-level keys; ``seeds`` are the evaluation seeds of every problem (one problem draw per seed)."""
+
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     regression: ProblemConfig = field(
@@ -74,6 +137,8 @@ class ImplicitBiasConfig:
     gamma: float = 1e-6  # width of the hyperbolic potential (mirror_before, dual)
     nnz_rel_tol: float = 1e-3  # |w_i| > tol * max|w| counts as a non-zero
     curve_points: int = 8
+    scales: ScalesConfig = field(default_factory=ScalesConfig)
+    claims: ClaimsConfig = field(default_factory=ClaimsConfig)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.methods) - set(METHODS))
@@ -83,182 +148,121 @@ class ImplicitBiasConfig:
             raise ConfigError("implicit bias needs n < d (under-determined / many separators)")
         if not self.seeds:
             raise ConfigError("seeds must list at least one seed")
+        sc = self.scales
+        if sorted(set(sc.methods) - set(SCALE_METHODS)):
+            raise ConfigError(f"scales.methods: choose from {list(SCALE_METHODS)}, got {sc.methods}")
+        if sc.methods and (sc.n >= sc.d or not sc.decades or not sc.validation_seeds):
+            raise ConfigError("scales needs n < d, at least one spread in decades and one validation seed")
+        if set(sc.validation_seeds) & set(self.seeds):
+            raise ConfigError("scales.validation_seeds must be disjoint from the evaluation seeds")
+        if not sc.horst_alphas or not sc.ham_alphas:
+            raise ConfigError("scales.horst_alphas and scales.ham_alphas must list at least one alpha")
         if self.classification.lr is None:
             raise ConfigError("classification.lr must be set (e.g. 1e-2): no Hessian fixes its step size")
 
 
-CONFIG = ImplicitBiasConfig  # the nested ProblemConfigs are parts of it
+CONFIG = ImplicitBiasConfig  # the nested ProblemConfig / ScalesConfig / ClaimsConfig are parts of it
 
 PRESETS = {
-    "quick": {"seeds": [0], "regression.steps": 8000, "classification.steps": 5000},
+    "quick": {"seeds": [0], "regression.steps": 8000, "classification.steps": 5000, "scales.steps": 5000,
+              "scales.decades": [0.0, 2.0, 4.0], "scales.validation_seeds": [100]},
     "full": {"seeds": [0, 1, 2, 3, 4], "regression.steps": 30000, "classification.steps": 20000},
-}
-
-
-# ---- problems and exact references --------------------------------------------------------------------
-
-
-def make_regression(n: int, d: int, support: int, seed: int) -> tuple[Tensor, Tensor]:
-    """Gaussian design X [n, d] and y = X w* with a ``support``-sparse w* (float64)."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=gen, dtype=torch.float64)
-    w = torch.zeros(d, dtype=torch.float64)
-    w[:support] = 2 * torch.randn(support, generator=gen, dtype=torch.float64)
-    return x, x @ w
-
-
-def make_classification(n: int, d: int, support: int, seed: int) -> Tensor:
-    """Rows z_i = y_i x_i, labels y = sign(<x, w*>) of a ``support``-sparse teacher (float64)."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=gen, dtype=torch.float64)
-    teacher = torch.zeros(d, dtype=torch.float64)
-    teacher[:support] = 1.0
-    return torch.sign(x @ teacher)[:, None] * x
-
-
-def _lp_min_norm(a_eq: np.ndarray | None, b_eq: np.ndarray | None, a_ge: np.ndarray | None, p: str) -> float:
-    """min ||w||_p (p in {"l1", "linf"}) s.t. a_eq w = b_eq, a_ge w >= 1, as a linear program."""
-    d = (a_eq if a_eq is not None else a_ge).shape[1]
-    if p == "l1":  # w = w+ - w-, both >= 0
-        c, lift = np.ones(2 * d), lambda a: np.hstack([a, -a])
-        bounds: list = [(0, None)] * (2 * d)
-    else:  # variables (w, t): |w_i| <= t
-        c, lift = np.r_[np.zeros(d), 1.0], lambda a: np.hstack([a, np.zeros((a.shape[0], 1))])
-        bounds = [(None, None)] * d + [(0, None)]
-    a_ub, b_ub = [], []
-    if p == "linf":
-        eye = np.eye(d)
-        a_ub += [np.hstack([eye, -np.ones((d, 1))]), np.hstack([-eye, -np.ones((d, 1))])]
-        b_ub += [np.zeros(2 * d)]
-    if a_ge is not None:
-        a_ub.append(-lift(a_ge))
-        b_ub.append(-np.ones(a_ge.shape[0]))
-    res = linprog(
-        c,
-        A_ub=np.vstack(a_ub) if a_ub else None,
-        b_ub=np.concatenate(b_ub) if b_ub else None,
-        A_eq=lift(a_eq) if a_eq is not None else None,
-        b_eq=b_eq,
-        bounds=bounds,
-        method="highs",
-    )
-    if res.status != 0:
-        raise NumericalError(f"linprog failed ({res.message}); try another seed or a larger d")
-    return float(res.fun)
-
-
-def regression_references(x: Tensor, y: Tensor) -> dict[str, float | Tensor]:
-    """The min-L2 interpolant (pinv) and the minimum L1 and L_inf norms of interpolants."""
-    w_l2 = torch.linalg.pinv(x) @ y
-    xn, yn = x.numpy(), y.numpy()
-    return {
-        "w_l2": w_l2,
-        "l2": float(w_l2.norm()),
-        "l1": _lp_min_norm(xn, yn, None, "l1"),
-        "linf": _lp_min_norm(xn, yn, None, "linf"),
-    }
-
-
-def optimal_margins(z: Tensor) -> dict[str, float]:
-    """max_{||w||_p <= 1} min_i <z_i, w> = 1 / min{||w||_p : z w >= 1}, for p = 1 and inf."""
-    return {p: 1.0 / _lp_min_norm(None, None, z.numpy(), p) for p in ("l1", "linf")}
-
-
-def regression_grad(w: Tensor, x: Tensor, y: Tensor) -> Tensor:
-    """Gradient of ||Xw - y||^2 / (2n)."""
-    return x.T @ (x @ w - y) / x.shape[0]
-
-
-def classification_grad(w: Tensor, z: Tensor) -> Tensor:
-    """Gradient of log(mean_i exp(-<z_i, w>)): the exponential loss's gradient divided by the loss.
-
-    The division keeps the scale-invariant direction and avoids underflow as margins grow; the steepest
-    operators that normalise (sign, Adam, normalised GD) are unaffected by it.
-    """
-    return -(torch.softmax(-(z @ w), dim=0) @ z)
-
-
-def normalized_margin(w: Tensor, z: Tensor, p: float) -> float:
-    norm = float(torch.linalg.vector_norm(w, ord=p))
-    return float((z @ w).min()) / norm if norm > 0 else 0.0
-
-
-def count_nonzeros(w: Tensor, rel_tol: float) -> int:
-    top = float(w.abs().max())
-    return int((w.abs() > rel_tol * top).sum()) if top > 0 else 0
+}  # fmt: skip
 
 
 # ---- methods ------------------------------------------------------------------------------------------
 
 
 def make_optimizer(
-    name: str, w: Tensor, lr: float, cfg: ImplicitBiasConfig, *, regression: bool
+    name: str, w: Tensor, lr: float, cfg: ImplicitBiasConfig, *, regression: bool, alpha: float | None = None
 ) -> torch.optim.Optimizer:
-    """The optimizer called ``name``; in regression "sign" is L_inf steepest descent scaled by ||g||_1."""
-    sign = "linf" if regression else "sign"
-    after = HyperbolicMirror(alpha=cfg.horst_alpha, exp_clamp=5.0)
-    before = HyperbolicMirror(alpha=1.0, gamma=cfg.gamma)
-    table: dict[str, Callable[[], torch.optim.Optimizer]] = {
-        "gd": lambda: compose([w], "gd", lr=lr),
-        "sign": lambda: compose([w], sign, lr=lr),
-        "coordinate": lambda: compose([w], "coordinate", lr=lr),
-        "adam": lambda: compose([w], "adam", lr=lr),
-        "hyperbolic_md": lambda: compose([w], "gd", before, "dual", lr=lr, mirror_tensors=True),
-        "gd+mirror_before": lambda: compose([w], "gd", before, "mirror_before", lr=lr, mirror_tensors=True),
-        "horst": lambda: build_optimizer(
-            OptimizerConfig("horst", lr=lr, weight_decay=0.0, alpha=cfg.horst_alpha, mirror="all"), [w]
-        ),
-        "ham": lambda: build_optimizer(
-            OptimizerConfig("ham", lr=lr, weight_decay=0.0, alpha=cfg.ham_alpha, beta=0.0, mirror="all"), [w]
-        ),
-        "ngd+mirror_after": lambda: compose([w], "normalized_gd", after, lr=lr, mirror_tensors=True),
-        "sign+mirror_after": lambda: compose([w], sign, after, lr=lr, mirror_tensors=True),
-        "sign+mirror_before": lambda: compose([w], sign, before, "mirror_before", lr=lr, mirror_tensors=True),
-        "adam+mirror_before": lambda: compose(
-            [w], "adam", before, "mirror_before", lr=lr, mirror_tensors=True
-        ),
-    }
-    return table[name]()
+    """:func:`~descentlab.train.vector_fit.make_geometry` with the config's strengths; ``alpha`` (when
+    given) replaces ``horst_alpha`` / ``ham_alpha`` for horst, ham and the mirror_after compositions."""
+    horst_alpha = cfg.horst_alpha if alpha is None else alpha
+    ham_alpha = cfg.ham_alpha if alpha is None else alpha
+    return make_geometry(
+        name, w, lr, regression=regression, horst_alpha=horst_alpha, ham_alpha=ham_alpha, gamma=cfg.gamma
+    )
 
 
-def regression_lr(name: str, x: Tensor) -> float:
-    """Stable step sizes from the Hessian H = X^T X / n; Adam-like methods use a fixed small step."""
-    h = x.T @ x / x.shape[0]
-    smooth = float(torch.linalg.eigvalsh(h).max())
-    if name in ("sign", "sign+mirror_after", "sign+mirror_before"):
-        return 1.0 / float(h.abs().sum())  # smoothness w.r.t. L_inf
-    if name == "coordinate":
-        return 0.1 / float(h.diagonal().max())
-    if name in ("adam", "horst", "ham", "adam+mirror_before", "ngd+mirror_after"):
-        return 1e-3
-    if name == "hyperbolic_md":  # w' ~ w - lr sqrt(w^2 + gamma^2) g: the curvature grows with |w|
-        return 0.5 / smooth
-    if name == "gd+mirror_before":  # its explicit (first-order) step is less stable than the exact dual one
-        return 0.25 / smooth
-    return 1.0 / smooth
+# ---- heterogeneous scales -----------------------------------------------------------------------------
 
 
-def train(
-    w0: Tensor, grad_fn: Callable[[Tensor], Tensor], make: Callable[[Tensor], torch.optim.Optimizer],
-    steps: int, record: list[int],
-) -> tuple[Tensor, dict[int, Tensor]]:  # fmt: skip
-    """Run ``steps`` optimizer steps from ``w0``; return the final w and snapshots at the steps in ``record``."""
-    w = torch.nn.Parameter(w0.clone())
-    opt = make(w)
-    snaps = {0: w0.clone()} if 0 in record else {}
-    with torch.no_grad():
-        for k in range(1, steps + 1):
-            w.grad = grad_fn(w.detach())
-            opt.step()
-            if k in record:
-                snaps[k] = w.detach().clone()
-    if not torch.isfinite(w).all():
-        raise NumericalError("an iterate became non-finite; lower the learning rate or the number of steps")
-    return w.detach(), snaps
+def fit_classification(
+    name: str, z: Tensor, cfg: ImplicitBiasConfig, steps: int, lr: float, alpha: float | None
+) -> Tensor | None:
+    """``name`` trained on the rows ``z`` from w = 0 for ``steps``; None when an iterate overflows."""
+    try:
+        w, _ = train(
+            torch.zeros(z.shape[1], dtype=torch.float64),
+            lambda v: classification_grad(v, z),
+            lambda p: make_optimizer(name, p, lr, cfg, regression=False, alpha=alpha),
+            steps,
+            [],
+        )
+    except NumericalError:
+        return None
+    return w
 
 
-def log_grid(steps: int, points: int) -> list[int]:
-    return sorted({max(1, round(steps ** (i / (points - 1)))) for i in range(points)})
+def choose_alphas(cfg: ImplicitBiasConfig) -> tuple[dict[float, dict[str, float]], dict]:
+    """Per spread, HORST's and HAM's alpha with the highest mean L1 margin ratio on the validation seeds.
+
+    Returns:
+        ``(chosen, scores)``: spread -> method -> alpha, and spread -> method -> alpha -> mean ratio
+        (-inf when a validation run overflowed).
+    """
+    sc = cfg.scales
+    chosen: dict[float, dict[str, float]] = {}
+    scores: dict[float, dict[str, dict[float, float]]] = {}
+    for kappa in sc.decades:
+        problems = [make_heterogeneous_classification(sc.n, sc.d, sc.support, s, kappa)[0]
+                    for s in sc.validation_seeds]  # fmt: skip
+        best = [optimal_margins(z)["l1"] for z in problems]
+        chosen[kappa], scores[kappa] = {}, {}
+        for name, grid in (("horst", sc.horst_alphas), ("ham", sc.ham_alphas)):
+            if name not in sc.methods:
+                continue
+            grid_scores = {}
+            for alpha in grid:
+                ws = [fit_classification(name, z, cfg, sc.steps, sc.lr, alpha) for z in problems]
+                ratios = [-math.inf if w is None else normalized_margin(w, z, 1) / b
+                          for w, z, b in zip(ws, problems, best, strict=True)]  # fmt: skip
+                grid_scores[alpha] = float(np.mean(ratios))
+            scores[kappa][name] = grid_scores
+            chosen[kappa][name] = max(grid_scores, key=lambda a, g=grid_scores: g[a])
+    return chosen, scores
+
+
+def run_scales(cfg: ImplicitBiasConfig, run: RunDir, chosen: dict[float, dict[str, float]]) -> tuple:
+    """Every scale method on every (spread, evaluation seed); a run that overflows records nan.
+
+    Returns:
+        ``(per, lp_share, weights)``: spread -> method -> metric -> per-seed values; spread -> the LP
+        separator's L1 share on the large-scale half per seed; the first seed's final weights (and scales,
+        LP separator) at the largest spread.
+    """
+    sc = cfg.scales
+    per = {k: {m: {} for m in sc.methods} for k in sc.decades}
+    lp_share: dict[float, list[float]] = {k: [] for k in sc.decades}
+    weights: dict[str, Tensor] = {}
+    for kappa in sc.decades:
+        for seed in cfg.seeds:
+            z, s = make_heterogeneous_classification(sc.n, sc.d, sc.support, seed, kappa)
+            best, large, lp = optimal_margins(z), upper_half(sc.d, seed), l1_max_margin_separator(z)
+            lp_share[kappa].append(l1_share(lp, large))
+            keep = kappa == max(sc.decades) and seed == cfg.seeds[0]
+            if keep:
+                weights.update({"scales": s, "LP optimum (L1)": lp})
+            for name in sc.methods:
+                w = fit_classification(name, z, cfg, sc.steps, sc.lr, chosen[kappa].get(name))
+                if keep and w is not None:
+                    weights[name] = w
+                rec = per[kappa][name]
+                for key, val in separator_metrics(w, z, best, large, cfg.nnz_rel_tol).items():
+                    rec.setdefault(key, []).append(val)
+                run.log(decades=kappa, seed=seed, method=name, **{k: v[-1] for k, v in rec.items()})
+    return per, lp_share, weights
 
 
 # ---- the experiment -----------------------------------------------------------------------------------
@@ -339,26 +343,21 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
             curves[key.replace("_curve", "")] = Curve("step", grid, metric, mean, std)
         methods[name] = MethodResult(metrics=metrics, curves=curves)
 
-    def cell(name: str, key: str, digits: int = 3) -> str:
-        mean, std = mean_std(per[name][key], impl="numpy")
-        return f"{mean:.{digits}g} ± {std:.2g}" if len(cfg.seeds) > 1 else f"{mean:.{digits}g}"
-
-    tables = [
-        {
-            "title": "Regression (from w = 0): norms of the interpolant found, relative to the exact minima",
-            "columns": ["method", "||w||2 / pinv", "||w||1 / min L1", "||w||inf / min Linf", "max residual",
-                        "max |w - pinv|", "non-zeros"],
-            "rows": [[m, cell(m, "reg_l2_ratio", 4), cell(m, "reg_l1_ratio", 4), cell(m, "reg_linf_ratio", 4),
-                      cell(m, "reg_residual", 2), cell(m, "reg_dist_pinv", 2), cell(m, "reg_nnz")]
-                     for m in cfg.methods],
-        },
-        {
-            "title": "Separable classification: normalised margins relative to the optimal margins (linprog)",
-            "columns": ["method", "L1 margin / optimal", "Linf margin / optimal", "non-zeros"],
-            "rows": [[m, cell(m, "cls_l1_margin_ratio", 4), cell(m, "cls_linf_margin_ratio", 4),
-                      cell(m, "cls_nnz")] for m in cfg.methods],
-        },
-    ]  # fmt: skip
+    tables = main_tables(per, cfg.methods)
+    sc, scale_per, extra = cfg.scales, {}, {}
+    if sc.methods:
+        chosen, scores = choose_alphas(cfg)
+        scale_per, lp_share, weights = run_scales(cfg, run, chosen)
+        scale_tables, scale_methods, extra["scales"] = scales_results(scale_per, chosen, scores, lp_share)
+        tables += scale_tables
+        methods.update(scale_methods)
+        ratios = {m: [scale_per[k][m]["l1_margin_ratio"] for k in sc.decades] for m in sc.methods}
+        run.save_arrays("arrays/scales-margins.npz", decades=np.asarray(sc.decades), **_numpy(ratios))
+        run.save_arrays("arrays/scales-weights.npz", **_numpy(weights))
+    claims = evaluate_claims(per, scale_per, tau=cfg.claims.l1_threshold, n_boot=cfg.claims.n_boot)
+    if claims:
+        tables.append(claims_table(claims))
+    extra["claims"] = claims
     # figure data of the first seed, drawn by report/implicit_bias.py
     record = sorted(set(reg_grid) | set(traj_grid))
     run.save_arrays("arrays/trajectories.npz", steps=np.asarray(record), **_numpy(trajectories))
@@ -379,13 +378,21 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
             "ham_alpha": cfg.ham_alpha,
             "gamma": cfg.gamma,
             "nnz": f"|w_i| > {cfg.nnz_rel_tol} max|w|",
+            "scales": f"the classification problem (n={sc.n}, d={sc.d}, {sc.support}-sparse teacher) with "
+            f"column j scaled by 10^(kappa (r_j - 1/2)), kappa in {list(sc.decades)} decades; {sc.steps} steps, "
+            f"lr={sc.lr}; HORST alpha from {list(sc.horst_alphas)} and HAM alpha from {list(sc.ham_alphas)}, "
+            f"chosen per spread on validation seeds {list(sc.validation_seeds)}; controls at horst_alpha",
+            "claims": f"bootstrap CI over the evaluation seeds ({cfg.claims.n_boot} replicates), "
+            f"tau = {cfg.claims.l1_threshold}; report.implicit_bias_claims",
         },
         methods=methods,
         tables=tables,
         notes=[
             "Every number is a mean over seeds (± std across seeds when there is more than one seed).",
-            "HORST's L1 bias shows on classification; on regression it behaves like Adam (METHODS.md 2.2).",
+            "Heterogeneous scales: 'L1 share' is the fraction of ||w||_1 on the d/2 columns of largest scale "
+            "(the same columns at every spread); the LP row is the linprog L1-optimal separator's.",
         ],
+        extra=extra,
     ).to_dict()
 
 

@@ -2,7 +2,10 @@
 
 Drawn from the first seed's arrays the run saved under ``arrays/``: ``trajectories.npz`` (``steps`` and one
 ``[steps, d]`` regression iterate history per method), ``margins.npz`` (``steps`` and one normalised-L1-margin
-path per method) and ``final-weights.npz`` (the final classification weights per method).
+path per method), ``final-weights.npz`` (the final classification weights per method), and for the
+heterogeneous-scale study ``scales-margins.npz`` (``decades`` and one ``[spreads, seeds]`` array of L1 margin
+ratios per method) and ``scales-weights.npz`` (``scales``, the LP separator and each method's final weights
+at the largest spread, first seed).
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from descentlab.report.figures import new_figure, save_figure
 TRAJECTORY_PANELS = ("gd", "sign", "coordinate", "hyperbolic_md", "adam", "horst")
 
 
-def _methods(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {name: a for name, a in arrays.items() if name != "steps"}
+def _methods(arrays: Mapping[str, np.ndarray], axis: str = "steps") -> dict[str, np.ndarray]:
+    return {name: a for name, a in arrays.items() if name != axis}
 
 
 def plot_trajectories(steps: np.ndarray, trajectories: Mapping[str, np.ndarray], path: Path) -> Path | None:
@@ -79,6 +82,48 @@ def plot_weights(final: Mapping[str, np.ndarray], path: Path) -> Path | None:
     return save_figure(fig, path, dpi=110)
 
 
+def plot_scale_margins(decades: np.ndarray, ratios: Mapping[str, np.ndarray], path: Path) -> Path | None:
+    """L1 margin / optimal against the spread of column scales, mean ± std over seeds, one line per method."""
+    if not ratios:
+        return None
+    fig, ax = new_figure(figsize=(6.5, 4.2))
+    ax = ax[0][0]
+    for name, r in ratios.items():
+        mean, std = np.nanmean(r, axis=1), np.nanstd(r, axis=1, ddof=1) if r.shape[1] > 1 else 0 * r[:, 0]
+        ax.errorbar(decades, mean, yerr=std, label=name, lw=1.4, marker="o", ms=4, capsize=3)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("spread of column scales (decades)")
+    ax.set_ylabel("L1 margin / optimal L1 margin")
+    ax.legend(fontsize=8)
+    ax.set_title("Heterogeneous scales: L1 margin at the end of training (mean ± std over seeds)", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
+
+
+def plot_scale_weights(data: Mapping[str, np.ndarray], path: Path) -> Path | None:
+    """|w_j| / max |w| against the column scale s_j at the largest spread (first seed), one panel a method."""
+    names = [n for n in data if n != "scales"]
+    if "scales" not in data or not names:
+        return None
+    cols = math.ceil(len(names) / 2)
+    fig, axes = new_figure(2, cols, figsize=(3.4 * cols, 6.4))
+    for ax, name in zip(np.ravel(axes), names, strict=False):
+        w = np.abs(data[name])
+        ax.scatter(data["scales"], np.clip(w / w.max(), 1e-16, None), s=8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_ylim(1e-16, 2)
+        ax.set_xlabel("column scale s_j")
+        ax.set_title(name, fontsize=9)
+    for ax in np.ravel(axes)[len(names) :]:
+        ax.set_visible(False)
+    for ax in np.ravel(axes)[::cols]:
+        ax.set_ylabel("|w_j| / max |w|")
+    fig.suptitle("Largest spread, first seed: where each separator puts its weight")
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
+
+
 def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     """The three figures, redrawn from the arrays in ``run_dir / "arrays"`` (those that exist)."""
     arrays, folder = Path(run_dir) / "arrays", Path(run_dir) / "figures"
@@ -90,6 +135,10 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
          "L1 margin relative to the linprog optimum against the step."),
         ("final-weights", "classification-weights", plot_weights,
          "Sorted |w| at the end of classification training."),
+        ("scales-margins", "scales-margins", lambda d, p: plot_scale_margins(d["decades"], _methods(d, "decades"), p),
+         "Heterogeneous column scales: L1 margin relative to the linprog optimum against the spread."),
+        ("scales-weights", "scales-weights", plot_scale_weights,
+         "Heterogeneous column scales: |w_j| against the column scale at the largest spread."),
     ):  # fmt: skip
         path = arrays / f"{source}.npz"
         if path.is_file() and draw(load_arrays(path), folder / f"{name}.png") is not None:
@@ -102,4 +151,6 @@ def _stepped(plot: Any) -> Any:
     return lambda data, path: plot(data["steps"], _methods(data), path)
 
 
-__all__ = ["figures", "plot_margins", "plot_trajectories", "plot_weights"]
+__all__ = [
+    "figures", "plot_margins", "plot_scale_margins", "plot_scale_weights", "plot_trajectories", "plot_weights",
+]  # fmt: skip
