@@ -16,7 +16,7 @@ import torch
 from descentlab.config import resolve_config
 from descentlab.data import asset_path
 from descentlab.data.video import NoisyClips, load_clips, split_sequences
-from descentlab.errors import AssetMissingError, ConfigError
+from descentlab.errors import AssetMissingError, ConfigError, NumericalError
 from descentlab.experiments import run_experiment
 from descentlab.experiments import video_denoising as vd
 from descentlab.report.build import write_report
@@ -318,3 +318,39 @@ def test_dataset_folders_load_as_clips_without_their_ground_truth(tmp_path: Path
     assert [tuple(c.shape) for c in clips] == [(6, 8, 12), (5, 8, 12)]
     first = np.asarray(Image.open(tmp_path / "Train/Train001/001.tif"), dtype=np.float32) / 255
     torch.testing.assert_close(load_clips(tmp_path / "Train/Train001")[0][0], torch.from_numpy(first))
+
+
+def test_a_failed_candidate_ranks_last_and_a_failed_choice_stops_the_run(tmp_path: Path, carphone) -> None:
+    # λ passes its ceiling at the first dual step: the constraint "looks infeasible" (InfeasibleConstraintError)
+    infeasible = "constraint.dual_lr=100 constraint.max_multiplier=0.001"
+    overrides = [
+        *(
+            "data.video=carphone_pristine",
+            "data.size=48",
+            "data.n_train=64",
+            "data.n_val=16",
+            "data.n_test=16",
+        ),
+        *(
+            "model.depth=2",
+            "model.width=16",
+            "model.heads=2",
+            "architectures=[ut]",
+            "methods=[erm,constrained]",
+        ),
+        *("train.max_steps=4", "train.batch_size=16", "val_every=2", "gammas=[1.0,2.0]", "lr_grid=[0.003]"),
+        *("baselines=[]", "budget_check=0", "n_boot=50"),
+    ]
+    path = run_experiment(
+        "video-denoising", overrides=[*overrides, f"constraint_grid=[{infeasible},constraint.dual_lr=0.05]"],
+        out=tmp_path / "one",
+    )  # fmt: skip
+    results = json.loads((path / "results.json").read_text())
+    grid = results["methods"]["ut-constrained"]["grid"]
+    assert grid["chosen"] == 1 and grid["val_rmse"][0] is None
+    assert "infeasible" in grid["failed"][f"optimizer.lr=0.003 {infeasible}"]
+    assert "failed; " in (path / "report.md").read_text()
+    with pytest.raises(NumericalError, match="ut-constrained: the candidate chosen on validation failed"):
+        run_experiment(
+            "video-denoising", overrides=[*overrides, f"constraint_grid=[{infeasible}]"], out=tmp_path
+        )

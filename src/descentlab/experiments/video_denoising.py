@@ -32,7 +32,7 @@ from descentlab.constrained.config import DescentConfig
 from descentlab.data.video import NoisyClips, noisy_val_clips
 from descentlab.data.video import noisy_test_clips as noisy_levels
 from descentlab.data.video_data import VideoDataConfig, load_denoising_data
-from descentlab.errors import ConfigError
+from descentlab.errors import ConfigError, NumericalError
 from descentlab.models.denoisers import UnrolledConfig, build_denoiser, final_mse
 from descentlab.optim.config import OptimizerConfig
 from descentlab.report.results import Results
@@ -211,10 +211,6 @@ PRESETS = {
 }
 
 
-def _rank(val_rmse: float) -> tuple[bool, float]:  # a diverged (NaN) validation RMSE ranks last
-    return (math.isnan(val_rmse), val_rmse)
-
-
 def _key(arch: str, label: str, candidate: int | None, seed: int) -> str:
     return f"{arch}-{label}" + ("" if candidate is None else f"@{candidate}") + f"-seed{seed}"
 
@@ -264,7 +260,11 @@ def train_and_evaluate(
         model, data["val"], val_noisy, every=cfg.val_every, total=total, batch_size=cfg.eval_batch_size
     )
     start = time.perf_counter()
-    fit(model, train, cfg=train_cfg, run=run, tag=key, callbacks=[curve], **recipe.fit_kwargs())
+    try:
+        fit(model, train, cfg=train_cfg, run=run, tag=key, callbacks=[curve], **recipe.fit_kwargs())
+    except NumericalError as e:  # a diverged or infeasible candidate ranks last in its grid (see `run`)
+        run.log(tag=key, failed=str(e))
+        return {"failed": str(e), "spec": spec, "val_rmse": math.nan}
     train_seconds = time.perf_counter() - start
     test_noisy = noisy_test_clips(data["test"], cfg, seed)
     ev = evaluate_denoiser(model, data["test"], test_noisy, batch_size=cfg.eval_batch_size, per_example=True)
@@ -302,8 +302,7 @@ def baselines_job(cfg: VideoDenoisingConfig, data: dict, run: RunDir, key: str =
 
 
 def job(kind: str, *args: Any) -> dict:
-    """The experiment's one job function (one :class:`~descentlab.train.jobs.JobRunner` runs both kinds): a
-    top-level function (it runs in spawned workers); its arrays go to ``jobs/<key>-*.npz`` of the run."""
+    """The one top-level job function of the :class:`~descentlab.train.jobs.JobRunner` (both kinds)."""
     return {"train": train_and_evaluate, "baselines": baselines_job}[kind](*args)
 
 
@@ -329,6 +328,8 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
 
         def then(group: tuple[str, str], i: int, per_seed: list[dict]) -> None:  # jobs needing a choice
             a, lab = group
+            if failed := [ev["failed"] for ev in per_seed if "failed" in ev]:
+                raise NumericalError(f"{a}-{lab}: the candidate chosen on validation failed: {failed[0]}")
             if lab == "erm" and cfg.budget_check:
                 fl = f"erm-budget{cfg.budget_check:g}x"
                 budget_jobs[a] = train(a, lab, None, cfg.candidates(lab)[i], seed0, fl=fl, steps=long_steps)
@@ -340,7 +341,7 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
             {(a, lab): cfg.candidates(lab) for a in archs for lab in cfg.trained_labels},
             cfg.seeds,
             submit=lambda g, i, spec, s: train(*g, i, spec, s),
-            score=lambda ev: _rank(ev["val_rmse"]),
+            score=lambda ev: (math.isnan(ev["val_rmse"]), ev["val_rmse"]),  # failed (NaN) ranks last
             then=then,
         )
         for a in archs:

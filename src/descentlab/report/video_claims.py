@@ -239,7 +239,12 @@ def summarise(
     ``steps`` instead of ``base_steps``), compared with the same seed's run at the base budget.
     """
     grids = {
-        m: {"candidates": list(c), "chosen": i, "val_rmse": [r["val_rmse"] for r in runs]}
+        m: {
+            "candidates": list(c),
+            "chosen": i,
+            "val_rmse": [r["val_rmse"] for r in runs],
+            "failed": {c[k]: r["failed"] for k, r in enumerate(runs) if "failed" in r},
+        }
         for m, (c, i, runs) in grids.items()
     }
     methods = {m: _method_result(evs, gammas, grids.get(m)) for m, evs in per_seed.items()}
@@ -261,7 +266,7 @@ def summarise(
         "title": "Selection on validation (seed 0, RMSE at gamma = 1 after training): every candidate",
         "columns": ["method", "chosen", "candidates: val RMSE"],
         "rows": [
-            [m, s["chosen"], "; ".join(f"{c or 'base'}: {v:.4f}" for c, v in s.items() if c != "chosen")]
+            [m, s["chosen"], "; ".join(f"{c or 'base'}: {_val(v)}" for c, v in s.items() if c != "chosen")]
             for m, s in selection.items()
         ],
     }
@@ -284,6 +289,10 @@ def summarise(
         "versus_baselines": vs,
         "budget_check": checks,
     }
+
+
+def _val(rmse: float | None) -> str:  # NaN: a candidate that diverged or whose constraint proved infeasible
+    return "failed" if rmse is None or math.isnan(rmse) else f"{rmse:.4f}"
 
 
 def budget_checks(
