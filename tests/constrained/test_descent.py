@@ -155,3 +155,28 @@ def test_resilience_validation() -> None:
         Resilience(penalty=1.0, form="hinge")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="one per layer"):
         LayerwiseDescent(3, 0.1, 0.1, Resilience(penalty=[1.0, 2.0]))
+
+
+def test_profile_constraints_keep_only_descending_layers_with_alpha_from_the_drop() -> None:
+    from descentlab.constrained import DescentConfig, profile_constraints
+
+    profile = [100.0, 16.0, 18.0, 20.0, 15.0, 12.0, 12.5, 6.0]
+    layers, alphas = profile_constraints(profile, alpha_scale=0.5)
+    assert layers == [4, 5, 7]  # layer 1 skipped (its f_0 is the raw embedding), 2, 3, 6 rise
+    assert alphas[3] == pytest.approx(0.5 * (1 - 15 / 20)) and alphas[6] == pytest.approx(0.5 * 0.52)
+    assert [a for i, a in enumerate(alphas) if i + 1 not in layers] == [0.0] * 4
+    # the reference meets every such constraint: f_l <= (1 - α_l) f_{l-1} with margin at scale <= 1
+    for layer in layers:
+        assert profile[layer] <= (1 - alphas[layer - 1]) * profile[layer - 1]
+    tight = profile_constraints(profile, alpha_scale=1.0, alpha_max=0.3)[1]
+    assert tight[6] == 0.3  # capped
+    assert profile_constraints(profile, skip_first=False, min_drop=0.2)[0] == [1, 4, 7]
+    cfg = DescentConfig(layers=layers, layer_alphas=alphas)
+    c = cfg.build(len(profile) - 1)
+    torch.testing.assert_close(c.alpha, torch.tensor(alphas, dtype=torch.float64))
+    with pytest.raises(ConfigError):
+        DescentConfig(layer_alphas=[0.1, 1.5])
+    with pytest.raises(ConfigError):
+        DescentConfig(layer_alphas=[0.1]).build(3)
+    with pytest.raises(ConfigError):
+        profile_constraints([1.0, 2.0, 3.0])  # never descends

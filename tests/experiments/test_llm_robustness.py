@@ -1,108 +1,78 @@
-"""llm-robustness: one fine-tune step lowers each objective; the pipeline runs, resumes and reports on a tiny LM."""
+"""llm-robustness: config checks, constraints from a profile, head-to-head statistics; the pipeline runs,
+resumes and reports on a tiny LM."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from descentlab.config import resolve_config
 from descentlab.data.causal_lm import CausalLMDataConfig, prepare_causal_lm_data
-from descentlab.data.instructions import collate_causal
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments import llm_robustness as exp
-from descentlab.readout import layer_losses
 from descentlab.report.build import write_report
-from tiny_models import tiny_gpt2
-
-VOCAB, PAD = 61, 0
-
-
-def train_windows(n: int = 8, length: int = 24) -> list[dict[str, list[int]]]:
-    g = torch.Generator().manual_seed(1)
-    period = torch.randint(1, VOCAB, (5,), generator=g)
-    text = period.repeat(n * length // 5 + 2)
-    out = []
-    for i in range(n):
-        ids = text[i * 3 : i * 3 + length].tolist()
-        out.append({"input_ids": ids, "labels": list(ids), "prompt_length": [0]})
-    return out
-
-
-def objective_value(model, batch, constraint, readout) -> float:
-    """The objective at the current weights without moving the duals' estimate."""
-    model.eval()
-    with torch.no_grad():
-        if constraint is None:
-            return float(model(**batch).loss)
-        return float(constraint.lagrangian(layer_losses(model, batch, readout=readout), record=False))
-
-
-@pytest.mark.parametrize("label", ["erm", "constrained", "resilient"])
-def test_one_fine_tune_step_lowers_the_objective(label: str) -> None:
-    overrides = [
-        "method.optimizer.lr=1e-3",
-        "method.constraint.alpha=0.1",
-        "readout.sample_tokens=null",
-        "train.max_steps=1",
-        "train.batch_size=8",
-        "train.progress=false",
-    ]
-    cfg = resolve_config(exp.LlmRobustnessConfig, overrides=overrides)
-    method = cfg.method_config(label)
-    model, data = tiny_gpt2(layers=3, hidden=32, vocab=VOCAB, positions=64), train_windows()
-    ctx = exp.Context(cfg, model, SimpleNamespace(pad_token_id=PAD), {}, data, [])
-    recipe = exp.make_recipe(ctx, label)
-    constraint = recipe.constraint
-    assert (constraint is not None) == method.constrained
-    if constraint is not None:
-        constraint.duals.lam.fill_(0.5)  # so the step descends a Lagrangian with live constraint terms
-    batch = collate_causal(data, PAD)
-    before = objective_value(model, batch, constraint, recipe.objective.readout if constraint else None)
-    facts = exp.fine_tune(ctx, recipe, seed=0)
-    after = objective_value(model, batch, constraint, recipe.objective.readout if constraint else None)
-    assert facts["steps"] == 1 and facts["seed"] == 0
-    assert after < before - 1e-3, (label, before, after)
-    if constraint is not None:
-        assert len(facts["multipliers"]) == 3
-        assert facts["multipliers"] != [0.5, 0.5, 0.5]  # the dual step ran after the primal step
-    assert (facts.get("slacks") is not None) == (label == "resilient")
+from descentlab.train import lm_finetune
 
 
 def test_config_rejects_bad_values() -> None:
     with pytest.raises(ConfigError):
-        resolve_config(exp.LlmRobustnessConfig, overrides=["methods=[constrained]"])  # no baseline
+        resolve_config(exp.LlmRobustnessConfig, overrides=["methods=[hard]"])  # no baseline
     with pytest.raises(ConfigError):
         resolve_config(exp.LlmRobustnessConfig, overrides=["methods=[erm,nope]"])  # no such spec
     with pytest.raises(ConfigError):
         resolve_config(exp.LlmRobustnessConfig, overrides=["data.source=alpaca"])  # no path
     with pytest.raises(ConfigError):
-        resolve_config(exp.LlmRobustnessConfig, overrides=["eval.noise.gammas=[0.5,1.0]"])  # no clean point
+        resolve_config(exp.LlmRobustnessConfig, overrides=["grid.ratios=[0.5]"])  # not a growth
     with pytest.raises(ConfigError):
-        resolve_config(
-            exp.LlmRobustnessConfig, overrides=["specs.bad=optimizer.nope=1", "methods=[erm,bad]"]
-        ).method_config("bad")
+        resolve_config(exp.LlmRobustnessConfig, overrides=["grid.kinds=[substitute]"])
+    with pytest.raises(ConfigError):
+        resolve_config(exp.LlmRobustnessConfig, overrides=["eval.judge=generate"])  # no judge LM here
+    with pytest.raises(ConfigError):
+        resolve_config(exp.LlmRobustnessConfig, overrides=["specs.bad=optimizer.nope=1", "methods=[erm,bad]"])
     quick = resolve_config(exp.LlmRobustnessConfig, preset="quick", presets=exp.PRESETS)
-    assert quick.train.max_steps > 0 and quick.methods == ["erm", "constrained"]
+    assert quick.train.max_steps > 0 and quick.methods == ["erm", "hard"]
+    full = resolve_config(exp.LlmRobustnessConfig, preset="full", presets=exp.PRESETS)
+    assert full.train.max_steps >= 250 and full.data.n_eval >= 200
+    assert set(full.methods) == {"erm", "hard", "resilient", "erm-neftune", "erm-reseed"}
+    assert full.grid.ratios_of("gaussian") == [1.5, 3.0, 10.0] and 1.5 in full.grid.extra["neftune"]
 
 
-def test_methods_are_edits_of_one_base() -> None:
-    cfg = resolve_config(
-        exp.LlmRobustnessConfig,
-        overrides=[
-            "specs.detached=objective=constrained constraint.detach_prev=true",
-            "methods=[erm,detached]",
-        ],
-    )
-    erm, detached = cfg.method_config("erm"), cfg.method_config("detached")
-    assert erm.objective == "erm" and not erm.constraint.detach_prev
-    assert detached.objective == "constrained" and detached.constraint.detach_prev
-    assert detached.optimizer == erm.optimizer == cfg.method.optimizer  # fused AdamW, decay on every tensor
-    assert (cfg.method.optimizer.fused, cfg.method.optimizer.decay) == (True, "all")
-    assert cfg.method_config("resilient").constraint.resilient
+def test_constraints_come_from_the_pretrained_profile() -> None:
+    cfg = resolve_config(exp.LlmRobustnessConfig)
+    profile = [100.0, 16.0, 18.0, 20.0, 15.0, 12.0, 12.5, 6.0]
+    hard = lm_finetune.constrained_method(cfg, "hard", profile)
+    resilient = lm_finetune.constrained_method(cfg, "resilient", profile)
+    assert hard.constraint.layers == resilient.constraint.layers == [4, 5, 7]
+    assert hard.constraint.detach_prev and not hard.constraint.constrain_first
+    # hard: half the pretrained drop (met with a margin); resilient: all of it (tight), relaxed by slacks
+    assert hard.constraint.layer_alphas[3] == pytest.approx(0.5 * 0.25)
+    assert resilient.constraint.layer_alphas[3] == pytest.approx(0.25) and resilient.constraint.resilient
+    assert lm_finetune.constrained_method(cfg, "erm", profile) == cfg.method_config("erm")
+    assert lm_finetune.read_layers(hard, 7) == [3, 4, 5, 6]  # l and l-1 of each constrained l, layer L apart
+    noisy = cfg.noisy_training["erm-neftune"]
+    assert noisy[0] == "neftune" and noisy[1] > 0
+
+
+def test_head_to_head_statistics() -> None:
+    from descentlab.report.llm_claims import head_to_head
+    from descentlab.report.stats import BootstrapCI, parity_verdict
+
+    n = 400
+    g = torch.Generator().manual_seed(0)
+    b = torch.rand(n, generator=g).double() * 10
+    a = b - 0.1  # A wins every example by 0.1 nats
+    ev_a = {"nll": {"clean": a.tolist(), "gaussian@1#0": (b + 1).tolist()}, "ref_tokens": [10] * n}
+    ev_b = {"nll": {"clean": b.tolist(), "gaussian@1#0": (b + 1).tolist()}, "ref_tokens": [10] * n}
+    clean = head_to_head(ev_a, ev_b, "gaussian", 0.0, draws=1, n_boot=200)
+    assert clean["win_rate"] == 1.0 and clean["wins"] == n
+    assert clean["delta_nll"] == pytest.approx(-0.01) and clean["delta_ci"][1] < 0
+    tie = head_to_head(ev_a, ev_b, "gaussian", 1.0, draws=1, n_boot=200)
+    assert tie["win_rate"] == 0.5 and tie["ties"] == n and tie["win_ci"] == [0.5, 0.5]
+    assert parity_verdict(BootstrapCI(0.01, -0.04, 0.06, n, (n,))).outcome == "reproduced"
+    assert parity_verdict(BootstrapCI(0.1, 0.05, 0.15, n, (n,))).outcome == "refuted"
 
 
 @pytest.fixture(scope="module")
@@ -146,55 +116,67 @@ def test_pipeline_runs_resumes_and_rebuilds_its_report(tiny_llama_dir, tmp_path)
 
     overrides = [
         f"model.name={tiny_llama_dir}",
-        "methods=[erm,constrained,resilient]",
-        "model.gradient_checkpointing=true",
+        "workers=1",
         "method.optimizer.lr=1e-3",
-        "train.max_steps=2",
+        "train.max_steps=3",
         "train.batch_size=2",
-        "train.progress=false",
+        "lambda_every=1",
         "data.seq_len=24",
-        "data.n_train=4",
+        "data.n_train=6",
         "data.prompt_tokens=12",
         "data.continuation_tokens=6",
-        "data.n_eval=5",
+        "data.n_eval=6",
         "data.max_chars=20000",
+        "val_n=4",
+        "constraints.val_examples=4",
+        "constraints.select=config",  # a random 2-layer model has no descending profile to choose from
+        "method.constraint.alpha=0.05",
         "readout.sample_tokens=8",
-        "eval.noise.kinds=[gaussian,discrete]",
-        "eval.noise.gammas=[0.0,1.5]",
-        "eval.noise.draws=2",
-        "eval.layer_examples=3",
-        "eval.judge=generate",
-        f"eval.judge_model={tiny_llama_dir}",
-        "eval.judge_examples=2",
-        "eval.max_new_tokens=3",
+        "grid.ratios=[1.01]",
+        "grid.start={gaussian: 1.0, neftune: 50.0}",
+        "grid.iters=1",
+        "grid.val_examples=4",
+        "grid.draws=2",
+        "grid.profile_ratio=1.01",
+        "eval.layer_examples=2",
+        "eval.n_boot=50",
     ]
     path = run_experiment("llm-robustness", overrides=overrides, out=tmp_path)
     results = json.loads((path / "results.json").read_text())
-    assert set(results["methods"]) == {"erm", "constrained", "resilient"}
-    erm, con = results["methods"]["erm"], results["methods"]["constrained"]
-    assert set(erm["curves"]) == {"gaussian", "discrete"}
-    assert erm["curves"]["gaussian"]["metric"] == "perplexity"
-    assert len(erm["curves"]["gaussian"]["mean"]) == 2
-    for kind in ("gaussian", "discrete"):
-        wr = con["curves"][f"win_rate@{kind}"]
-        assert wr["metric"] == "win_rate" and all(0.0 <= v <= 1.0 for v in wr["mean"])
-        assert [w + t + lo for w, t, lo in zip(wr["wins"], wr["ties"], wr["losses"], strict=True)] == [5, 5]
-        assert f"judged_win_rate@{kind}" in con["curves"]
+    assert set(results["methods"]) == {"erm", "hard", "resilient", "erm-neftune", "erm-reseed"}
+    assert (
+        results["methods"]["erm-reseed"]["train"]["seed"] == 1 != results["methods"]["erm"]["train"]["seed"]
+    )
+    levels = results["protocol"]["levels"]
+    assert set(levels) == {"gaussian", "neftune"} and 1.5 in levels["neftune"] and levels["gaussian"][0] == 0
+    erm, hard = results["methods"]["erm"], results["methods"]["hard"]
+    assert erm["curves"]["perplexity@gaussian"]["x"] == levels["gaussian"]
+    for kind in ("gaussian", "neftune"):
+        wr, dn = hard["curves"][f"win_rate@{kind}"], hard["curves"][f"delta_nll@{kind}"]
+        assert all(lo <= m <= hi for lo, m, hi in zip(wr["ci_low"], wr["mean"], wr["ci_high"], strict=True))
+        counts = [w + t + lo for w, t, lo in zip(wr["wins"], wr["ties"], wr["losses"], strict=True)]
+        assert counts == [6 if x == 0 else 12 for x in wr["x"]]  # 2 draws under noise
+        assert len(dn["ci_low"]) == len(dn["x"])
     # the clean point is one pass shared by every kind
-    assert erm["curves"]["gaussian"]["mean"][0] == erm["curves"]["discrete"]["mean"][0]
-    assert set(con["layer_loss"]) == {"clean", "gaussian@1.5"}
-    assert len(con["layer_loss"]["clean"]) == 3  # layers 0..2
-    assert results["protocol"]["constrained_layers"] == [1, 2]
-    h2h = results["tables"][0]
-    assert len(h2h["rows"]) == 2 * 2 * 2  # (constrained, resilient) x kinds x gammas
-    assert [r[:2] for r in results["tables"][2]["rows"]] == [["erm", 0], ["constrained", 0], ["resilient", 0]]
-    # the per-example NLLs behind the win rates are kept for re-analysis, one file per (method, seed) job
-    saved = json.loads((path / "jobs" / "constrained-seed0.json").read_text())
-    assert len(saved["nll"]["clean"]) == 5
+    assert erm["curves"]["perplexity@gaussian"]["mean"][0] == erm["curves"]["perplexity@neftune"]["mean"][0]
+    assert set(hard["layer_loss"]) == {"clean", results["profile_condition"]}
+    assert len(hard["layer_loss"]["clean"]) == 3  # layers 0..2
+    trace = hard["train"]["lambda_trace"]
+    assert trace["steps"] == [1, 2, 3] and len(trace["lambda"][0]) == 2
+    assert "slacks" in results["methods"]["resilient"]["train"]
+    assert results["methods"]["erm-neftune"]["train"]["noisy_training"][0] == "neftune"
+    claims = {(c["method"], c["claim"]) for c in results["claims"]}
+    assert ("hard", "clean-parity") in claims and ("resilient", "paper-1.5") in claims
+    assert ("erm-neftune", "noisy-nll") in claims
+    assert all(c["verdict"] in ("reproduced", "refuted", "inconclusive") for c in results["claims"])
+    # the per-example NLLs behind the win rates are kept for re-analysis, one file per method
+    saved = json.loads((path / "jobs" / "eval-hard.json").read_text())
+    assert len(saved["nll"]["clean"]) == 6
 
     # the report is a function of the run directory: deleting it and its figures restores the same files
     report, figures = (path / "report.md").read_text(), sorted((path / "figures").iterdir())
-    assert "figures/win-rate.png" in report and (path / "figures" / "win-rate.png").is_file()
+    for name in ("win-rate.png", "delta-nll.png", "layer-profiles.png", "lambda.png"):
+        assert f"figures/{name}" in report and (path / "figures" / name).is_file()
     before = {f.name: f.read_bytes() for f in figures}
     shutil.rmtree(path / "figures")
     (path / "report.md").unlink()

@@ -95,3 +95,17 @@ def test_smollm2_readout_matches_its_own_loss() -> None:
     torch.testing.assert_close(f, f_ref, rtol=0, atol=1e-5)
     torch.testing.assert_close(f[-1], own, rtol=0, atol=1e-5)
     assert f[-1] < f[0]  # the pretrained model predicts far better at its last layer than at its embeddings
+
+
+def test_a_layer_subset_reads_those_layers_exactly_and_nan_elsewhere(gpt2) -> None:
+    batch = _batch()
+    full = layer_losses(gpt2, batch, readout=CausalLMReadout(chunk_size=16))
+    sub = layer_losses(gpt2, batch, readout=CausalLMReadout(chunk_size=16, layers=[1, 2]))
+    torch.testing.assert_close(sub[[1, 2, 3]], full[[1, 2, 3]], rtol=0, atol=1e-6)
+    assert torch.isnan(sub[0])
+    only_last = layer_losses(gpt2, batch, readout=CausalLMReadout(layers=[]))
+    assert torch.isnan(only_last[:-1]).all() and float(only_last[-1]) == pytest.approx(
+        float(full[-1]), abs=1e-6
+    )
+    with pytest.raises(ConfigError):
+        CausalLMReadout(layers=[-1])

@@ -171,3 +171,30 @@ def test_perturb_inputs_variance_noop_and_cleanup(kind) -> None:
     with perturb_inputs(net, kind, 3.0, sigma=0.5, clamp=(0.0, 1.0)):
         net(x)
     assert net.seen[-1].min() >= 0 and net.seen[-1].max() <= 1
+
+
+def test_neftune_kind_has_neftunes_scale_per_example(tiny_bert, make_batch, random_rows) -> None:
+    """NEFTune: uniform noise of half-width α/√(n d), n = the example's real tokens (padding excluded)."""
+    rows = random_rows(24, 10, 40, seed=4)
+    batch = make_batch(rows)
+    alpha = 5.0
+    clean = _embedding_output(tiny_bert, batch, kind="neftune", gamma=0.0)
+    noisy = _embedding_output(tiny_bert, batch, kind="neftune", gamma=alpha, seed=1, pad_token_id=0)
+    delta = (noisy - clean).double()
+    d = delta.shape[-1]
+    for i, row in enumerate(rows):
+        half = alpha / (len(row) * d) ** 0.5
+        real = delta[i, : len(row)]
+        assert real.abs().max().item() <= half * (1 + 1e-5)
+        assert real.abs().max().item() > 0.9 * half
+    pooled = torch.cat(
+        [delta[i, : len(r)].flatten() / (alpha / (len(r) * d) ** 0.5) for i, r in enumerate(rows)]
+    )
+    assert pooled.var().item() == pytest.approx(1 / 3, rel=0.03)  # U(-1, 1)
+    # an example's noise does not depend on its batch (content keyed, its own length)
+    alone = _embedding_output(
+        tiny_bert, make_batch(rows[:1]), kind="neftune", gamma=alpha, seed=1, pad_token_id=0
+    )
+    base = _embedding_output(tiny_bert, make_batch(rows[:1]), kind="neftune", gamma=0.0)
+    n0 = len(rows[0])
+    torch.testing.assert_close((alone - base)[0, :n0], (noisy - clean)[0, :n0], rtol=0, atol=1e-6)

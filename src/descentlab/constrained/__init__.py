@@ -1,7 +1,12 @@
 """Layer-wise descent constraints solved primal-dual (METHODS.md Part 1)."""
 
 from descentlab.constrained.config import DescentConfig
-from descentlab.constrained.descent import LayerwiseDescent, descent_violations, resolve_alpha
+from descentlab.constrained.descent import (
+    LayerwiseDescent,
+    descent_violations,
+    profile_constraints,
+    resolve_alpha,
+)
 from descentlab.constrained.dual import (
     DualVariables,
     Resilience,
@@ -21,6 +26,7 @@ __all__ = [
     "decay_dual_step",
     "descent_violations",
     "dual_ascent",
+    "profile_constraints",
     "rank_mean",
     "resolve_alpha",
     "slack_dual_step",

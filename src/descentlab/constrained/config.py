@@ -3,7 +3,15 @@
 One dataclass for every experiment (text classification, unrolled denoisers, causal LMs): an experiment's
 config holds a ``DescentConfig`` and builds the constraint with ``cfg.build(num_layers)``. The step sizes are
 
-    α_l = early_alpha   for l <= early_layers (when early_alpha is set),   α_l = alpha   otherwise.
+    α_l = early_alpha   for l <= early_layers (when early_alpha is set),   α_l = alpha   otherwise,
+
+or, with a reference per-layer loss profile r_0..r_L (``alpha_reference``; e.g. an ERM model's or the
+pretrained model's validation profile), a schedule the reference itself meets, so the chain is feasible:
+
+    r̃_l = min(r_0, ..., r_l),     α_l = min(alpha_cap, alpha_fraction · (1 - r̃_l / r̃_{l-1}))
+
+(α_l = 0 where the reference rises: "do not get worse"). Π_l (1 - α_l) >= r̃_L / r̃_0 for fraction <= 1.
+``alpha_from`` names where an experiment takes the reference from (it fills ``alpha_reference``).
 """
 
 from __future__ import annotations
@@ -27,6 +35,13 @@ class DescentConfig:
         alpha: α of every layer not covered by ``early_alpha``, in [0, 1).
         early_alpha: α of layers 1..``early_layers`` (None: ``alpha`` everywhere).
         early_layers: how many leading layers take ``early_alpha``.
+        layer_alphas: α_1..α_L, one per layer (None: from ``alpha`` / ``early_alpha``).
+        alpha_reference: a reference profile r_0..r_L (L+1 losses); when set, α_l follows it (module
+            docstring) and ``alpha`` / ``early_alpha`` are not used.
+        alpha_fraction: the fraction of the reference's per-layer descent asked for (> 0).
+        alpha_cap: the largest α_l a reference may give.
+        alpha_from: the source of ``alpha_reference`` that an experiment resolves (text-robustness: "erm",
+            the first seed's ERM validation profile); None: no reference, or one given directly.
         dual_lr: dual step η_λ > 0.
         form: "difference" (f_l - (1-α) f_{l-1}) or "ratio" (f_l / f_{l-1} - (1-α), scale-free).
         detach_prev: stop gradients through f_{l-1} in ĝ_l.
@@ -45,6 +60,11 @@ class DescentConfig:
     alpha: float = 0.1
     early_alpha: float | None = None
     early_layers: int = 0
+    layer_alphas: list[float] | None = None
+    alpha_reference: list[float] | None = None
+    alpha_fraction: float = 1.0
+    alpha_cap: float = 0.5
+    alpha_from: str | None = None
     dual_lr: float = 0.05
     form: str = "difference"
     detach_prev: bool = False
@@ -64,6 +84,17 @@ class DescentConfig:
             value = getattr(self, key)
             if value is not None and not 0.0 <= value < 1.0:
                 raise ConfigError(f"constraint.{key} must lie in [0, 1), got {value}; e.g. {key}=0.1")
+        if not self.alpha_fraction > 0:
+            raise ConfigError(f"constraint.alpha_fraction must be > 0, got {self.alpha_fraction}")
+        if not 0.0 <= self.alpha_cap < 1.0:
+            raise ConfigError(f"constraint.alpha_cap must lie in [0, 1), got {self.alpha_cap}")
+        ref = self.alpha_reference
+        if ref is not None and (len(ref) < 2 or min(ref) <= 0):
+            raise ConfigError(
+                f"constraint.alpha_reference must list L+1 positive losses (layer 0 first), got {ref}"
+            )
+        if self.layer_alphas is not None and not all(0.0 <= a < 1.0 for a in self.layer_alphas):
+            raise ConfigError(f"constraint.layer_alphas must all lie in [0, 1), got {self.layer_alphas}")
         if self.early_layers < 0:
             raise ConfigError(f"constraint.early_layers must be >= 0, got {self.early_layers}")
         if not self.dual_lr > 0:
@@ -92,7 +123,32 @@ class DescentConfig:
             raise ConfigError(f"constraint.dual_cadence must be 'step' or 'epoch', got {self.dual_cadence!r}")
 
     def alphas(self, num_layers: int) -> list[float]:
-        """α_1..α_L: ``early_alpha`` on layers 1..early_layers when set, ``alpha`` elsewhere."""
+        """α_1..α_L: from ``alpha_reference`` when set; else ``early_alpha`` on layers 1..early_layers when
+        set, ``alpha`` elsewhere. ``layer_alphas``, when given, wins over both."""
+        if self.layer_alphas is not None:
+            if len(self.layer_alphas) != num_layers:
+                raise ConfigError(
+                    f"constraint.layer_alphas has {len(self.layer_alphas)} values for {num_layers} layers; "
+                    "give one per layer (layer 1 first)"
+                )
+            return [float(a) for a in self.layer_alphas]
+        if self.alpha_reference is not None:
+            ref = list(self.alpha_reference)
+            if len(ref) != num_layers + 1:
+                raise ConfigError(
+                    f"constraint.alpha_reference has {len(ref)} losses for a model with {num_layers} layers; "
+                    f"give {num_layers + 1} (layers 0..L)"
+                )
+            run = [min(ref[: i + 1]) for i in range(len(ref))]
+            return [
+                min(self.alpha_cap, max(0.0, self.alpha_fraction * (1.0 - run[i] / run[i - 1])))
+                for i in range(1, len(run))
+            ]
+        if self.alpha_from is not None:
+            raise ConfigError(
+                f"constraint.alpha_from={self.alpha_from!r} is resolved by the experiment into "
+                "alpha_reference; outside one, give constraint.alpha_reference=[r_0, ..., r_L]"
+            )
         early = self.early_alpha is not None
         return [
             self.early_alpha if early and layer <= self.early_layers else self.alpha

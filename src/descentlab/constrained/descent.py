@@ -86,6 +86,54 @@ def descent_violations(
     return cur / prev.clamp_min(eps) - keep
 
 
+def profile_constraints(
+    profile: Sequence[float],
+    *,
+    alpha_scale: float = 1.0,
+    min_drop: float = 0.0,
+    alpha_max: float = 0.5,
+    skip_first: bool = True,
+) -> tuple[list[int], list[float]]:
+    """Constraints a reference model already meets (or nearly): layers and α_l from its loss profile.
+
+    With the reference losses p_0..p_L (e.g. a pretrained model's logit-lens profile on validation data),
+    layer l is constrained when the profile descends there by more than ``min_drop`` (relative), and
+
+        α_l = min(alpha_max, alpha_scale · (1 - p_l / p_{l-1}))      (0 on the other layers),
+
+    so at ``alpha_scale = 1`` the reference meets every constraint with equality, below 1 with a margin, and
+    above 1 each constraint asks for more descent than the reference has. A profile that rises (SmolLM2's
+    logit lens rises by ~6 nats from layer 1 to 17) is left unconstrained there: those constraints would be
+    infeasible from the start and only make λ grow (METHODS.md §4.1).
+
+    Args:
+        profile: p_0..p_L (L + 1 values, > 0).
+        alpha_scale: the fraction of the reference's own relative drop each constraint asks for.
+        min_drop: constrain layer l only when ``1 - p_l / p_{l-1} > min_drop``.
+        alpha_max: upper bound of every α_l (< 1).
+        skip_first: never constrain layer 1 (its predecessor f_0 reads the raw embedding: with tied
+            embeddings it mostly predicts the input token itself, tens of nats).
+
+    Returns:
+        (constrained layers, 1-based; α_1..α_L).
+    """
+    p = [float(v) for v in profile]
+    if len(p) < 2 or min(p) <= 0:
+        raise ConfigError(f"profile_constraints needs >= 2 positive losses p_0..p_L, got {p[:4]}...")
+    if not (alpha_scale > 0 and 0 < alpha_max < 1 and min_drop >= 0):
+        raise ConfigError("need alpha_scale > 0, 0 < alpha_max < 1 and min_drop >= 0")
+    layers, alphas = [], [0.0] * (len(p) - 1)
+    for layer in range(1, len(p)):
+        drop = 1.0 - p[layer] / p[layer - 1]
+        if (layer == 1 and skip_first) or drop <= min_drop:
+            continue
+        layers.append(layer)
+        alphas[layer - 1] = min(alpha_max, alpha_scale * drop)
+    if not layers:
+        raise ConfigError("the reference profile descends at no layer (after min_drop); nothing to constrain")
+    return layers, alphas
+
+
 def constraint_mask(num_layers: int, constrain_first: bool, layers: Iterable[int] | None) -> Tensor:
     """Bool [L]: which of the constraints l = 1..L are enforced.
 

@@ -70,6 +70,9 @@ class CausalLMReadout(Readout):
         sample_tokens: None reads every layer on all N targets; an int k (or a fraction in (0, 1)) reads
             layers 0..L-1 on k uniformly drawn targets shared by those layers (an unbiased estimate).
         checkpoint: recompute chunk logits in the backward pass (memory O(chunk·V) instead of O(L·N·V)).
+        layers: read out only these of layers 0..L-1 (layer L always); the others come back as NaN (no
+            gradient). For constraints on a subset of layers (l and l-1 of each constrained l), this cuts the
+            head cost of the readout in proportion. None reads every layer.
         generator: torch.Generator for the token subsample (None: the global RNG).
     """
 
@@ -81,8 +84,14 @@ class CausalLMReadout(Readout):
         sample_tokens: int | float | None = None,
         *,
         checkpoint: bool = True,
+        layers: list[int] | None = None,
         generator: torch.Generator | None = None,
     ) -> None:
+        if layers is not None and (not all(isinstance(i, int) and i >= 0 for i in layers)):
+            raise ConfigError(
+                f"layers must list layer indices >= 0 (0 = the embedding output), got {layers!r}"
+            )
+        self.layers = None if layers is None else sorted(set(layers))
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
             raise ConfigError(f"chunk_size must be a positive int or None (got {chunk_size!r})")
         if sample_tokens is not None:
@@ -220,12 +229,20 @@ class CausalLMReadout(Readout):
         # Layers 0..L-1: one chunked pass over their stacked rows (same targets for every layer), through
         # the traced tail (the final norm) and the head.
         num_inner = len(states) - 1
-        x_inner = torch.cat([rows(h, sample) for h in states[:-1]])
-        ce_inner = chunked_token_ce(
-            x_inner, y_inner.repeat(num_inner), head(plan), self.chunk_size, self.checkpoint
-        )
+        read = list(range(num_inner)) if self.layers is None else [i for i in self.layers if i < num_inner]
         # Layer L: every token of the backbone's own last_hidden_state, already through the tail.
         ce_last = chunked_token_ce(
             rows(out.last_hidden_state, None), y, head(None), self.chunk_size, self.checkpoint
         )
-        return torch.cat([ce_inner.view(num_inner, -1).mean(1), ce_last.mean()[None]])
+        if not read:
+            return torch.cat([ce_last.new_full((num_inner,), float("nan")), ce_last.mean()[None]])
+        x_inner = torch.cat([rows(states[i], sample) for i in read])
+        ce_inner = chunked_token_ce(
+            x_inner, y_inner.repeat(len(read)), head(plan), self.chunk_size, self.checkpoint
+        )
+        means = ce_inner.view(len(read), -1).mean(1)
+        if len(read) == num_inner:
+            return torch.cat([means, ce_last.mean()[None]])
+        f = ce_last.new_full((num_inner,), float("nan"))
+        f = f.index_copy(0, torch.tensor(read, device=f.device), means)
+        return torch.cat([f, ce_last.mean()[None]])

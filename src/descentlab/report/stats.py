@@ -175,3 +175,13 @@ def verdict(
         return Verdict("reproduced", f"{interval} lies on the claimed side of 0")
     mde = ci.min_detectable_effect()
     return Verdict("inconclusive", f"{interval} contains 0; the run detects effects >= {mde:.4g}", mde)
+
+
+def parity_verdict(ci: BootstrapCI, target: float = 0.0) -> Verdict:
+    """For a claim of *equality* ("the difference is ``target``", e.g. a 50 % win rate at γ = 0):
+    reproduced when the CI contains ``target``, refuted when it excludes it. The CI's half-width says how
+    close to ``target`` the run pins the value (a wide CI reproduces parity cheaply: read it with the row)."""
+    interval = f"the CI [{ci.low:.4g}, {ci.high:.4g}]"
+    if ci.low <= target <= ci.high:
+        return Verdict("reproduced", f"{interval} contains {target:g} (half-width {ci.half_width:.3g})")
+    return Verdict("refuted", f"{interval} excludes {target:g}")

@@ -21,7 +21,7 @@ Data code stays outside: callers pass ``collate_fn(examples, pad_token_id)`` (e.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -159,6 +159,65 @@ def evaluate_lm(
     return out
 
 
+def level_conditions(
+    levels: Mapping[str, Sequence[float]], *, draws: int = 1, seed: int = 0
+) -> list[tuple[str, Noise]]:
+    """The clean pass, then every (kind, level > 0, draw) of a per-kind level grid, as (key, Noise)."""
+    out: dict[str, Noise] = {"clean": Noise()}
+    for kind, values in levels.items():
+        for level in values:
+            for draw in range(draws if level > 0 else 1):
+                out.setdefault(noise_key(kind, level, draw), Noise(kind, float(level), seed=seed, draw=draw))
+    return list(out.items())
+
+
+def evaluate_levels(
+    model: nn.Module,
+    examples: Sequence[Example],
+    levels: Mapping[str, Sequence[float]],
+    *,
+    pad_token_id: int,
+    collate_fn: Collate,
+    draws: int = 1,
+    noise_seed: int = 0,
+    batch_size: int = 8,
+    perplexity_on: str = "all",
+    layer_examples: int = 0,
+    layer_chunk: int = 1024,
+    profiles: Sequence[tuple[str, float]] = (),
+) -> Evaluation:
+    """:func:`evaluate_lm` on a grid with its own levels per kind (e.g. levels found from a baseline's
+    degradation, :mod:`descentlab.robustness.levels`); one clean pass shared by every kind.
+
+    Returns ``{"perplexity": {key: float}, "nll": {key: [r_i]}, "ref_tokens": [n_i], "layer_loss":
+    {"clean" | "<kind>@<level>": [f_0..f_L]}}``, keys from :func:`noise_key`; ``profiles`` lists the noisy
+    (kind, level) profiles wanted besides the clean one (on the first ``layer_examples`` examples).
+    """
+    out: Evaluation = {"perplexity": {}, "nll": {}, "ref_tokens": [], "layer_loss": {}}
+    for key, noise in level_conditions(levels, draws=draws, seed=noise_seed):
+        s = score_examples(
+            model,
+            examples,
+            pad_token_id=pad_token_id,
+            batch_size=batch_size,
+            noise=noise,
+            collate_fn=collate_fn,
+        )
+        out["perplexity"][key] = s.perplexity(perplexity_on)
+        out["nll"][key] = s.reference_nll.tolist()
+        out["ref_tokens"] = s.reference_tokens.tolist()
+    sub = examples[:layer_examples]
+    if sub:
+        kw = {"pad_token_id": pad_token_id, "collate_fn": collate_fn, "all_tokens": perplexity_on == "all"}
+        out["layer_loss"]["clean"] = layer_profile(model, sub, noise=Noise(), chunk=layer_chunk, **kw)
+        for kind, level in profiles:
+            noisy = Noise(kind, float(level), seed=noise_seed)
+            out["layer_loss"][f"{kind}@{level:g}"] = layer_profile(
+                model, sub, noise=noisy, chunk=layer_chunk, **kw
+            )
+    return out
+
+
 def seed_grid(
     grid: NoiseEvalConfig, kind: str, n_seeds: int, value: Callable[[int, str], float]
 ) -> np.ndarray:
@@ -241,10 +300,12 @@ def judged_win_rate_curves(
 
 __all__ = [
     "Evaluation",
+    "evaluate_levels",
     "evaluate_lm",
     "head_to_head",
     "judged_win_rate_curves",
     "layer_profile",
+    "level_conditions",
     "noise_conditions",
     "noise_key",
     "perplexity_curves",

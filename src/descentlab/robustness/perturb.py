@@ -8,6 +8,10 @@ METHODS.md §1.5. With σ the reference scale (σ_E = RMS of the input-embedding
 - discrete:   e + γ σ s,       s Rademacher (±1)
 - substitute: each token's embedding replaced, with probability min(1, γ/4), by the embedding of a
   uniformly drawn vocabulary row (embeddings only).
+- neftune:    e + (γ / √(n·d)) ν,  ν ~ U(-1, 1), the scale of NEFTune (Jain et al. 2023; HF's
+  ``neftune_noise_alpha``): here γ is NEFTune's α, not relative to σ_E; n is the example's number of real
+  (non-padding) tokens, d the embedding width (HF uses the padded length; equal for unpadded batches).
+  Per-coordinate std γ / √(3 n d): at γ = 5, n = 96 and d = 576 that is 0.012.
 
 Two more embedding kinds are calibrated by a privacy parameter ε instead of γ (:mod:`.ldp`,
 METHODS.md §4.3): ``metric_ldp`` (e + z, density ∝ exp(-ε‖z‖) per token) and ``gaussian_mechanism``
@@ -34,7 +38,7 @@ from descentlab.errors import ConfigError, DataError, ModelError
 from descentlab.robustness import ldp
 from descentlab.robustness import noise as nz
 
-EMBEDDING_KINDS = ("gaussian", "uniform", "discrete", "substitute")  # levels γ
+EMBEDDING_KINDS = ("gaussian", "uniform", "discrete", "substitute", "neftune")  # levels γ
 LDP_KINDS = ldp.LDP_KINDS  # levels ε
 INPUT_KINDS = nz.NOISE_KINDS
 KEY_MODES = ("content", "sequence")
@@ -116,6 +120,28 @@ def _row_keys(
     else:
         ident = nz.fold_key(call, torch.arange(rows, device=device, dtype=torch.int64) % per_replica)
     return nz.fold_key(seed & nz.MASK32, draws & nz.MASK32, ident)
+
+
+def neftune_noise(output: Tensor, keys: Tensor, alpha: float, valid: Tensor | None) -> Tensor:
+    """NEFTune's noise for ``output [B, T, d]``: ``(α / √(n_b d)) ν``, ν ~ U(-1, 1), n_b the real tokens of row b.
+
+    ``valid [B, T]`` marks the real tokens (None: all T); the noise is the content-keyed uniform stream of
+    :func:`~descentlab.robustness.noise.standard_noise` (√3·U(-1, 1)) divided by √3.
+    """
+    rows, width = output.shape[0], output.shape[-1]
+    if valid is not None and valid.shape == output.shape[:2]:
+        n = valid.sum(1).clamp_min(1).to(torch.float64)
+    else:
+        n = torch.full((rows,), float(math.prod(output.shape[1:-1])), dtype=torch.float64)
+    n = n.to(output.device)
+    nu = nz.standard_noise("uniform", keys, tuple(output.shape)) / math.sqrt(3.0)
+    scale = alpha / torch.sqrt(n * width)
+    return nu * scale.view(rows, *([1] * (output.dim() - 1)))
+
+
+def neftune_std(alpha: float, tokens: int, width: int) -> float:
+    """Per-coordinate std of NEFTune noise at level α: ``α / √(3 n d)`` (to compare with γ·σ_E)."""
+    return alpha / math.sqrt(3.0 * tokens * width)
 
 
 def _valid_positions(ids: Tensor, pad_token_id: int | None) -> Tensor | None:
@@ -221,6 +247,8 @@ def perturb_embeddings(
                 std = ldp.mechanism_std(kind, epsilon, output.shape[-1], delta=delta, clip=clip or 0.0)
                 record.gamma = std / scale
                 return ldp.privatize(kind, output, keys, epsilon, delta=delta, clip=clip)
+            if kind == "neftune":
+                return output + neftune_noise(output, keys, gamma, valid).to(output.dtype)
             if kind != "substitute":
                 xi = nz.standard_noise(kind, keys, tuple(output.shape))
                 return output + (gamma * scale * xi).to(output.dtype)

@@ -94,3 +94,46 @@ class DeepSupervision:
         f = layer_losses(model, batch, readout=self.readout)
         loss = f[1:].mean()
         return loss, {"loss": float(f[-1].detach()), "mean_layer_loss": float(loss.detach())}
+
+
+class EmbeddingNoise:
+    """``inner`` evaluated on noisy input embeddings: the noise-trained positive control.
+
+    Each call perturbs the model's input-embedding output with ``kind`` noise at level ``gamma`` (relative to
+    σ_E, as at test time; :func:`descentlab.perturb_embeddings`), a fresh realisation per step: the noise seed
+    is ``seed · 1_000_003 + call``, disjoint from the test noise (seed ``evaluation.noise_seed``, draws 0..).
+    The call counter is checkpointed, so a resumed run draws the same noise.
+
+    Args:
+        inner: the objective trained on noisy inputs (e.g. :class:`ERM`).
+        gamma: training noise level γ_train > 0.
+        kind: noise kind (``gaussian`` by default).
+        seed: base seed of the training noise.
+    """
+
+    def __init__(self, inner: Any, gamma: float, kind: str = "gaussian", seed: int = 0) -> None:
+        if not gamma > 0:
+            raise ModelError(f"training noise gamma must be > 0, got {gamma}")
+        self.inner, self.gamma, self.kind, self.seed = inner, float(gamma), kind, int(seed)
+        self.calls = 0
+
+    def __call__(
+        self, model: torch.nn.Module, batch: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        from descentlab.robustness.perturb import perturb_embeddings
+
+        self.calls += 1
+        noise_seed = 1 + self.seed * 1_000_003 + self.calls  # test noise uses small seeds with draw offsets
+        with perturb_embeddings(model, self.kind, self.gamma, noise_seed):
+            return self.inner(model, batch)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.calls = int(state["calls"])
+
+    def end_epoch(self) -> None:
+        hook = getattr(self.inner, "end_epoch", None)
+        if callable(hook):
+            hook()

@@ -1,0 +1,311 @@
+"""The jobs of the llm-robustness experiment: fine-tune, find the noise grid, evaluate (one process each).
+
+Each job takes the experiment's config (``descentlab.experiments.llm_robustness.LlmRobustnessConfig``, read
+by attribute) and runs in a worker process of a :class:`~descentlab.train.jobs.JobRunner`; the model is
+loaded once per process and reset to the pretrained weights at the start of every job.
+
+* :func:`reference_job`: the pretrained model's logit-lens profile on validation (where the constraints
+  come from) and on the held-out examples;
+* :func:`train_job`: fine-tune one method (constraints chosen from the profile by :func:`constrained_method`,
+  training noise for the positive control), λ recorded over training (:class:`LambdaTrace`);
+* :func:`grid_job`: the levels where the baseline's validation perplexity grows by each factor
+  (:func:`descentlab.robustness.levels.levels_for_ratios`);
+* :func:`eval_job`: one fine-tuned model on the held-out examples at every level
+  (:func:`descentlab.robustness.lm_eval.evaluate_levels`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from descentlab.constrained.descent import profile_constraints
+from descentlab.data import load_causal_lm
+from descentlab.data.instructions import CausalCollator, austen_examples, collate_causal
+from descentlab.errors import ConfigError
+from descentlab.models.checkpointing import enable_activation_checkpointing
+from descentlab.robustness.judge import Noise, score_examples
+from descentlab.robustness.levels import levels_for_ratios
+from descentlab.robustness.lm_eval import evaluate_levels, layer_profile
+from descentlab.robustness.perturb import embedding_rms, input_embedding_module
+from descentlab.train.checkpoint import load_latest
+from descentlab.train.loop import fit, seed_everything
+from descentlab.train.objectives import EmbeddingNoise
+from descentlab.train.recipe import MethodConfig, build_recipe
+from descentlab.train.rundir import RunDir
+
+# -- jobs (run in worker processes: each loads the model once) ---------------------------------------------
+_WORKER: dict[str, Any] = {}
+
+
+def model_for(cfg: Any) -> tuple[torch.nn.Module, Any]:
+    """This process's model, reset to the pretrained weights (loaded once per process)."""
+    if _WORKER.get("name") != cfg.model.name:
+        model, tok = load_causal_lm(cfg.model.name)
+        if cfg.model.gradient_checkpointing:
+            enable_activation_checkpointing(model)
+        pretrained = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        _WORKER.update(name=cfg.model.name, model=model, tok=tok, pretrained=pretrained)
+    model = _WORKER["model"]
+    model.load_state_dict(_WORKER["pretrained"])
+    return model, _WORKER["tok"]
+
+
+def _profile(cfg: Any, model: torch.nn.Module, examples: list[dict], noise: Noise) -> list[float]:
+    e = cfg.eval
+    return layer_profile(
+        model,
+        examples,
+        pad_token_id=int(_WORKER["tok"].pad_token_id),
+        collate_fn=collate_causal,
+        noise=noise,
+        all_tokens=e.perplexity_on == "all",
+        chunk=e.layer_chunk,
+    )
+
+
+def reference_job(cfg: Any, val: list[dict], held: list[dict]) -> dict:
+    """The pretrained model: its profile on validation (the constraints' source) and on the held-out set."""
+    model, _ = model_for(cfg)
+    started = time.perf_counter()
+    val_profile = _profile(cfg, model, val[: cfg.constraints.val_examples], Noise())
+    held_profile = _profile(cfg, model, held[: cfg.eval.layer_examples], Noise())
+    sigma = embedding_rms(input_embedding_module(model))
+    return {
+        "val_profile": val_profile,
+        "held_profile": held_profile,
+        "sigma_e": sigma,
+        "hidden_size": int(model.config.hidden_size),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def constrained_method(cfg: Any, label: str, val_profile: list[float]) -> MethodConfig:
+    """``label``'s method with its constraints chosen from the pretrained validation profile."""
+    method = cfg.method_config(label)
+    c = cfg.constraints
+    if not method.constrained or c.select == "config":
+        return method
+    k = method.constraint
+    layers, alphas = profile_constraints(
+        val_profile, alpha_scale=k.alpha_fraction, min_drop=c.min_drop, alpha_max=k.alpha_cap
+    )
+    return replace(method, constraint=replace(method.constraint, layers=layers, layer_alphas=alphas))
+
+
+def read_layers(method: MethodConfig, num_layers: int) -> list[int]:
+    """The layers 0..L-1 a constrained method reads out: l and l-1 of every constrained l."""
+    mask = method.constraint.build(num_layers).mask.tolist()
+    need = {i for i, on in enumerate(mask, start=1) if on} | {
+        i - 1 for i, on in enumerate(mask, start=1) if on
+    }
+    return sorted(i for i in need if i < num_layers)
+
+
+class LambdaTrace:
+    """fit callback: λ (and u) of a constraint every ``every`` steps."""
+
+    def __init__(self, constraint: Any, every: int) -> None:
+        self.constraint, self.every = constraint, max(1, every)
+        self.steps: list[int] = []
+        self.lam: list[list[float]] = []
+        self.violations: list[list[float]] = []
+
+    def __call__(self, step: int, model: torch.nn.Module, logs: dict[str, float]) -> None:
+        if step % self.every and step != 1:
+            return
+        self.steps.append(step)
+        self.lam.append(self.constraint.multipliers.tolist())
+        g = self.constraint.violations
+        self.violations.append([] if g is None else [float(v) for v in g.tolist()])
+
+
+class StepTimer:
+    """fit callback: wall time per optimizer step, from the end of step 1 to the last (no start-up, no
+    checkpoint writing)."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None
+        self.last: tuple[int, float] | None = None
+
+    def __call__(self, step: int, model: torch.nn.Module, logs: dict[str, float]) -> None:
+        now = (step, time.perf_counter())
+        if self.first is None:
+            self.first = now
+        self.last = now
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        if self.first is None or self.last is None or self.last[0] == self.first[0]:
+            return None
+        return (self.last[1] - self.first[1]) / (self.last[0] - self.first[0])
+
+
+def train_job(cfg: Any, label: str, train: list[dict], val_profile: list[float], run: RunDir) -> dict:
+    """Fine-tune ``label`` from the pretrained weights; the final weights stay in ``checkpoints/<label>``."""
+    model, tok = model_for(cfg)
+    num_layers = int(model.config.num_hidden_layers)
+    method = constrained_method(cfg, label, val_profile)
+    readout = cfg.readout.build(read_layers(method, num_layers)) if method.constrained else None
+    seed = cfg.seed + cfg.reseed.get(label, 0)  # a reseeded label: another data order (the null control)
+    seed_everything(seed)
+    train_cfg = replace(cfg.train, seed=seed)
+    recipe = build_recipe(method, model, total_steps=train_cfg.total_steps(len(train)), readout=readout)
+    objective = recipe.objective
+    if label in cfg.noisy_training:
+        kind, level = cfg.noisy_training[label]
+        objective = EmbeddingNoise(objective, float(level), kind, seed=cfg.seed + 1)
+    timer = StepTimer()
+    callbacks: list[Any] = [timer]
+    trace = None
+    if recipe.constraint is not None:
+        trace = LambdaTrace(recipe.constraint, cfg.lambda_every)
+        callbacks.append(trace)
+    kwargs = {**recipe.fit_kwargs(), "objective": objective}
+    started = time.perf_counter()
+    result = fit(
+        model,
+        train,
+        cfg=train_cfg,
+        collate_fn=CausalCollator(int(tok.pad_token_id)),
+        run=run,
+        tag=label,
+        callbacks=callbacks,
+        **kwargs,
+    )
+    facts: dict[str, Any] = {
+        "label": label,
+        "steps": result.steps,
+        "train_seconds": time.perf_counter() - started,
+        "seconds_per_step": timer.seconds_per_step,
+        "final_train_loss": result.last_logs.get("loss"),
+        "noisy_training": cfg.noisy_training.get(label),
+        "seed": seed,
+    }
+    if recipe.constraint is not None:
+        c = recipe.constraint
+        facts["constrained_layers"] = [i + 1 for i, on in enumerate(c.mask.tolist()) if on]
+        facts["alphas"] = c.alpha.tolist()
+        facts["multipliers"] = c.multipliers.tolist()
+        facts["read_layers"] = read_layers(method, num_layers)
+        if c.slacks is not None:
+            facts["slacks"] = c.slacks.tolist()
+        facts["lambda_trace"] = {"steps": trace.steps, "lambda": trace.lam, "violation": trace.violations}
+    return facts
+
+
+def _load_trained(cfg: Any, label: str, run: RunDir) -> tuple[torch.nn.Module, Any]:
+    model, tok = model_for(cfg)
+    ckpt = load_latest(run.checkpoint_dir(label))
+    if ckpt is None:
+        raise ConfigError(
+            f"no checkpoint of {label!r} in {run.checkpoint_dir(label)}; its train job did not finish"
+        )
+    ckpt.load_model_(model)
+    return model, tok
+
+
+def grid_job(cfg: Any, val: list[dict], run: RunDir) -> dict:
+    """ERM's perplexity ratio on validation against each kind's level; the levels of ``grid.ratios``."""
+    model, tok = _load_trained(cfg, cfg.baseline, run)
+    g, examples = cfg.grid, val[: cfg.grid.val_examples]
+
+    def perplexity(noise: Noise) -> float:
+        s = score_examples(
+            model,
+            examples,
+            pad_token_id=int(tok.pad_token_id),
+            batch_size=cfg.eval.batch_size,
+            noise=noise,
+            collate_fn=collate_causal,
+        )
+        return s.perplexity(cfg.eval.perplexity_on)
+
+    started = time.perf_counter()
+    clean = perplexity(Noise())
+    out: dict[str, Any] = {"clean_perplexity": clean, "kinds": {}}
+    for kind in g.kinds:
+        search = levels_for_ratios(
+            lambda x, kind=kind: perplexity(Noise(kind, x, seed=g.noise_seed)) / clean,
+            g.ratios_of(kind),
+            start=g.start[kind],
+            iters=g.iters,
+        )
+        out["kinds"][kind] = {**search.to_dict(), "levels": [float(f"{x:.4g}") for x in search.levels]}
+    out["seconds"] = time.perf_counter() - started
+    return out
+
+
+def grid_levels(cfg: Any, grid: dict) -> dict[str, list[float]]:
+    """Per kind, the sorted levels evaluated: 0, the ERM-derived ones, the fixed extras."""
+    return {
+        kind: sorted({0.0, *grid["kinds"][kind]["levels"], *cfg.grid.extra.get(kind, [])})
+        for kind in cfg.grid.kinds
+    }
+
+
+def eval_job(cfg: Any, label: str, held: list[dict], levels: dict, profile: list, run: RunDir) -> dict:
+    """``label``'s fine-tuned model on the held-out examples at every level (and its layer profiles)."""
+    model, tok = _load_trained(cfg, label, run)
+    e = cfg.eval
+    started = time.perf_counter()
+    ev = evaluate_levels(
+        model,
+        held,
+        levels,
+        pad_token_id=int(tok.pad_token_id),
+        collate_fn=collate_causal,
+        draws=cfg.grid.draws,
+        noise_seed=cfg.grid.noise_seed,
+        batch_size=e.batch_size,
+        perplexity_on=e.perplexity_on,
+        layer_examples=e.layer_examples,
+        layer_chunk=e.layer_chunk,
+        profiles=[tuple(profile)],
+    )
+    return {**ev, "eval_seconds": time.perf_counter() - started}
+
+
+def job(kind: str, *args: Any) -> dict:
+    """The experiment's one job function (top level: it runs in spawned workers)."""
+    return {"reference": reference_job, "train": train_job, "grid": grid_job, "eval": eval_job}[kind](*args)
+
+
+def validation_examples(cfg: Any, tok: Any, train: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(validation examples, training examples left): Austen's validation split, or a cut of an Alpaca file's
+    training records."""
+    d = cfg.data
+    if d.source == "alpaca":
+        if len(train) <= cfg.val_n:
+            raise ConfigError(f"the instruction file leaves {len(train)} training records, fewer than val_n")
+        return train[-cfg.val_n :], train[: -cfg.val_n]
+    _, val = austen_examples(
+        tok,
+        seq_len=d.seq_len,
+        n_train=1,
+        prompt_tokens=d.prompt_tokens,
+        continuation_tokens=d.continuation_tokens,
+        n_eval=cfg.val_n,
+        eval_split="validation",
+        max_chars=d.max_chars,
+        seed=d.seed,
+    )
+    return val, train
+
+
+__all__ = [
+    "LambdaTrace",
+    "StepTimer",
+    "constrained_method",
+    "eval_job",
+    "grid_job",
+    "grid_levels",
+    "job",
+    "read_layers",
+    "reference_job",
+    "train_job",
+    "validation_examples",
+]
