@@ -169,6 +169,10 @@ def test_pipeline_runs_resumes_and_rebuilds_its_report(tiny_llama_dir, tmp_path)
     assert ("hard", "clean-parity") in claims and ("resilient", "paper-1.5") in claims
     assert ("erm-neftune", "noisy-nll") in claims
     assert all(c["verdict"] in ("reproduced", "refuted", "inconclusive") for c in results["claims"])
+    # every claim is also judged against the re-seeded ERM (the null), except the null's own
+    assert all(("vs_null" in c) == (c["method"] != "erm-reseed") for c in results["claims"])
+    both = [c for c in results["claims"] if "vs_null" in c]
+    assert all(c["verdict_both"] in (c["verdict"], "inconclusive") for c in both)
     # the per-example NLLs behind the win rates are kept for re-analysis, one file per method
     saved = json.loads((path / "jobs" / "eval-hard.json").read_text())
     assert len(saved["nll"]["clean"]) == 6

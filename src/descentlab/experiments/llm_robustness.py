@@ -203,6 +203,8 @@ class LlmRobustnessConfig:
     specs: dict[str, str] = field(default_factory=lambda: dict(SPECS))  # label -> `method` overrides
     methods: list[str] = field(default_factory=lambda: list(SPECS))  # the labels to run, in order
     baseline: str = "erm"
+    # a second fine-tune of the baseline (another data order): every claim is judged against it too
+    null: str | None = "erm-reseed"
     # label -> [kind, level]: that label trains with this embedding noise (fresh draw each step). NEFTune's
     # α = 30 on 64-token windows is per-coordinate std 0.09 = 0.67 σ_E: the middle of the test grid
     # (pretrained SmolLM2's perplexity x2.4 there on Austen validation, 2026-12-01).
@@ -317,6 +319,7 @@ def run(cfg: LlmRobustnessConfig, run: RunDir) -> dict:
         grid=grid,
         levels=levels,
         baseline=base,
+        null=cfg.null if cfg.null in labels and cfg.null != base else None,
         ratios={kind: g.ratios_of(kind) for kind in g.kinds},
         profile=f"{g.profile_kind}@{profile_level:g}",
         draws=g.draws,

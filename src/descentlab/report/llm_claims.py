@@ -78,31 +78,55 @@ def _perplexity(ev: Mapping[str, Any], kind: str, level: float, draws: int) -> f
     return float(np.mean([ev["perplexity"][k] for k in keys]))
 
 
+def _judge(claim: str, r: Mapping[str, Any]) -> tuple[Any, Any]:
+    """(bootstrap CI, verdict) of one claim on one head-to-head record."""
+    if claim == "noisy-nll":
+        return r["delta_bootstrap"], verdict(r["delta_bootstrap"], "less")
+    ci = r["win_bootstrap"]
+    if claim == "clean-parity":
+        return ci, parity_verdict(ci, 0.0)
+    if claim == "paper-1.5":
+        return ci, verdict(ci, "greater", claimed_size=PAPER_WIN_RATE[1.5] - 0.5)
+    return ci, verdict(ci, "greater")
+
+
 def _claim_row(
     method: str,
     claim: str,
     kind: str,
     level: float,
-    ratio: float | None,
+    erm_ratio: float,
     paper: str,
-    ci: Any,
-    v: Any,
-    estimate: float,
-    ci_pair: list[float],
+    r: Mapping[str, Any],
+    r_null: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    return {
+    """One claim of ``method`` against the baseline (record ``r``) and, when given, against the null."""
+    nll = claim == "noisy-nll"
+    ci, v = _judge(claim, r)
+    row = {
         "method": method,
         "claim": claim,
         "kind": kind,
         "level": level,
-        "erm_ratio": ratio,
+        "erm_ratio": erm_ratio,
         "paper": paper,
-        "estimate": estimate,
-        "ci": ci_pair,
+        "estimate": r["delta_nll" if nll else "win_rate"],
+        "ci": r["delta_ci" if nll else "win_ci"],
         "verdict": v.outcome,
         "reason": v.reason,
         "min_detectable_effect": ci.min_detectable_effect(),
     }
+    if r_null is not None:
+        _, vn = _judge(claim, r_null)
+        row["vs_null"] = {
+            "estimate": r_null["delta_nll" if nll else "win_rate"],
+            "ci": r_null["delta_ci" if nll else "win_ci"],
+            "verdict": vn.outcome,
+        }
+        # against both fine-tunes of the baseline (two data orders): a claim holds only if it holds for both
+        same = v.outcome == vn.outcome
+        row["verdict_both"] = v.outcome if same else "inconclusive"
+    return row
 
 
 def summarise(
@@ -115,12 +139,20 @@ def summarise(
     baseline: str,
     ratios: Mapping[str, Sequence[float]],
     profile: str,
+    null: str | None = None,
     draws: int = 1,
     tol: float = 1e-6,
     n_boot: int = 2000,
 ) -> dict[str, Any]:
-    """The results body: method blocks (curves with CIs), claims with verdicts, tables, notes."""
+    """The results body: method blocks (curves with CIs), claims with verdicts, tables, notes.
+
+    ``null`` names a second fine-tune of the baseline (another data order): every claim of every other
+    method is also judged against it (``vs_null``), and ``verdict_both`` keeps a verdict only when both
+    baselines give it. A single pair of runs is paired over examples only, so the CIs do not see
+    training-seed variance; the null's own rows against the baseline show how large that is.
+    """
     base = evaluations[baseline]
+    null_ev = evaluations.get(null) if null else None
     derived = {kind: dict(zip(ratios[kind], grid["kinds"][kind]["levels"], strict=True)) for kind in levels}
     methods: dict[str, Any] = {}
     claims: list[dict[str, Any]] = []
@@ -153,73 +185,28 @@ def summarise(
                 extra={"ci_low": [r["delta_ci"][0] for r in h], "ci_high": [r["delta_ci"][1] for r in h]},
             )
             by_level = dict(zip(xs, h, strict=True))
+            by_null: dict[float, Any] = {}
+            if null_ev is not None and m != null:
+                by_null = {
+                    x: head_to_head(ev, null_ev, kind, x, draws=draws, tol=tol, n_boot=n_boot) for x in xs
+                }
+
+            def add(
+                claim: str, kind: str, x: float, paper: str, m=m, by_level=by_level, by_null=by_null
+            ) -> None:
+                ratio = _perplexity(base, kind, x, draws) / base["perplexity"]["clean"] if x else 1.0
+                claims.append(_claim_row(m, claim, kind, x, ratio, paper, by_level[x], by_null.get(x)))
+
             if kind == next(iter(levels)):
-                r0 = by_level[0.0]
-                metrics["win_rate"] = r0["win_rate"]
-                claims.append(
-                    _claim_row(
-                        m,
-                        "clean-parity",
-                        "clean",
-                        0.0,
-                        1.0,
-                        "50.00 %",
-                        r0["win_bootstrap"],
-                        parity_verdict(r0["win_bootstrap"], 0.0),
-                        r0["win_rate"],
-                        r0["win_ci"],
-                    )
-                )
+                metrics["win_rate"] = by_level[0.0]["win_rate"]
+                add("clean-parity", kind, 0.0, "50.00 %")
+                claims[-1]["kind"] = "clean"
             if kind == PAPER_KIND and 1.5 in by_level:
-                r = by_level[1.5]
-                metrics["win_rate@neftune1.5"] = r["win_rate"]
-                v = verdict(r["win_bootstrap"], "greater", claimed_size=PAPER_WIN_RATE[1.5] - 0.5)
-                ratio15 = _perplexity(base, kind, 1.5, draws) / base["perplexity"]["clean"]
-                claims.append(
-                    _claim_row(
-                        m,
-                        "paper-1.5",
-                        kind,
-                        1.5,
-                        ratio15,
-                        "69.93 %",
-                        r["win_bootstrap"],
-                        v,
-                        r["win_rate"],
-                        r["win_ci"],
-                    )
-                )
+                metrics["win_rate@neftune1.5"] = by_level[1.5]["win_rate"]
+                add("paper-1.5", kind, 1.5, "69.93 %")
             for ratio, x in derived[kind].items():
-                r = by_level[x]
-                erm_ratio = _perplexity(base, kind, x, draws) / base["perplexity"]["clean"]
-                claims.append(
-                    _claim_row(
-                        m,
-                        "noisy-win",
-                        kind,
-                        x,
-                        erm_ratio,
-                        "> 50 %",
-                        r["win_bootstrap"],
-                        verdict(r["win_bootstrap"], "greater"),
-                        r["win_rate"],
-                        r["win_ci"],
-                    )
-                )
-                claims.append(
-                    _claim_row(
-                        m,
-                        "noisy-nll",
-                        kind,
-                        x,
-                        erm_ratio,
-                        "< 0",
-                        r["delta_bootstrap"],
-                        verdict(r["delta_bootstrap"], "less"),
-                        r["delta_nll"],
-                        r["delta_ci"],
-                    )
-                )
+                add("noisy-win", kind, x, "> 50 %")
+                add("noisy-nll", kind, x, "< 0")
                 claims[-2]["target_ratio"] = claims[-1]["target_ratio"] = ratio
         f = facts.get(m, {})
         metrics.update({k: f[k] for k in ("train_seconds", "seconds_per_step", "steps") if k in f})

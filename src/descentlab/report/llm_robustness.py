@@ -40,7 +40,7 @@ def tables(results: Mapping[str, Any], baseline: str) -> list[dict[str, Any]]:
                     [
                         m,
                         name.partition("@")[2],
-                        *[f"{x:g}: {v:.2f}" for x, v in zip(c["x"], c["mean"], strict=True)],
+                        "; ".join(f"{x:g}: {v:.2f}" for x, v in zip(c["x"], c["mean"], strict=True)),
                     ]
                 )
     h2h = []
@@ -61,20 +61,25 @@ def tables(results: Mapping[str, Any], baseline: str) -> list[dict[str, Any]]:
                         _fmt_ci(d["mean"][i], [d["ci_low"][i], d["ci_high"][i]], False),
                     ]
                 )
-    claim_rows = [
-        [
-            c["method"],
-            c["claim"],
-            c["kind"],
-            f"{c['level']:g}",
-            "" if c["erm_ratio"] is None else f"x{c['erm_ratio']:.3g}",
-            c["paper"],
-            _fmt_ci(c["estimate"], c["ci"], c["claim"] != "noisy-nll"),
-            c["verdict"],
-            f"{c['min_detectable_effect']:.3g}",
-        ]
-        for c in results["claims"]
-    ]
+    claim_rows = []
+    for c in results["claims"]:
+        pct = c["claim"] != "noisy-nll"
+        null = c.get("vs_null")
+        claim_rows.append(
+            [
+                c["method"],
+                c["claim"],
+                c["kind"],
+                f"{c['level']:g}",
+                f"x{c['erm_ratio']:.3g}",
+                c["paper"],
+                _fmt_ci(c["estimate"], c["ci"], pct),
+                c["verdict"],
+                f"{c['min_detectable_effect']:.3g}",
+                "" if null is None else f"{_fmt_ci(null['estimate'], null['ci'], pct)}: {null['verdict']}",
+                c.get("verdict_both", c["verdict"]),
+            ]
+        )
     train_rows = []
     for m, block in methods.items():
         t = block.get("train", {})
@@ -118,6 +123,8 @@ def tables(results: Mapping[str, Any], baseline: str) -> list[dict[str, Any]]:
                 "ours [95 % CI]",
                 "verdict",
                 "MDE",
+                "against the re-seeded ERM",
+                "verdict (both ERMs)",
             ],
             "rows": claim_rows,
         },
