@@ -42,14 +42,23 @@ def test_bad_config_is_rejected_before_anything_runs() -> None:
 def test_methods_are_one_base_edited_by_specs() -> None:
     cfg = resolve_config(tr.CONFIG, preset="quick", presets=tr.PRESETS)
     methods = cfg.resolved_methods()
-    assert list(methods) == ["erm", "constrained", "resilient"]
-    assert [m.objective for m in methods.values()] == ["erm", "constrained", "constrained"]
-    assert [m.constraint.resilient for m in methods.values()] == [False, False, True]
+    assert list(methods) == [
+        "erm", "erm-readout", "deep-supervision", "constrained", "resilient", "erm-noise"
+    ]  # fmt: skip
+    assert [m.objective for m in methods.values()] == [
+        "erm", "constrained", "deep-supervision", "constrained", "constrained", "erm"
+    ]  # fmt: skip
+    assert cfg.frozen_zero == ["erm-readout"] and cfg.train_noise == {"erm-noise": 1.0}
+    assert methods["resilient"].constraint.resilient and not methods["constrained"].constraint.resilient
     # one optimizer for every method: the quick preset's lr, AdamW decaying every tensor, no λ ceiling
     assert {(m.optimizer.name, m.optimizer.lr, m.optimizer.decay) for m in methods.values()} == {
         ("adamw", 1e-4, "all")
     }
-    assert methods["constrained"].constraint == DescentConfig(max_multiplier=None)
+    # the defaults cannot be gamed: f_{l-1} detached, layer 1 (input-independent layer 0) unconstrained
+    assert methods["constrained"].constraint == DescentConfig(
+        alpha=0.03, dual_lr=0.1, detach_prev=True, constrain_first=False, max_multiplier=None
+    )
+    assert cfg.pooling == "mean" and cfg.selection.candidates == {"constrained": [tr.CHOSEN]}
     # a new method is one more spec: nothing else to declare
     cfg = resolve_config(
         tr.CONFIG,
@@ -61,11 +70,19 @@ def test_methods_are_one_base_edited_by_specs() -> None:
 def test_candidates_edit_the_methods_own_constraint() -> None:
     cfg = resolve_config(tr.CONFIG, preset="full", presets=tr.PRESETS)
     methods = cfg.resolved_methods()
-    cands = tr.candidate_methods("resilient", methods["resilient"], cfg.selection)
-    assert [c.constraint.dual_lr for c in cands] == [0.05, 0.5]
-    assert all(c.constraint.resilient and c.constraint.max_multiplier is None for c in cands)
-    assert cands[1].constraint.alphas(6) == [0.0] * 4 + [0.1] * 2
+    cands = tr.candidate_methods("constrained", methods["constrained"], cfg.selection)
+    assert [c.constraint.alpha_from for c in cands] == [None, "erm"]
+    assert cfg.selection.follow == {"resilient": "constrained"}
+    # alpha_from=erm becomes a per-layer schedule the reference profile meets (0 where it rises)
+    ref = [0.69, 0.70, 0.68, 0.60, 0.50, 0.45, 0.45]
+    resolved = tr.with_reference(cands[1], ref).constraint
+    expected = [0.0, 1 - 0.68 / 0.69, 1 - 0.60 / 0.68, 1 - 0.5 / 0.6, 1 - 0.45 / 0.5, 0.0]
+    assert resolved.alphas(6) == pytest.approx(expected)
+    assert tr.with_reference(cands[0], ref) == cands[0]
     assert tr.candidate_methods("erm", methods["erm"], cfg.selection) == [methods["erm"]]
+    # the full protocol of issue 14
+    assert (cfg.data.n_train, cfg.data.n_eval, cfg.train.epochs, len(cfg.seeds)) == (3000, 1000, 2, 3)
+    assert cfg.evaluation.draws >= 2 and len(cfg.evaluation.kinds) == 4
 
 
 def test_the_recipe_is_the_old_optimizer_and_constraint() -> None:
@@ -182,11 +199,17 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
             "train.batch_size=16",
             "train.progress=false",
             "evaluation.gammas=[0.0,1.0,3.0]",
-            'selection.candidates.constrained=["alpha=0.1", "alpha=0.05 detach_prev=true"]',
+            "evaluation.kinds=[gaussian,uniform,discrete]",
+            "methods=[erm,constrained,resilient]",
+            'selection.candidates.constrained=["alpha=0.1", "alpha_from=erm"]',
         ],
     )
     res = json.loads((out / "results.json").read_text())
     assert set(res["methods"]) == {"erm", "constrained", "resilient"}
+    assert {c["claim"] for c in res["claims"]} == {
+        "monotone", "clean-parity", "graceful:gaussian", "graceful:uniform", "graceful:discrete"
+    }  # fmt: skip
+    assert "follows constrained" in res["protocol"]["selection"]["resilient"]
     assert res["protocol"]["seeds"] == [0, 1] and res["protocol"]["n_eval"] == 24
     assert "validation" in res["protocol"]["selection"]["constrained"]
     for block in res["methods"].values():
@@ -194,7 +217,7 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
         for curve in block["curves"].values():
             assert curve["x"] == [0.0, 1.0, 3.0] and len(curve["mean"]) == len(curve["std"]) == 3
             assert all(0.0 <= v <= 1.0 for v in curve["mean"])
-        assert set(block["layer_loss"]) == {"clean", "gaussian@1"}
+        assert set(block["layer_loss"]) == {"clean"} and len(block["layer_loss_ci"]) == 3
         assert all(len(v) == 3 for v in block["layer_loss"].values())  # layers 0..2
         assert block["metrics"]["accuracy"] == pytest.approx(block["curves"]["gaussian"]["mean"][0])
         assert 0.0 <= block["metrics"][f"shift:{shift_csv}"] <= 1.0
@@ -213,14 +236,16 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
             "constrained-cand0-seed0",
             "constrained-cand1-seed0",
             "constrained-seed1",
-            "resilient-cand0-seed0",
+            "resilient-seed0",
             "resilient-seed1",
         ]
     )
     report = (out / "report.md").read_text()
     assert "gaussian: accuracy vs gamma" in report and "figures/paired-gap.png" in report
     figures = {p.name: p.read_bytes() for p in (out / "figures").iterdir()}
-    assert set(figures) == {"curves.png", "layer-loss.png", "paired-gap.png"}
+    assert set(figures) == {
+        "curves.png", "layer-loss.png", "paired-gap.png", "accuracy-ci.png", "layer-loss-ci.png", "lambda.png"
+    }  # fmt: skip
 
     # the report is a function of the run directory: deleting it and the figures restores the same files
     shutil.rmtree(out / "figures")
@@ -325,7 +350,7 @@ def test_accuracy_against_epsilon_end_to_end(tiny_encoder_dir, tmp_path) -> None
         ["gaussian_mechanism", 3.0],
         ["gaussian_mechanism", 300.0],
     ]
-    verdicts = next(t for t in res["tables"] if t["title"].startswith("Claim"))
+    verdicts = next(t for t in res["tables"] if t["title"].startswith("Claim: the method keeps"))
     assert len(verdicts["rows"]) == 2 * 3 and {r[7] for r in verdicts["rows"]} <= {
         "reproduced",
         "refuted",

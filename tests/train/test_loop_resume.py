@@ -139,3 +139,20 @@ def test_bad_batches_and_empty_data_raise_clear_errors() -> None:
             optimizer=opt,
             cfg=TrainConfig(epochs=1, batch_size=8, progress=False),
         )
+
+
+def test_length_grouped_batches_cover_every_example_once_and_cut_padding() -> None:
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(5, 60, (1000,), generator=gen).tolist()
+    grouped = list(global_batches(1000, 32, seed=3, epoch=1, lengths=lengths, group=10))
+    plain = list(global_batches(1000, 32, seed=3, epoch=1))
+    assert len(grouped) == len(plain) == 32  # ceil(1000 / 32): the epoch's step count is unchanged
+    assert sorted(torch.cat(grouped).tolist()) == list(range(1000))
+    # a function of (seed, epoch): a resumed run continues from batch `start` with the same batches
+    again = list(global_batches(1000, 32, seed=3, epoch=1, start=5, lengths=lengths, group=10))
+    assert all(torch.equal(a, b) for a, b in zip(again, grouped[5:], strict=True))
+
+    def padded(batches: list) -> int:
+        return sum(len(b) * max(lengths[i] for i in b.tolist()) for b in batches)
+
+    assert padded(grouped) < 0.75 * padded(plain)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from descentlab.data.assets import asset_path, cache_dir
-from descentlab.errors import AssetMissingError, ModelError
+from descentlab.errors import AssetMissingError, ConfigError, ModelError
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +27,7 @@ _SOURCE_FILE = "descentlab_source.json"
 
 
 def load_encoder_classifier(
-    name: str = "minilm", num_labels: int = 2, **kwargs: Any
+    name: str = "minilm", num_labels: int = 2, *, pooling: str = "cls", **kwargs: Any
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a pretrained encoder with a fresh sequence-classification head, and its tokenizer.
 
@@ -39,6 +39,10 @@ def load_encoder_classifier(
     Args:
         name: ``"minilm"``, an HF model id or a local directory.
         num_labels: Number of classes of the new head.
+        pooling: ``"cls"``: the family's own ``*ForSequenceClassification`` (BERT: [CLS] through the pooler
+            and classifier); ``"mean"``: the encoder under
+            :class:`~descentlab.models.pooled.MeanPoolingForSequenceClassification` (attention-masked mean
+            over tokens, then a fresh linear head; the pooling all-MiniLM-L6-v2 was pre-trained with).
         **kwargs: Passed to ``from_pretrained`` (e.g. ``dtype``, ``revision``).
 
     Raises:
@@ -47,6 +51,9 @@ def load_encoder_classifier(
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    if pooling not in ("cls", "mean"):
+        raise ConfigError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
 
     if name == "minilm":
         source = str(asset_path("minilm"))
@@ -61,9 +68,14 @@ def load_encoder_classifier(
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(
-                source, num_labels=num_labels, **kwargs
-            )
+            if pooling == "mean":
+                from descentlab.models.pooled import mean_pooling_classifier
+
+                model = mean_pooling_classifier(source, num_labels, **kwargs)
+            else:
+                model = AutoModelForSequenceClassification.from_pretrained(
+                    source, num_labels=num_labels, **kwargs
+                )
         finally:
             hf_logging.set_verbosity(verbosity)
     except (OSError, ValueError, KeyError) as e:

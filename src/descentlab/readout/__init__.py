@@ -85,6 +85,7 @@ __all__ = [
     "ViTReadout",
     "chunked_token_ce",
     "estimate_losses",
+    "find_readout",
     "layer_losses",
     "register_readout",
     "returns_layer_estimates",

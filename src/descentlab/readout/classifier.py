@@ -25,6 +25,7 @@ from descentlab.readout.base import (
     hidden_states_of,
     model_inputs,
     require_labels,
+    unwrap,
 )
 from descentlab.readout.structure import (
     backbone_forward,
@@ -53,6 +54,19 @@ class ClassifierReadout(Readout):
 
     def compute(self, model: nn.Module, batch: Batch, call_model: InnerCall) -> Tensor:
         labels = require_labels(batch)
+        outs = self._replay(model, batch, call_model, labels)
+        return torch.stack([loss_of(o, type(model).__name__).reshape(()) for o in outs])
+
+    def layer_logits(self, model: nn.Module, batch: Batch) -> Tensor:
+        """The logits the model would output if it ended at each layer, ``[L+1, B, C]`` (no labels needed).
+
+        The per-example view of :meth:`compute`: the same backbone pass and head replays, so
+        ``loss(layer_logits[l], labels)`` is f_l. Evaluation only (call under ``torch.no_grad``).
+        """
+        outs = self._replay(unwrap(model), batch, unwrap(model), None)
+        return torch.stack([o.logits for o in outs])
+
+    def _replay(self, model: nn.Module, batch: Batch, call_model: InnerCall, labels: Tensor | None) -> list:
         base = backbone_of(model)
         inputs = model_inputs(base, batch)
         if accepts(base, "use_cache"):
@@ -64,11 +78,10 @@ class ClassifierReadout(Readout):
         plan, out = backbone_forward(base, run)
         states = hidden_states_of(out, getattr(model.config, "num_hidden_layers", None), model)
         head_inputs = model_inputs(model, batch)
-        head_inputs["labels"] = labels
-        losses = []
+        if labels is not None:
+            head_inputs["labels"] = labels
+        outs = []
         for layer, state in enumerate(states):
             layer_out = out if layer == len(states) - 1 else layer_output(out, plan, base, state)
-            losses.append(
-                loss_of(replay_head(call_model, base, layer_out, head_inputs, plan), type(model).__name__)
-            )
-        return torch.stack([v.reshape(()) for v in losses])
+            outs.append(replay_head(call_model, base, layer_out, head_inputs, plan))
+        return outs

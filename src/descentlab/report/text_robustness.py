@@ -179,9 +179,12 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     Drawn from ``arrays/accuracy.npz`` (and ``arrays/ldp.npz``); nothing when the run saved no arrays or has
     no ERM to pair with.
     """
+    from descentlab.report.text_claims import figures as claim_figures
     from descentlab.report.text_robustness_ldp import ldp_figure
 
-    return _paired_gap_figure(results, run_dir) + ldp_figure(results, run_dir)
+    return (
+        claim_figures(results, run_dir) + _paired_gap_figure(results, run_dir) + ldp_figure(results, run_dir)
+    )
 
 
 def _paired_gap_figure(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
@@ -217,3 +220,45 @@ def _paired_gap_figure(results: dict[str, Any], run_dir: Path) -> list[dict[str,
     save_figure(fig, Path(run_dir) / "figures" / "paired-gap.png")
     caption = "Accuracy minus ERM's against γ (paired: same seeds, same noise), mean ± std over (seed, draw)"
     return [{"path": "figures/paired-gap.png", "caption": caption}]
+
+
+def protocol(
+    cfg: Any, *, n_train: int, n_eval: int, n_val: int, selection: Mapping[str, str]
+) -> dict[str, Any]:
+    """The run's ``protocol`` block from its resolved config (a ``TextRobustnessConfig``) and sizes."""
+    d, ev, opt, sel = cfg.data, cfg.evaluation, cfg.method.optimizer, cfg.selection
+    rule = (
+        f"rule: highest validation {'accuracy averaged over the gaussian γ grid' if sel.criterion == 'robust' else 'clean accuracy'} "
+        f"among candidates within {sel.max_clean_drop} clean validation accuracy of ERM (first seed only)"
+    )
+    return {
+        "dataset": d.name,
+        "model": cfg.model,
+        "pooling": cfg.pooling,
+        "split": "test; constraint settings selected on validation (first seed)",
+        "n_train": n_train,
+        "n_eval": n_eval,
+        "n_val": n_val,
+        "seeds": list(cfg.seeds),
+        "draws": ev.draws,
+        "noise": "added to the input-embedding output, per-coordinate variance (γ σ_E)², σ_E = RMS of the "
+        "embedding matrix; keyed by example content, so all methods see the same noise",
+        "kinds": list(ev.kinds),
+        "gammas": list(ev.gammas),
+        "noise_seed": ev.noise_seed,
+        "budget": f"{cfg.train.epochs} epoch(s), batch {cfg.train.batch_size}, AdamW lr {opt.lr} "
+        f"wd {opt.weight_decay}, max_length {d.max_length}, length-grouped batches "
+        f"({cfg.train.group_by_length} x batch)",
+        "layer_loss": "test mean of the per-example cross-entropy read out at layers 0..L through the "
+        "model's own pooling and head, clean; mean over seeds",
+        "controls": {
+            "erm-readout": "trained through the per-layer readout with λ frozen at 0 (frozen_zero)",
+            "deep-supervision": "fixed equal weights (1/L) Σ_l f_l, no multipliers",
+            "erm-noise": f"ERM on gaussian embedding noise, γ_train = {cfg.train_noise} (positive control)",
+        },
+        "selection": {m: f"{why}; {rule}" for m, why in selection.items()},
+        "claims": f"paired bootstrap 95 % CI over (seed, draw, example), {cfg.n_boot} replicates; clean "
+        f"parity margin {cfg.margin}; graceful: mean over γ >= 1",
+        "shift_sets": list(d.shift)
+        or "none: no second offline text set with the fresh/rotten label space installs (METHODS.md Part 3)",
+    }

@@ -19,7 +19,7 @@ from descentlab.robustness.curves import (
     robustness_curve,
     token_nll_metric,
 )
-from descentlab.robustness.layer_profile import layer_loss_profile
+from descentlab.robustness.layer_profile import layer_loss_examples, layer_loss_profile
 from descentlab.robustness.ldp import LDP_KINDS, gaussian_epsilon, gaussian_sigma
 from descentlab.robustness.perturb import (
     EMBEDDING_KINDS,
@@ -51,6 +51,7 @@ __all__ = [
     "gaussian_epsilon",
     "gaussian_sigma",
     "input_embedding_module",
+    "layer_loss_examples",
     "layer_loss_profile",
     "mean_sequence_tokens",
     "perturb_embeddings",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -78,3 +79,36 @@ def layer_loss_profile(
     if total is None:
         raise ConfigError("layer_loss_profile got no batches.")
     return (total / count).tolist()
+
+
+def layer_loss_examples(model: nn.Module, data: Iterable[Any], *, readout: Any = None) -> np.ndarray:
+    """Each example's clean cross-entropy read out at every layer, ``[L+1, examples]`` in data order.
+
+    For classifiers whose readout has ``layer_logits`` (the Hugging Face classifier readouts): one backbone
+    pass per batch, the head replayed on every layer, so the example mean of row l is the profile of
+    :func:`layer_loss_profile` (batch-size weighting aside). Needs ``labels`` in every batch.
+    """
+    from descentlab.readout import find_readout
+
+    chosen = readout if readout is not None else find_readout(model)
+    if not hasattr(chosen, "layer_logits"):
+        raise ModelError(f"the {chosen.name} readout gives no per-layer logits; per-example losses need one")
+    device = model_device(model)
+    was_training = model.training
+    model.eval()
+    rows = []
+    try:
+        with torch.inference_mode():
+            for batch in data:
+                batch = map_tensors(batch, lambda t: t.to(device))
+                logits = chosen.layer_logits(model, batch).float()  # [L+1, B, C]
+                labels = batch["labels"].to(device)
+                ce = torch.nn.functional.cross_entropy(
+                    logits.flatten(0, 1), labels.repeat(logits.shape[0]), reduction="none"
+                )
+                rows.append(ce.view(logits.shape[0], -1).double().cpu())
+    finally:
+        model.train(was_training)
+    if not rows:
+        raise ConfigError("layer_loss_examples got no batches.")
+    return torch.cat(rows, dim=1).numpy()

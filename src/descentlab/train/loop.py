@@ -66,6 +66,10 @@ class TrainConfig:
     max_bad_steps: int = 10  # non-finite losses tolerated (skipped and counted) before the run stops
     mixed_precision: str = "no"  # "no" | "bf16" | "fp16"
     progress: bool = True
+    # > 0: batches of similar length (less padding): each epoch's shuffled order is cut into chunks of
+    # group_by_length * batch_size examples, each chunk sorted by length and cut into batches, and the batches
+    # shuffled; still a function of (seed, epoch) only. Needs examples with ``input_ids``. 0: plain shuffling.
+    group_by_length: int = 0
 
     def __post_init__(self) -> None:
         if self.epochs < 1 and self.max_steps is None:
@@ -76,6 +80,8 @@ class TrainConfig:
             raise ConfigError(f"train.batch_size must be >= 1, got {self.batch_size}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ConfigError(f"train.grad_clip must be > 0 or null, got {self.grad_clip}")
+        if self.group_by_length < 0:
+            raise ConfigError(f"train.group_by_length must be >= 0, got {self.group_by_length}")
         if self.mixed_precision not in ("no", "bf16", "fp16"):
             raise ConfigError(f"train.mixed_precision must be no, bf16 or fp16, got {self.mixed_precision!r}")
 
@@ -112,10 +118,31 @@ def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=gen)
 
 
-def global_batches(n: int, batch_size: int, seed: int, epoch: int, start: int = 0) -> Iterator[torch.Tensor]:
+def global_batches(
+    n: int,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    start: int = 0,
+    *,
+    lengths: Sequence[int] | None = None,
+    group: int = 0,
+) -> Iterator[torch.Tensor]:
+    """The batches of one epoch from batch ``start`` on; with ``lengths`` and ``group`` > 0, length-grouped
+    (see ``TrainConfig.group_by_length``). Depends on ``(seed, epoch)`` only, so a resumed run continues."""
     order = epoch_order(n, seed, epoch)
-    for b in range(start, math.ceil(n / batch_size)):
-        yield order[b * batch_size : (b + 1) * batch_size]
+    batches = [order[b * batch_size : (b + 1) * batch_size] for b in range(math.ceil(n / batch_size))]
+    if lengths is not None and group > 0:
+        size = group * batch_size
+        lens = torch.as_tensor(lengths)
+        grouped = []
+        for c in range(0, n, size):
+            chunk = order[c : c + size]
+            chunk = chunk[torch.argsort(lens[chunk], descending=True, stable=True)]
+            grouped += list(chunk.split(batch_size))
+        gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch) + 7_919)
+        batches = [grouped[i] for i in torch.randperm(len(grouped), generator=gen).tolist()]
+    yield from batches[start:]
 
 
 def rank_share(indices: torch.Tensor, rank: int, world: int) -> torch.Tensor:
@@ -217,6 +244,14 @@ def fit(
         raise ConfigError(f"train.batch_size={cfg.batch_size} is smaller than the {world} processes")
     steps_per_epoch = math.ceil(n / cfg.batch_size)
     total = cfg.total_steps(n)
+    lengths = None
+    if cfg.group_by_length:
+        try:
+            lengths = [len(train_data[i]["input_ids"]) for i in range(n)]
+        except (KeyError, TypeError, IndexError):
+            raise ConfigError(
+                "train.group_by_length needs examples with input_ids; set train.group_by_length=0"
+            ) from None
     raw_model, raw_optimizer = model, optimizer
     model, optimizer = accelerator.prepare(model, optimizer)
 
@@ -264,7 +299,10 @@ def fit(
     with _SignalGuard() as guard:
         while step < total:
             epoch, start = divmod(step, steps_per_epoch)
-            for indices in global_batches(n, cfg.batch_size, cfg.seed, epoch, start):
+            batches = global_batches(
+                n, cfg.batch_size, cfg.seed, epoch, start, lengths=lengths, group=cfg.group_by_length
+            )
+            for indices in batches:
                 batch = _to_device(
                     collate([train_data[int(i)] for i in rank_share(indices, rank, world)]),
                     accelerator.device,
