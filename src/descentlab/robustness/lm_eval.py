@@ -22,6 +22,7 @@ Data code stays outside: callers pass ``collate_fn(examples, pad_token_id)`` (e.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -98,6 +99,26 @@ def layer_profile(
     return (total / count).tolist()
 
 
+def _score_into(
+    out: Evaluation,
+    model: nn.Module,
+    examples: Sequence[Example],
+    pad_token_id: int,
+    collate_fn: Collate,
+    batch_size: int,
+    perplexity_on: str,
+    key: str,
+    noise: Noise,
+) -> Any:
+    """Score ``examples`` under ``noise``; record its perplexity and per-example NLL under ``key``."""
+    s = score_examples(
+        model, examples, pad_token_id=pad_token_id, batch_size=batch_size, noise=noise, collate_fn=collate_fn
+    )
+    out["perplexity"][key] = s.perplexity(perplexity_on)
+    out["nll"][key] = s.reference_nll.tolist()
+    return s
+
+
 def evaluate_lm(
     model: nn.Module,
     examples: Sequence[Example],
@@ -127,17 +148,9 @@ def evaluate_lm(
     """
     out: Evaluation = {"perplexity": {}, "nll": {}, "layer_loss": {}, "generations": {}}
     prompts = [prompt_ids(x) for x in examples[:generate_examples]]
+    score = partial(_score_into, out, model, examples, pad_token_id, collate_fn, batch_size, perplexity_on)
     for key, noise in noise_conditions(grid):
-        s = score_examples(
-            model,
-            examples,
-            pad_token_id=pad_token_id,
-            batch_size=batch_size,
-            noise=noise,
-            collate_fn=collate_fn,
-        )
-        out["perplexity"][key] = s.perplexity(perplexity_on)
-        out["nll"][key] = s.reference_nll.tolist()
+        score(key, noise)
         if prompts and noise.draw == 0:
             out["generations"][key] = generate_responses(
                 model,
@@ -194,18 +207,9 @@ def evaluate_levels(
     (kind, level) profiles wanted besides the clean one (on the first ``layer_examples`` examples).
     """
     out: Evaluation = {"perplexity": {}, "nll": {}, "ref_tokens": [], "layer_loss": {}}
+    score = partial(_score_into, out, model, examples, pad_token_id, collate_fn, batch_size, perplexity_on)
     for key, noise in level_conditions(levels, draws=draws, seed=noise_seed):
-        s = score_examples(
-            model,
-            examples,
-            pad_token_id=pad_token_id,
-            batch_size=batch_size,
-            noise=noise,
-            collate_fn=collate_fn,
-        )
-        out["perplexity"][key] = s.perplexity(perplexity_on)
-        out["nll"][key] = s.reference_nll.tolist()
-        out["ref_tokens"] = s.reference_tokens.tolist()
+        out["ref_tokens"] = score(key, noise).reference_tokens.tolist()
     sub = examples[:layer_examples]
     if sub:
         kw = {"pad_token_id": pad_token_id, "collate_fn": collate_fn, "all_tokens": perplexity_on == "all"}
