@@ -132,6 +132,9 @@ def test_methods_are_one_base_edited_by_specs() -> None:
     assert cfg.candidates("erm") == ["optimizer.lr=0.001", "optimizer.lr=0.003"]
     assert cfg.candidates("resilient")[1] == "optimizer.lr=0.001 constraint.dual_lr=0.5"
     assert len(cfg.candidates("constrained-fast")) == 4 and cfg.trained_labels[-1] == "constrained-fast"
+    own = _tiny("grid={resilient: ['optimizer.lr=0.03 constraint.dual_lr=2']}")
+    assert own.candidates("resilient") == ["optimizer.lr=0.03 constraint.dual_lr=2"]
+    assert own.candidates("erm") == cfg.candidates("erm")  # the other labels keep lr_grid x constraint_grid
     recipe = build_recipe(ut, vd.build_model("ut", cfg), total_steps=10, loss_fn=vd.final_mse)
     assert recipe.constraint is not None and recipe.constraint.resilience is not None
     assert torch.allclose(recipe.constraint.alpha, torch.full((2,), 0.2, dtype=recipe.constraint.alpha.dtype))
@@ -158,6 +161,9 @@ def test_config_errors() -> None:
         ["gammas=[0.5,1.0]"],
         ["baselines=[bm3d]"],
         ["budget_check=0.5"],
+        ["grid={frozen-lambda: ['optimizer.lr=0.01']}"],  # the frozen control takes its source's setting
+        ["grid={erm: []}"],
+        ["grid={erm: ['optimizer.lr=-1']}"],
     ):
         with pytest.raises(ConfigError):
             resolve_config(vd.VideoDenoisingConfig, overrides=bad)

@@ -7,11 +7,10 @@ model (1) has lower RMSE than ERM at γ > 1, (2) degrades more gracefully (RMSE(
 test sequences and seeds and a verdict (``report.video_claims``).
 
 Protocol: grayscale clips (opencv's vtest.avi by default) cut into T-frame crop × crop sequences; train,
-validation and test are disjoint time ranges of each clip. Per (architecture, method) a grid (lr; for
-constrained methods × ``constraint_grid``) trains with the first seed; the candidate of lowest validation
-RMSE at γ = 1 trains with the others. Methods are the base ``method`` edited by ``specs``. Controls: ``blind``
-(ERM on a γ range: the positive control), ``frozen`` (a finished constrained run's multipliers held fixed)
-and ``budget_check`` (ERM retrained for longer: has it converged?).
+validation and test are disjoint time ranges of each clip. Per (architecture, method) a grid (``grid``, else
+lr × ``constraint_grid``) trains with the first seed; the candidate of lowest validation RMSE at γ = 1 trains
+with the others. Controls: ``blind`` (ERM on a γ range: the positive control), ``frozen`` (a constrained
+run's final multipliers held fixed) and ``budget_check`` (ERM retrained for longer: has it converged?).
 """
 
 from __future__ import annotations
@@ -96,6 +95,8 @@ class VideoDenoisingConfig:
     constraint_grid: list[str] = field(  # crossed with lr_grid for constrained methods
         default_factory=lambda: ["constraint.dual_lr=0.05", "constraint.dual_lr=0.5"]
     )
+    # label -> its own candidates (override specs), replacing lr_grid x constraint_grid for that label
+    grid: dict[str, list[str]] = field(default_factory=dict)
     val_every: int = 50  # steps between validation points
     # Has ERM converged? Its chosen setting retrains (first seed) for this many times the steps, the cosine
     # schedule stretched to match; the gain in validation RMSE is reported (report.video_claims). 0: off.
@@ -139,9 +140,7 @@ class VideoDenoisingConfig:
         if self.budget_check < 0 or 0 < self.budget_check <= 1:
             raise ConfigError(f"budget_check must be 0 (off) or > 1, got {self.budget_check}")
         if not self.lr_grid or not self.constraint_grid:
-            raise ConfigError(
-                "lr_grid and constraint_grid need an entry each at least (constraint_grid: [''])"
-            )
+            raise ConfigError("lr_grid and constraint_grid need an entry each (constraint_grid: [''])")
         for arch in self.architectures:  # a bad spec or α fails here, before any run directory is made
             for label in self.trained_labels:
                 for spec in self.candidates(label):
@@ -155,8 +154,9 @@ class VideoDenoisingConfig:
             raise ConfigError(f"data.crop={self.data.crop} must be a multiple of model.patch_size")
         if not self.data.val_frac > 0:
             raise ConfigError("data.val_frac must be > 0: every setting is chosen on validation")
-        unknown_b = [b for b in self.baselines if b not in BASELINES]
-        if unknown_b:
+        if bad := [k for k, v in self.grid.items() if k not in self.trained_labels or not v]:
+            raise ConfigError(f"grid.{bad[0]}: needs a trained label of methods and at least one candidate")
+        if unknown_b := [b for b in self.baselines if b not in BASELINES]:
             raise ConfigError(f"unknown baselines {unknown_b}; choose from {list(BASELINES)}")
 
     @property
@@ -175,6 +175,8 @@ class VideoDenoisingConfig:
 
     def candidates(self, label: str) -> list[str]:
         """The grid of ``label``: override specs applied after its method spec, in grid order."""
+        if label in self.grid:
+            return list(self.grid[label])
         constrained = with_overrides(self.method, self.specs[label]).constrained
         extra = self.constraint_grid if constrained else [""]
         return [f"optimizer.lr={lr:g} {c}".strip() for lr in self.lr_grid for c in extra]
@@ -198,8 +200,7 @@ PRESETS = {
         "n_boot": 500,
         "budget_check": 0,
     },
-    # ~40 min on 2 idle cores: 84 jobs (the grid's 56 first-seed runs, 20 more seeds, 6 frozen-λ runs, 2
-    # budget checks at twice the steps) and the baselines
+    # see docs/results/video-denoising.md for its cost
     "full": {
         "seeds": [0, 1, 2],
         "model.depth": 4,
@@ -386,11 +387,9 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
             "draws": 1,
             "steps": cfg.train.total_steps(len(data["train"])),
             "batch_size": cfg.train.batch_size,
-            "selection": "per (architecture, method): the candidate of lowest validation RMSE at gamma = 1 "
-            "(seed 0, final step); lr grid x constraint grid for constrained methods",
+            "selection": "per (architecture, method): the candidate of lowest final validation RMSE, seed 0",
             "noise": "additive Gaussian on pixels in [0, 1], test level gamma * sigma_train",
-            "blind": {k: v for k, v in cfg.blind.items() if k in cfg.labels},
-            "frozen": {k: v for k, v in cfg.frozen.items() if k in cfg.labels},
+            **{k: {m: v for m, v in getattr(cfg, k).items() if m in cfg.labels} for k in ("blind", "frozen")},
         },
         methods=body["methods"],
         tables=body["tables"],
