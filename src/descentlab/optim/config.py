@@ -5,8 +5,10 @@ tensor's group keys:
 
 - ``decay`` (weight decay): ``"all"`` gives every tensor ``weight_decay``; ``"matrices"`` gives it to tensors
   with ndim >= 2 only (biases, norm gains and other vectors get 0).
-- ``mirror`` (HORST / HAM mirror step): ``"matrices"`` = tensors with ndim >= 2, ``"all"``, ``"none"``; a
-  caller's ``mirror_filter(name, param)`` can restrict it further (e.g. to the prunable weights).
+- ``mirror`` (HORST / HAM mirror step): ``"matrices"`` = tensors with ndim >= 2, ``"all"``, ``"none"``, or
+  ``"prunable"`` = exactly the tensors the caller's ``mirror_filter(name, param)`` accepts (it is required;
+  :func:`~descentlab.train.recipe.build_recipe` passes the weights AC/DC masks), every other tensor getting
+  the plain AdamW step; with the other rules a ``mirror_filter`` restricts the rule's tensors further.
 
 Groups are ordered decayed before non-decayed, mirrored before non-mirrored, and keep the model's tensor
 order inside; empty groups are dropped. With the ``"matrices"`` mirror rule and no filter the group key is
@@ -39,7 +41,7 @@ from descentlab.optim.horst import HORST
 NAMES = ("adamw", "horst", "ham")
 BASES = ("adamw", "adam")
 DECAY_RULES = ("matrices", "all")
-MIRROR_RULES = ("matrices", "all", "none")
+MIRROR_RULES = ("matrices", "all", "none", "prunable")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
 
 Params = nn.Module | Iterable[Tensor] | Iterable[tuple[str, Tensor]]
@@ -65,8 +67,9 @@ class OptimizerConfig:
         alpha: mirror-step strength (horst, ham); ``None``: the optimizer's default (HORST 1.0, HAM 200.0).
         beta: multiplicative decay of mirrored tensors (horst, ham); ``None``: default (HORST 0.0, HAM 1e-3).
         decay: ``"all"`` (every tensor, as ``AdamW(model.parameters())``) or ``"matrices"`` (ndim >= 2 only).
-        mirror: which tensors get the mirror step (horst, ham): ``"matrices"`` (ndim >= 2), ``"all"`` or
-            ``"none"``; ignored by adamw.
+        mirror: which tensors get the mirror step (horst, ham): ``"matrices"`` (ndim >= 2), ``"all"``,
+            ``"none"`` or ``"prunable"`` (only the weights AC/DC prunes, the block Linears of
+            :func:`~descentlab.sparsity.select_prunable`; the rest get AdamW's step); ignored by adamw.
         base: the optimizer HAM wraps: ``"adamw"`` or ``"adam"`` (only with ``name="ham"``).
         fused: torch's ``fused`` flag of the AdamW / Adam (``None``: torch's default); HORST picks its fused
             CPU kernel itself.
@@ -165,6 +168,13 @@ def _mirror_key(rule: str, name: str, param: Tensor, mirror_filter: MirrorFilter
     """The group ``mirror`` key of one tensor: True, False or None (ndim >= 2, resolved by the optimizer)."""
     if rule == "none":
         return False
+    if rule == "prunable":
+        if mirror_filter is None:
+            raise ConfigError(
+                "optimizer.mirror=prunable needs the prunable weights: pass mirror_filter (build_recipe "
+                "passes the tensors AC/DC masks), or use mirror=matrices"
+            )
+        return bool(mirror_filter(name, param))
     if mirror_filter is None:
         return True if rule == "all" else None
     selected = param.ndim >= 2 if rule == "matrices" else True
@@ -182,7 +192,7 @@ def param_groups(
         cfg: the optimizer config; ``decay`` and ``weight_decay`` set each group's ``weight_decay``; for horst
             and ham ``mirror`` sets each group's ``mirror`` key (adamw groups have none).
         mirror_filter: ``(name, param) -> bool``; only tensors it accepts (and the ``mirror`` rule
-            selects) get the mirror step. Ignored by adamw.
+            selects) get the mirror step; required by the ``"prunable"`` rule. Ignored by adamw.
 
     Returns:
         Param groups ``{"params", "weight_decay"[, "mirror"]}``; every other hyper-parameter is the
@@ -232,7 +242,8 @@ def build_optimizer(
     if cfg.name == "adamw":
         return _adam("adamw", groups, cfg)
     # the defaults equal the groups' rule, so add_param_group later follows it too
-    extra: dict[str, Any] = {"mirror": {"matrices": None, "all": True, "none": False}[cfg.mirror]}
+    rule_default = {"matrices": None, "all": True, "none": False, "prunable": False}
+    extra: dict[str, Any] = {"mirror": rule_default[cfg.mirror]}
     extra.update({key: getattr(cfg, key) for key in ("alpha", "beta") if getattr(cfg, key) is not None})
     if cfg.name == "horst":
         return HORST(

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from descentlab.errors import ConfigError
-from descentlab.sparsity.acdc import ACDC, ACDCSchedule
+from descentlab.sparsity.acdc import ACDC, ACDCSchedule, Phase
 
 LENGTHS = ("warmup", "phase", "last_decompressed", "final")
 
@@ -32,6 +32,10 @@ class ACDCConfig:
         phase: length of each alternating phase (None: 5 % of the run).
         last_decompressed: the decompressed phase before the final one (None: 10 %).
         final: the final compressed fine-tuning phase (None: 15 %).
+        min_phase_steps: every phase of the resulting schedule (warm-up, each compressed and decompressed
+            phase, the final one) must last at least this many optimizer steps, else building it is a
+            ConfigError naming the short phases (0: no check). Short phases give Adam's second moment
+            (horizon ~1/(1-beta2) = 1,000 steps) and the regrowing weights no time, so use e.g. 300.
     """
 
     sparsity: float = 0.9
@@ -43,6 +47,7 @@ class ACDCConfig:
     phase: float | None = None
     last_decompressed: float | None = None
     final: float | None = None
+    min_phase_steps: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sparsity < 1.0:
@@ -59,6 +64,10 @@ class ACDCConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"acdc.{name} must be >= 0 or null (reference schedule), got {value}")
+        if isinstance(self.min_phase_steps, bool) or not isinstance(self.min_phase_steps, int):
+            raise ConfigError(f"acdc.min_phase_steps must be an int >= 0, got {self.min_phase_steps!r}")
+        if self.min_phase_steps < 0:
+            raise ConfigError(f"acdc.min_phase_steps must be >= 0, got {self.min_phase_steps}")
 
     def schedule(self, steps_per_epoch: int | None = None) -> ACDCSchedule:
         """The phase lengths in optimizer steps (epochs times ``steps_per_epoch`` when ``unit="epochs"``)."""
@@ -74,6 +83,23 @@ class ACDCConfig:
             lengths = {name: steps(value) for name, value in lengths.items()}
         return ACDCSchedule(**lengths)
 
+    def phases(self, total_steps: int, steps_per_epoch: int | None = None) -> list[Phase]:
+        """The phase list of a run of ``total_steps`` optimizer steps, checked against ``min_phase_steps``.
+
+        Raises:
+            ConfigError: a phase shorter than ``min_phase_steps`` (all of them are named, in steps).
+        """
+        phases = self.schedule(steps_per_epoch).phases(total_steps)
+        short = [p for p in phases if p.end - p.start < self.min_phase_steps]
+        if short:
+            listed = ", ".join(f"{p.kind} [{p.start}, {p.end})" for p in short)
+            raise ConfigError(
+                f"AC/DC phases shorter than acdc.min_phase_steps={self.min_phase_steps} steps in a run of "
+                f"{total_steps} steps: {listed}; lengthen acdc.phase / warmup / last_decompressed / final "
+                "(acdc.unit=steps states them in steps) or train longer"
+            )
+        return phases
+
     def build(
         self,
         model: nn.Module,
@@ -82,7 +108,12 @@ class ACDCConfig:
         *,
         steps_per_epoch: int | None = None,
     ) -> ACDC:
-        """The controller of a run of ``total_steps`` optimizer steps; call its ``step()`` once per step."""
+        """The controller of a run of ``total_steps`` optimizer steps; call its ``step()`` once per step.
+
+        Raises:
+            ConfigError: the schedule does not fit the run, or has a phase under ``min_phase_steps``.
+        """
+        self.phases(total_steps, steps_per_epoch)
         return ACDC(
             model,
             optimizer,
