@@ -281,15 +281,18 @@ class HorstKernel:
         self._exp(x.data_ptr(), out.data_ptr(), x.numel(), int(bounded))
         return out
 
-    def horst_step_(self, bucket: Bucket, hp: HorstHyper, *, mirror: bool) -> int:
+    def horst_step_(self, bucket: Bucket, hp: HorstHyper, *, mirror: bool, check: bool = True) -> int:
         """In-place fused step of contiguous float32 CPU tensors at steps ``steps`` (one per tensor).
+
+        ``check=False`` skips the per-tensor dtype / layout / size checks, for callers that made them (HORST
+        does, when it picks the path); a wrong tensor then corrupts memory instead of raising.
 
         Returns:
             The number of elements the NaN guard reverted.
         """
         params, grads, exp_avgs, exp_avg_sqs, _ = bucket
         n = len(params)
-        for lst in (grads, exp_avgs, exp_avg_sqs):
+        for lst in (grads, exp_avgs, exp_avg_sqs) if check else ():
             for p, t in zip(params, lst, strict=True):
                 if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
                     raise TypeError("horst_step_ expects contiguous float32 CPU tensors")

@@ -164,15 +164,27 @@ def _can_compile(device: torch.device) -> bool:
     return _horst_compiled.can_compile(device)
 
 
+_PLAIN = (Tensor, nn.Parameter)
+
+
+def _advance_steps(counters: list[Tensor]) -> list[int]:
+    """Add 1 to each step counter (0-dim tensors, as AdamW keeps them) and return the new values, with one
+    read-back for the lot instead of one ``.item()`` per tensor."""
+    if not counters:
+        return []
+    torch._foreach_add_(counters, 1.0)
+    if len({c.device for c in counters}) > 1:
+        return [int(c.item()) for c in counters]
+    return [int(k) for k in torch.stack(counters).tolist()]
+
+
 def _kernel_ok(p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> bool:
     # Plain tensors only: subclasses such as FSDP2's DTensor take the foreach path, which dispatches them.
-    return all(
-        type(t) in (Tensor, nn.Parameter)
-        and t.dtype == torch.float32
-        and t.device.type == "cpu"
-        and t.is_contiguous()
-        for t in (p, m, v, g)
-    )
+    # A loop, not all(<generator>): this runs for every tensor at every step.
+    for t in (p, m, v, g):
+        if type(t) not in _PLAIN or t.dtype != torch.float32 or not t.is_cpu or not t.is_contiguous():
+            return False
+    return True
 
 
 class HORST(Optimizer):
@@ -283,14 +295,11 @@ class HORST(Optimizer):
         impl = group["impl"]
         kernel = load_kernel() if impl in ("auto", "fused") else None
         buckets: dict[tuple, tuple[list, ...]] = {}
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            if p.grad.is_sparse:
-                raise ConfigError("HORST does not support sparse gradients; use dense embeddings")
-            state = self._init_state(p)
-            state["step"] += 1
-            step = int(state["step"].item())
+        params = [p for p in group["params"] if p.grad is not None]
+        if any(p.grad.is_sparse for p in params):
+            raise ConfigError("HORST does not support sparse gradients; use dense embeddings")
+        states = [self._init_state(p) for p in params]
+        for p, state, step in zip(params, states, _advance_steps([s["step"] for s in states]), strict=True):
             mirror = p.ndim >= 2 if group["mirror"] is None else bool(group["mirror"])
             if impl == "reference":
                 new = horst_reference(
@@ -310,8 +319,10 @@ class HORST(Optimizer):
         for (path, mirror, _, _), lists in buckets.items():
             if path == "compiled" and self._step_compiled(group, lists, hp, mirror, pending):
                 continue
-            step_lists = kernel.horst_step_ if path == "kernel" else _horst_foreach_
-            self.reverted += step_lists(Bucket(*lists), hp, mirror=mirror)
+            if path == "kernel":  # _path has checked the tensors
+                self.reverted += kernel.horst_step_(Bucket(*lists), hp, mirror=mirror, check=False)
+            else:
+                self.reverted += _horst_foreach_(Bucket(*lists), hp, mirror=mirror)
 
     def _step_compiled(
         self,
