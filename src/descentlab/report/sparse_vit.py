@@ -111,6 +111,7 @@ def summary_tables(
     tuning: Sequence[Sequence[Any]] = (),
     tune_sparsity: float | None = None,
     weights: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    weights_sparsity: float | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The accuracy, checkpoint-sparsity, tuning, paired-difference and weight-shape tables, and the notes.
 
@@ -121,9 +122,11 @@ def summary_tables(
         tuning: rows ``[label, lr, alpha, val accuracy %, chosen mark]`` of the validation tuning.
         tune_sparsity: the sparsity the tuning ran at.
         weights: ``{label or label-dense: {"before_final_pruning" / "final": weights}}`` of the first seed.
+        weights_sparsity: the sparsity of the runs ``weights`` come from (default: the largest).
     """
     sparsities = list(next(iter(sparse.values())))
     top = max(sparsities)
+    shown = top if weights_sparsity is None else weights_sparsity
     columns = ["optimizer", *(["dense"] if dense else []), *[f"{100 * s:g} %" for s in sparsities]]
     acc_rows = [
         [label, *(["–"] if dense else []), *[fmt_pct([r["test"] for r in by_s[s]]) for s in sparsities]]
@@ -185,7 +188,7 @@ def summary_tables(
     if shape_rows:
         tables.append(
             {
-                "title": f"Block-Linear weights before the final pruning (seed {seeds[0]}, {100 * top:g} % run): "
+                "title": f"Block-Linear weights before the final pruning (seed {seeds[0]}, {100 * shown:g} % run): "
                 "how peaked at 0",
                 "columns": ["optimizer", "|w| < 1e-3", "|w| < 1e-2", "excess kurtosis", "L1/(√n L2)"],
                 "rows": shape_rows,

@@ -246,7 +246,8 @@ def summarise(
     """``tables``, ``notes``, ``claims`` and ``selection`` of a run: :func:`summary_tables`, then the claims
     table, the weight-shape table, one note per claim and one per tuned value at an edge of its grid.
 
-    ``grids``: label -> the first-seed job of every tuning candidate; ``picks``: label -> the chosen index.
+    ``grids``: label -> the first-seed job of every tuning candidate; ``picks``: label -> the chosen index;
+    ``weights``: the first seed's saved weights at ``claim_sparsity`` (and of the dense runs).
     """
     tuning = [
         [label, r["lr"], r["alpha"], f"{100 * r['val']:.2f}", "✓" if i == picks[label] else ""]
@@ -254,7 +255,13 @@ def summarise(
         for i, r in enumerate(runs)
     ]
     tables, notes = summary_tables(
-        sparse, dense, seeds=seeds, tuning=tuning, tune_sparsity=tune_sparsity, weights=weights
+        sparse,
+        dense,
+        seeds=seeds,
+        tuning=tuning,
+        tune_sparsity=tune_sparsity,
+        weights=weights,
+        weights_sparsity=claim_sparsity,
     )
     claims = evaluate_claims(
         sparse, dense, claim_sparsity=claim_sparsity, regime_gap=regime_gap, n_boot=n_boot
