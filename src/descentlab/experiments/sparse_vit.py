@@ -289,15 +289,9 @@ def run(cfg: SparseViTConfig, run: RunDir) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     dataset_name = _load_data(cfg)
     methods, seed0 = cfg.compared(), cfg.seeds[0]
-    runner = JobRunner(
-        train_job,
-        workers=cfg.workers,
-        cache_dir=run.path / "jobs",
-        initializer=_load_data,
-        initargs=(cfg,),
-        threads=cfg.threads or torch.get_num_threads(),
-    )
-    with runner as jobs:
+    threads = cfg.threads or torch.get_num_threads()
+    pool = {"workers": cfg.workers, "initializer": _load_data, "initargs": (cfg,), "threads": threads}
+    with JobRunner(train_job, cache_dir=run.path / "jobs", **pool) as jobs:
 
         def submit(label: str, method: MethodConfig, sparsity: float | None, seed: int) -> Future:
             acdc = None if sparsity is None else replace(method.acdc, sparsity=sparsity)
@@ -312,38 +306,41 @@ def run(cfg: SparseViTConfig, run: RunDir) -> dict[str, Any]:
         # 1. lr and α on the validation split only, at the tuning sparsity, first seed; with lr_from, that
         # method's lr first, then the others' α at its lr
         chosen, grids, picks = dict(methods), {}, {}
+        if cfg.dense is not None and cfg.dense not in chosen:  # a reference outside ``methods``: untuned
+            chosen |= cfg.compared([cfg.dense])
 
-        def tune(labels: list[str], lrs: list[float] | None) -> None:
-            cands = {label: tuning_grid(cfg, label, methods[label], lrs) for label in labels}
-            trials = {
-                label: [submit(label, m, cfg.tune_sparsity, seed0) for m in c] for label, c in cands.items()
-            }
-            for label, grid in cands.items():
-                grids[label] = scores = [f.result() for f in trials[label]]
+        def trials(labels: list[str], lrs: list[float] | None) -> dict[str, tuple[list, list[Future]]]:
+            grid = {label: tuning_grid(cfg, label, methods[label], lrs) for label in labels}
+            return {k: (g, [submit(k, m, cfg.tune_sparsity, seed0) for m in g]) for k, g in grid.items()}
+
+        def pick(pending: dict[str, tuple[list, list[Future]]]) -> None:
+            for label, (grid, futures) in pending.items():
+                grids[label] = scores = [f.result() for f in futures]
                 picks[label] = max(range(len(grid)), key=lambda i, s=scores: s[i]["val"])  # first of equals
                 chosen[label] = grid[picks[label]]
 
+        later = trials(list(methods), None) if cfg.tune and cfg.lr_from is None else {}
         if cfg.tune and cfg.lr_from is not None:
-            tune([cfg.lr_from], None)
-            tune([label for label in methods if label != cfg.lr_from], [chosen[cfg.lr_from].optimizer.lr])
-        elif cfg.tune:
-            tune(list(methods), None)
+            pick(trials([cfg.lr_from], None))
+            later = trials([k for k in methods if k != cfg.lr_from], [chosen[cfg.lr_from].optimizer.lr])
 
-        # 2. every (method, sparsity, seed) with the chosen hyper-parameters, plus the dense reference
-        if cfg.dense is not None and cfg.dense not in chosen:  # a reference outside ``methods``: untuned
-            chosen |= cfg.compared([cfg.dense])
-        dense_futures = (
-            [submit(cfg.dense, chosen[cfg.dense], None, s) for s in cfg.seeds] if cfg.dense else []
-        )
-        futures = {
-            (label, s, seed): submit(label, chosen[label], s, seed)
-            for seed in cfg.seeds
-            for label in methods
-            for s in cfg.sparsities
-        }
+        # 2. every (method, sparsity, seed) with the chosen settings, plus the dense reference; the jobs whose
+        # settings are known already are queued before the remaining grids are waited for
+        def finals(labels: list[str]) -> dict[tuple[str, float, int], Future]:
+            cells = [(k, s, seed) for seed in cfg.seeds for k in labels for s in cfg.sparsities]
+            return {(k, s, seed): submit(k, chosen[k], s, seed) for k, s, seed in cells}
+
+        def dense_runs() -> list[Future]:
+            return [submit(cfg.dense, chosen[cfg.dense], None, s) for s in cfg.seeds] if cfg.dense else []
+
+        futures = finals([k for k in methods if k not in later])
+        dense_futures = dense_runs() if cfg.dense not in later else []
+        pick(later)
+        futures |= finals(list(later))
+        dense_futures = dense_futures or dense_runs()
         sparse = {
-            label: {s: [futures[label, s, seed].result() for seed in cfg.seeds] for s in cfg.sparsities}
-            for label in methods
+            k: {s: [futures[k, s, seed].result() for seed in cfg.seeds] for s in cfg.sparsities}
+            for k in methods
         }
         dense = {cfg.dense: [f.result() for f in dense_futures]} if cfg.dense else {}
     return _results(cfg, run, dataset_name, sparse, dense, grids, picks)
