@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="print the experiment names, one a line")
     run = sub.add_parser("run", help="run an experiment into a fresh run directory")
     run.add_argument("name")
-    run.add_argument("--preset", choices=["quick", "full"], default=None)
+    run.add_argument(
+        "--preset", default=None, help="quick, full, or another preset the experiment defines (e.g. budget)"
+    )
     run.add_argument("--out", default="runs", help="folder that receives the run directory (default: runs)")
     run.add_argument(
         "overrides",

@@ -360,3 +360,40 @@ def test_a_failed_candidate_ranks_last_and_a_failed_choice_stops_the_run(tmp_pat
         run_experiment(
             "video-denoising", overrides=[*overrides, f"constraint_grid=[{infeasible}]"], out=tmp_path
         )
+
+
+def test_budget_curve_compares_each_budget_with_erm_of_that_budget(tmp_path: Path, carphone) -> None:
+    overrides = [
+        *("data.video=carphone_pristine", "data.size=48", "data.n_train=64", "data.n_val=16", "data.n_test=16"),
+        *("model.depth=2", "model.width=16", "model.heads=2", "architectures=[ut]", "methods=[erm,constrained]"),
+        *("train.max_steps=4", "train.batch_size=16", "val_every=2", "gammas=[1.0,2.0]", "lr_grid=[0.003]"),
+        *("baselines=[]", "budget_check=0", "n_boot=50", "budget_curve=[8]", "seeds=[0]"),
+    ]  # fmt: skip
+    path = run_experiment("video-denoising", overrides=overrides, out=tmp_path)
+    results = json.loads((path / "results.json").read_text())
+    curve = results["budget_curve"]
+    assert sorted((r["label"], r["steps"]) for r in curve["rows"]) == [
+        ("constrained", 4), ("constrained", 8), ("erm", 4), ("erm", 8)
+    ]  # fmt: skip
+    long_erm = json.loads((path / "jobs" / "ut-erm-steps8-seed0.json").read_text())
+    assert (
+        len(long_erm["val_curve"]["step"]) == 5 and long_erm["val_curve"]["step"][-1] == 8
+    )  # its own schedule
+    row = next(r for r in curve["rows"] if r["label"] == "erm" and r["steps"] == 8)
+    assert row["test_rmse"] == long_erm["rmse"]
+    # at each budget the claims are those of the constrained model against ERM trained for as long
+    by_steps = {s: [c for c in curve["claims"] if c["steps"] == s] for s in (4, 8)}
+    assert {c["claim"] for c in by_steps[8]} == {"lower-rmse-ood", "graceful", "in-distribution", "monotone"}
+    at8 = {
+        k: np.load(path / "jobs" / f"ut-{k}-steps8-seed0-errors.npz")["example_mse"][None]
+        for k in ("erm", "constrained")
+    }
+    expected = evaluate_claims(
+        {"ut-erm": at8["erm"], "ut-constrained": at8["constrained"]}, [1.0, 2.0], margin=0.01, n_boot=50
+    )
+    assert [c["estimate"] for c in by_steps[8]] == pytest.approx([c["estimate"] for c in expected])
+    assert (path / "figures" / "budget-curve.png").is_file()
+    with pytest.raises(ConfigError, match="budget_labels"):
+        resolve_config(
+            vd.VideoDenoisingConfig, overrides=["budget_curve=[100]", "budget_labels=[constrained]"]
+        )

@@ -274,7 +274,7 @@ CLI_CASES: list[CliCase] = [
         "unknown-preset",
         "a preset that does not exist",
         ["run", "smoke", "--preset", "huge"],
-        "invalid choice",
+        "unknown preset 'huge'",
     ),
     CliCase(
         "resume-not-a-run",

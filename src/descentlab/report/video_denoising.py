@@ -244,6 +244,37 @@ def plot_rmse_with_baselines(
     )
 
 
+def plot_budget_curve(curve: Mapping[str, Any], gammas: Sequence[float], path: Path) -> dict[str, str] | None:
+    """Test RMSE against the step budget (log scale), one panel per architecture, at γ = 1 (solid) and at
+    the largest γ (dashed), one colour per method."""
+    rows = curve.get("rows") or []
+    if not rows:
+        return None
+    archs = sorted({r["architecture"] for r in rows})
+    one, top = list(gammas).index(1.0), len(gammas) - 1
+    fig, axes = new_figure(1, len(archs), panel_size=(4.4, 3.4))
+    for ax, arch in zip(axes[0], archs, strict=True):
+        labels = sorted({r["label"] for r in rows if r["architecture"] == arch}, key=lambda x: x != "erm")
+        for k, label in enumerate(labels):
+            pts = sorted(
+                (r["steps"], r["test_rmse"])
+                for r in rows
+                if r["architecture"] == arch and r["label"] == label
+            )
+            steps = [s for s, _ in pts]
+            color = "k" if label == "erm" else f"C{k}"
+            ax.plot(steps, [t[one] for _, t in pts], "o-", color=color, label=f"{label}, gamma=1")
+            ax.plot(
+                steps, [t[top] for _, t in pts], "s--", color=color, label=f"{label}, gamma={gammas[top]:g}"
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        _style(ax, arch.upper(), "training steps (each its own cosine schedule)", "test RMSE", legend_size=7)
+    return _save(
+        fig, path, "Test RMSE against the training budget (seed 0, settings chosen at the base budget)"
+    )
+
+
 def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
     """The experiment's own figures, from ``results.json`` and ``sample-frames.npz`` (when saved)."""
     methods = results.get("methods", {})
@@ -261,6 +292,11 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
         plot_val_curves(
             methods, architectures, folder / "validation-curves.png", results.get("budget_check")
         ),
+        plot_budget_curve(
+            results.get("budget_curve") or {},
+            results.get("protocol", {}).get("gammas", [1.0]),
+            folder / "budget-curve.png",
+        ),
     ]
     drawn = [d for d in drawn if d is not None]
     samples = Path(run_dir) / SAMPLE_FRAMES
@@ -273,6 +309,7 @@ __all__ = [
     "SAMPLE_FRAMES",
     "figures",
     "paired_table",
+    "plot_budget_curve",
     "plot_layer_profiles",
     "plot_relative",
     "plot_rmse_with_baselines",

@@ -1,0 +1,208 @@
+"""The config of the video-denoising experiment: its methods (one base ``MethodConfig`` edited by a spec per
+label), grids, controls and presets. A private helper of :mod:`descentlab.experiments.video_denoising`,
+which re-exports every public name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from descentlab.constrained.config import DescentConfig
+from descentlab.data.video_data import VideoDataConfig
+from descentlab.errors import ConfigError
+from descentlab.models.denoisers import UnrolledConfig
+from descentlab.optim.config import OptimizerConfig
+from descentlab.robustness.video_baselines import BASELINES
+from descentlab.train.loop import TrainConfig
+from descentlab.train.recipe import MethodConfig, with_overrides
+
+ARCHITECTURES = ("ut", "dust")
+# "deep-supervision" is a control: the mean of the per-layer losses f_1..f_L, i.e. the same per-layer signal
+# as the constrained objective with fixed, equal weights instead of multipliers. "blind" is ERM on a range of
+# noise levels (see `blind`).
+SPECS = {
+    "erm": "",
+    "constrained": "objective=constrained",
+    "resilient": "objective=constrained constraint.resilient=true",
+    "deep-supervision": "objective=deep-supervision",
+    "blind": "",
+}
+# the frozen-λ control: label -> the constrained label whose final multipliers it holds fixed
+FROZEN = {"frozen-lambda": "constrained"}
+
+
+def _base_method() -> MethodConfig:
+    return MethodConfig(
+        optimizer=OptimizerConfig(lr=3e-3, weight_decay=0.0, decay="all", schedule="cosine"),
+        constraint=DescentConfig(
+            dual_lr=0.05,
+            # MSE shrinks by orders of magnitude across layers: the ratio form is scale-free
+            form="ratio",
+            # Without it the constraint raises f_0 (UT's f_0 grew 6x in 20 steps in a pilot): f_0 has weight
+            # -(1 - α) λ_1 in the Lagrangian. Detached, every constraint only pushes its own layer down.
+            detach_prev=True,
+            constrain_first=True,
+            penalty=1.0,  # resilient methods only
+            slack_lr=None,  # 1/penalty
+        ),
+    )
+
+
+@dataclass
+class VideoDenoisingConfig:
+    data: VideoDataConfig = field(default_factory=VideoDataConfig)
+    model: UnrolledConfig = field(default_factory=UnrolledConfig)
+    method: MethodConfig = field(default_factory=_base_method)  # the base every method's spec edits
+    specs: dict[str, str] = field(default_factory=lambda: dict(SPECS))  # label -> MethodConfig overrides
+    # the labels of `specs` and `frozen` to train, in order
+    methods: list[str] = field(default_factory=lambda: [*SPECS, *FROZEN])
+    # label -> [γ_low, γ_high]: ERM trained on σ ~ U(γ_low, γ_high)·σ_train per example (positive control)
+    blind: dict[str, list[float]] = field(default_factory=lambda: {"blind": [0.0, 3.0]})
+    # label -> the constrained label whose final λ (same architecture and seed) it holds fixed
+    frozen: dict[str, str] = field(default_factory=lambda: dict(FROZEN))
+    lr_grid: list[float] = field(default_factory=lambda: [1e-3, 3e-3])  # every method's candidates
+    constraint_grid: list[str] = field(  # crossed with lr_grid for constrained methods
+        default_factory=lambda: ["constraint.dual_lr=0.05", "constraint.dual_lr=0.5"]
+    )
+    # label -> its own candidates (override specs), replacing lr_grid x constraint_grid for that label
+    grid: dict[str, list[str]] = field(default_factory=dict)
+    val_every: int = 50  # steps between validation points
+    # Has ERM converged? Its chosen setting retrains (first seed) for this many times the steps, the cosine
+    # schedule stretched to match; the gain in validation RMSE is reported (report.video_claims). 0: off.
+    budget_check: float = 2.0
+    # Is a gain over ERM a budget effect? These labels retrain (first seed, the setting each chose) at each of
+    # these step budgets, each compared with ERM of the same budget (report.video_budget). []: off.
+    budget_curve: list[int] = field(default_factory=list)
+    budget_labels: list[str] = field(default_factory=lambda: ["erm", "constrained"])
+    baselines: list[str] = field(default_factory=lambda: list(BASELINES))
+    baseline_grid: dict[str, dict[str, list]] = field(default_factory=dict)  # name -> replaces grid entries
+    id_margin: float = 0.01  # claim 3: RMSE at γ = 1 at most this fraction above ERM's
+    n_boot: int = 2000
+    # α per architecture. DUST starts as ISTA from x̂_0 = 0, whose layers already cut the MSE by ~50 % each,
+    # so α = 0.1 never binds there; UT starts at x̂_0 ≈ y, and (1 - α)^L must stay above f_L / f_0 ≈ 0.4.
+    alpha: dict[str, float] = field(default_factory=lambda: {"ut": 0.1, "dust": 0.5})
+    architectures: list[str] = field(default_factory=lambda: list(ARCHITECTURES))
+    seeds: list[int] = field(default_factory=lambda: [0])
+    gammas: list[float] = field(default_factory=lambda: [0.5, 1.0, 1.5, 2.0, 3.0])
+    eval_batch_size: int = 250
+    # Tiny models gain nothing from intra-op threads, and on a shared machine extra threads slow every step
+    # many-fold (measured: 0.13 s vs 3.3 s per step with 2 threads on a loaded 2-core machine). 0: torch default.
+    torch_threads: int = 1
+    workers: int = 1  # jobs run in this many spawned processes (1: inline); results do not depend on it
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(max_steps=400, batch_size=64, log_every=25, progress=False)
+    )
+
+    def __post_init__(self) -> None:
+        bad = [a for a in self.architectures if a not in ARCHITECTURES]
+        if bad or not self.architectures:
+            raise ConfigError(f"unknown or empty architectures {bad}; choose from {list(ARCHITECTURES)}")
+        missing = [a for a in self.architectures if a not in self.alpha]
+        if missing:
+            raise ConfigError(f"alpha has no value for {missing}; set alpha.<arch>=0.1")
+        known = [*self.specs, *self.frozen]
+        unknown = [m for m in self.labels if m not in known]
+        if unknown or not self.labels or "erm" not in self.labels:
+            raise ConfigError(
+                f"methods {unknown or self.labels} must name entries of specs or frozen {known}, "
+                "erm included (every claim compares with it)"
+            )
+        for label, source in self.frozen.items():
+            if label in self.labels and (source not in self.labels or source in self.frozen):
+                raise ConfigError(f"frozen.{label}={source!r} must name a trained constrained label")
+        if self.budget_check < 0 or 0 < self.budget_check <= 1:
+            raise ConfigError(f"budget_check must be 0 (off) or > 1, got {self.budget_check}")
+        if not self.lr_grid or not self.constraint_grid:
+            raise ConfigError("lr_grid and constraint_grid need an entry each (constraint_grid: [''])")
+        for arch in self.architectures:  # a bad spec or α fails here, before any run directory is made
+            for label in self.trained_labels:
+                for spec in self.candidates(label):
+                    with_overrides(self.method_config(arch, label), spec)
+            for label, source in self.frozen.items():
+                if label in self.labels and not self.method_config(arch, source).constrained:
+                    raise ConfigError(f"frozen.{label}: {source!r} is not a constrained method")
+        if not self.seeds or 1.0 not in self.gammas or not any(g > 1.0 for g in self.gammas):
+            raise ConfigError("need a seed, and gammas with 1.0 and a value above it, e.g. gammas=[1.0,2.0]")
+        if self.data.crop % self.model.patch_size:
+            raise ConfigError(f"data.crop={self.data.crop} must be a multiple of model.patch_size")
+        if not self.data.val_frac > 0:
+            raise ConfigError("data.val_frac must be > 0: every setting is chosen on validation")
+        if bad := [k for k, v in self.grid.items() if k not in self.trained_labels or not v]:
+            raise ConfigError(f"grid.{bad[0]}: needs a trained label of methods and at least one candidate")
+        if self.budget_curve and (
+            "erm" not in self.budget_labels
+            or not set(self.budget_labels) <= set(self.trained_labels)
+            or min(self.budget_curve) < 1
+        ):
+            raise ConfigError(
+                f"budget_labels={self.budget_labels} must include erm and name trained labels of methods, "
+                f"and budget_curve={self.budget_curve} positive step counts"
+            )
+        if unknown_b := [b for b in self.baselines if b not in BASELINES]:
+            raise ConfigError(f"unknown baselines {unknown_b}; choose from {list(BASELINES)}")
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.methods)
+
+    @property
+    def trained_labels(self) -> list[str]:
+        """The labels with their own grid search (the frozen controls take their source's setting)."""
+        return [label for label in self.labels if label not in self.frozen]
+
+    def method_config(self, arch: str, label: str) -> MethodConfig:
+        """The base method with this architecture's α, edited by the label's spec."""
+        base = replace(self.method, constraint=replace(self.method.constraint, alpha=self.alpha[arch]))
+        return with_overrides(base, self.specs[label])
+
+    def candidates(self, label: str) -> list[str]:
+        """The grid of ``label``: override specs applied after its method spec, in grid order."""
+        if label in self.grid:
+            return list(self.grid[label])
+        constrained = with_overrides(self.method, self.specs[label]).constrained
+        extra = self.constraint_grid if constrained else [""]
+        return [f"optimizer.lr={lr:g} {c}".strip() for lr in self.lr_grid for c in extra]
+
+
+CONFIG = VideoDenoisingConfig
+
+PRESETS = {
+    "quick": {
+        "data.size": 72,
+        "data.n_train": 2000,
+        "data.n_val": 200,
+        "data.n_test": 300,
+        "model.depth": 4,
+        "model.num_atoms": 144,
+        "train.max_steps": 150,
+        "train.batch_size": 32,
+        "lr_grid": [3e-3],
+        "constraint_grid": ["constraint.dual_lr=0.05"],
+        "baseline_grid": {"nl-means": {"h": [0.1]}, "gaussian": {"sigma_t": [0.5, 1.0]}},
+        "n_boot": 500,
+        "budget_check": 0,
+    },
+    # see docs/results/video-denoising.md for its cost
+    "full": {
+        "seeds": [0, 1, 2],
+        "model.depth": 4,
+        "train.max_steps": 2000,
+        "lr_grid": [1e-3, 3e-3, 1e-2, 3e-2],
+        "workers": 2,
+        "val_every": 100,
+    },
+    # Is the constrained model's gain a budget effect? ERM and the hard constraints at 2,000 (where the lr is
+    # chosen, between the full run's choices) and then 4,000 to 16,000 steps; first seed, no baselines.
+    "budget": {
+        "seeds": [0],
+        "model.depth": 4,
+        "train.max_steps": 2000,
+        "methods": ["erm", "constrained"],
+        "lr_grid": [3e-3, 1e-2],
+        "constraint_grid": ["constraint.dual_lr=0.5"],
+        "budget_check": 0,
+        "budget_curve": [4000, 8000, 16000],
+        "baselines": [],
+        "workers": 2,
+        "val_every": 200,
+    },
+}
