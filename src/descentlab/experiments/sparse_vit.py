@@ -167,7 +167,7 @@ PRESETS = {
         "threads": 1,
         "workers": 1,
     },
-    # Sized from a pilot (see docs/results/sparse-vit.md): about 60 min on 2 idle cores with workers=2.
+    # Sized from a pilot (docs/sparse-vit.md, "Cost"): about 50 min on 2 idle cores with workers=2.
     "full": {
         "n_train": 55000,
         "n_val": 5000,
@@ -176,16 +176,17 @@ PRESETS = {
         "vit.num_layers": 3,
         "sparsities": [0.9, 0.95, 0.98],
         "seeds": [0, 1, 2],
-        "train.max_steps": 3000,
+        "train.max_steps": 6000,
         "method.optimizer.lr": 2e-3,
         "method.optimizer.schedule": "warmup_cosine",
         "method.optimizer.warmup_frac": 0.05,
-        # AC/DC in steps: dense 400, then C D C D C of 300 each, decompressed 400, compressed 700 to the end
+        # AC/DC in steps, the reference fractions of 6,000 steps: dense 600, 13 alternating phases of 300
+        # (compressed first and last), decompressed 600, compressed 900 to the end
         "acdc.unit": "steps",
-        "acdc.warmup": 400,
+        "acdc.warmup": 600,
         "acdc.phase": 300,
-        "acdc.last_decompressed": 400,
-        "acdc.final": 700,
+        "acdc.last_decompressed": 600,
+        "acdc.final": 900,
         "acdc.min_phase_steps": 300,
         "tune": True,
         "lr_from": "adamw",

@@ -234,14 +234,20 @@ def accuracy_figure(results: dict[str, Any], run_dir: Path) -> list[dict[str, st
         return []
     fig, axes = new_figure(1, 1, figsize=(5.5, 3.8))
     ax = axes[0][0]
-    for name, c in curves.items():
+    for i, (name, c) in enumerate(curves.items()):
         mean = 100 * np.asarray(c["mean"])
         err = np.abs(100 * np.asarray(c["ci95"]).T - mean)
-        ax.errorbar([100 * x for x in c["x"]], mean, yerr=err, marker="o", capsize=3, label=name)
+        x = [100 * v + 0.3 * (i - (len(curves) - 1) / 2) for v in c["x"]]  # side by side, not on top
+        ax.errorbar(x, mean, yerr=err, marker="o", capsize=3, label=name)
     for name, b in methods.items():
         if "test_accuracy_ci95" in b:
             low, high = (100 * v for v in b["test_accuracy_ci95"])
-            ax.axhspan(low, high, alpha=0.25, color="grey", label=f"{name.removesuffix(DENSE_SUFFIX)} dense")
+            label = f"{name.removesuffix(DENSE_SUFFIX)} dense"
+            ax.axhspan(low, high, alpha=0.2, color="grey", label=label)
+            ax.axhline(100 * b["metrics"]["test_accuracy@0"], color="grey", linestyle="--", linewidth=1)
+    ticks = sorted({100 * v for c in curves.values() for v in c["x"]})
+    ax.set_xticks(ticks)
+    ax.set_xlim(ticks[0] - 1.5, ticks[-1] + 1.5)
     ax.set_xlabel("sparsity of the block Linears (%)")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(alpha=0.3)
