@@ -269,6 +269,9 @@ def plot_budget_curve(curve: Mapping[str, Any], gammas: Sequence[float], path: P
             )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        budgets = sorted({r["steps"] for r in rows})
+        ax.set_xticks(budgets, [f"{s:,}" for s in budgets])
+        ax.minorticks_off()
         _style(ax, arch.upper(), "training steps (each its own cosine schedule)", "test RMSE", legend_size=7)
     return _save(
         fig, path, "Test RMSE against the training budget (seed 0, settings chosen at the base budget)"
