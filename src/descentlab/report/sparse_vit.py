@@ -38,6 +38,14 @@ def fmt_pct(values: Sequence[float]) -> str:
     return f"{100 * mean:.2f} ± {100 * std:.2f}"
 
 
+def excess_kurtosis(w: np.ndarray | torch.Tensor) -> float:
+    """``E[(w - μ)^4] / E[(w - μ)^2]^2 - 3`` over all entries, in float64 (0 for a Gaussian; NaN for a
+    constant tensor)."""
+    centred = torch.as_tensor(w).detach().double().flatten()
+    centred = centred - centred.mean()
+    return float((centred**4).mean() / (centred**2).mean() ** 2 - 3.0)
+
+
 def weight_stats(w: np.ndarray | torch.Tensor) -> dict[str, float]:
     """Shape of a weight distribution: share of tiny weights, excess kurtosis, and ||w||_1 / (sqrt(n) ||w||_2).
 
@@ -45,12 +53,10 @@ def weight_stats(w: np.ndarray | torch.Tensor) -> dict[str, float]:
     with heavy tails has a large kurtosis and a small ratio.
     """
     w = torch.as_tensor(w).double()
-    centred = w - w.mean()
-    kurtosis = float((centred**4).mean() / (centred**2).mean() ** 2 - 3.0)
     return {
         "frac_abs_below_1e-3": float((w.abs() < 1e-3).double().mean()),
         "frac_abs_below_1e-2": float((w.abs() < 1e-2).double().mean()),
-        "excess_kurtosis": kurtosis,
+        "excess_kurtosis": excess_kurtosis(w),
         "l1_over_l2": float(w.abs().sum() / (w.numel() ** 0.5 * w.norm())),
     }
 
@@ -310,6 +316,7 @@ __all__ = [
     "accuracy_ci",
     "accuracy_figure",
     "compare",
+    "excess_kurtosis",
     "figures",
     "fmt_pct",
     "method_blocks",

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from descentlab.report.sparse_vit import summary_tables
+from descentlab.report.sparse_vit import excess_kurtosis, summary_tables
 from descentlab.report.stats import paired_bootstrap, verdict
 
 Job = Mapping[str, Any]  # one training run's result (see experiments.sparse_vit.train_job)
@@ -46,9 +46,7 @@ DESCRIPTIONS = {
 
 def _frac_kurtosis(w: torch.Tensor, threshold: float) -> tuple[float, float]:
     w = w.detach().double().flatten()
-    centred = w - w.mean()
-    kurtosis = (centred**4).mean() / (centred**2).mean().clamp_min(1e-300) ** 2 - 3.0
-    return float((w.abs() < threshold).double().mean()), float(kurtosis)
+    return float((w.abs() < threshold).double().mean()), excess_kurtosis(w)
 
 
 def tensor_shape_stats(tensors: Sequence[torch.Tensor], threshold: float) -> dict[str, Any]:
