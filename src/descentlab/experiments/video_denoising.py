@@ -67,6 +67,11 @@ __all__ = [
 ]
 
 
+def _at(label: str, steps: int) -> str:
+    """The job label of ``label`` retrained for ``steps`` (the budget curve)."""
+    return f"{label}-steps{steps}"
+
+
 def _key(arch: str, label: str, candidate: int | None, seed: int) -> str:
     return f"{arch}-{label}" + ("" if candidate is None else f"@{candidate}") + f"-seed{seed}"
 
@@ -192,7 +197,7 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
                 budget_jobs[a] = train(a, lab, None, cfg.candidates(lab)[i], seed0, fl=fl, steps=long_steps)
             for n in cfg.budget_curve if lab in cfg.budget_labels else ():
                 curve_jobs[a, lab, n] = train(
-                    a, lab, None, cfg.candidates(lab)[i], seed0, fl=f"{lab}-steps{n}", steps=n
+                    a, lab, None, cfg.candidates(lab)[i], seed0, fl=_at(lab, n), steps=n
                 )
             for fl in (f for f in frozen if cfg.frozen[f] == lab):
                 for s, ev in zip(cfg.seeds, per_seed, strict=True):
@@ -212,12 +217,9 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
         budget = {
             a: {"steps": long_steps, "base_steps": base_steps, **f.result()} for a, f in budget_jobs.items()
         }
-        curve_keys = {(a, lab, base_steps): _key(a, lab, chosen[a, lab], seed0) for a, lab, _ in curve_jobs}
-        curve_evs = {k: evs[k[:2]][0] for k in curve_keys}
-        for (a, lab, steps), f in curve_jobs.items():
-            if "failed" not in (ev := f.result()):  # a diverged long run has no test errors: left out
-                curve_evs[a, lab, steps] = ev
-                curve_keys[a, lab, steps] = _key(a, f"{lab}-steps{steps}", None, seed0)
+        # the base budget's point is the first seed's run of the grid; a diverged long run is left out
+        curve_evs = {(a, lab, base_steps): evs[a, lab][0] for a, lab, _ in curve_jobs}
+        long_evs = {k: ev for k, f in curve_jobs.items() if "failed" not in (ev := f.result())}
 
     order = [(a, lab) for a in archs for lab in cfg.labels]
     cand = {(a, lab): None if lab in cfg.frozen else chosen[a, lab] for a, lab in order}
@@ -243,13 +245,13 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
         n_boot=cfg.n_boot,
         budget=budget,
     )
-    if curve_keys:
-        curve_err = {
-            k: load_arrays(run.path / "jobs" / f"{key}-errors.npz")["example_mse"][None]
-            for k, key in curve_keys.items()
-        }
+    if curve_jobs:
+        curve_err = {(a, lab, n): errors[f"{a}-{lab}"][:1] for a, lab, n in curve_evs}
+        for a, lab, n in long_evs:
+            path = run.path / "jobs" / f"{_key(a, _at(lab, n), None, seed0)}-errors.npz"
+            curve_err[a, lab, n] = load_arrays(path)["example_mse"][None]
         body["budget_curve"] = budget_curve(
-            curve_evs, curve_err, cfg.gammas, margin=cfg.id_margin, n_boot=cfg.n_boot
+            {**curve_evs, **long_evs}, curve_err, cfg.gammas, margin=cfg.id_margin, n_boot=cfg.n_boot
         )
         body["tables"] += budget_tables(body["budget_curve"], cfg.gammas)
     results = Results(

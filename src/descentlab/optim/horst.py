@@ -150,10 +150,13 @@ def _horst_foreach_(bucket: Bucket, hp: HorstHyper, *, mirror: bool) -> int:
     return reverted
 
 
+_PLAIN = (Tensor, nn.Parameter)  # not subclasses such as DTensor
+
+
 def _compiled_ok(p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> bool:
     # Plain tensors only (DTensor takes the foreach path); float64 too: the compiled scalars are float32.
     return (
-        all(type(t) in (Tensor, nn.Parameter) for t in (p, m, v, g))
+        all(type(t) in _PLAIN for t in (p, m, v, g))
         and p.dtype in _COMPILED_DTYPES
         and m.dtype == v.dtype == torch.float32
     )
@@ -162,9 +165,6 @@ def _compiled_ok(p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> bool:
 @functools.cache
 def _can_compile(device: torch.device) -> bool:
     return _horst_compiled.can_compile(device)
-
-
-_PLAIN = (Tensor, nn.Parameter)
 
 
 def _advance_steps(counters: list[Tensor]) -> list[int]:

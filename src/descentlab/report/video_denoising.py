@@ -252,6 +252,7 @@ def plot_budget_curve(curve: Mapping[str, Any], gammas: Sequence[float], path: P
         return None
     archs = sorted({r["architecture"] for r in rows})
     one, top = list(gammas).index(1.0), len(gammas) - 1
+    budgets = sorted({r["steps"] for r in rows})
     fig, axes = new_figure(1, len(archs), panel_size=(4.4, 3.4))
     for ax, arch in zip(axes[0], archs, strict=True):
         labels = sorted({r["label"] for r in rows if r["architecture"] == arch}, key=lambda x: x != "erm")
@@ -269,7 +270,6 @@ def plot_budget_curve(curve: Mapping[str, Any], gammas: Sequence[float], path: P
             )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        budgets = sorted({r["steps"] for r in rows})
         ax.set_xticks(budgets, [f"{s:,}" for s in budgets])
         ax.minorticks_off()
         _style(ax, arch.upper(), "training steps (each its own cosine schedule)", "test RMSE", legend_size=7)
