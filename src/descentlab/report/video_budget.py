@@ -48,6 +48,8 @@ def budget_curve(
 
 
 def budget_tables(curve: Mapping[str, Any], gammas: Sequence[float]) -> list[dict[str, Any]]:
+    """Two report tables of a :func:`budget_curve`: the RMSE of every (architecture, method, steps), and every
+    claim at every budget with its CI, verdict and minimum detectable effect."""
     rmse = {
         "title": "Budget curve: validation and test RMSE of the chosen settings (seed 0) at each step budget",
         "columns": ["architecture", "method", "steps", "val RMSE", *[f"test gamma={g:g}" for g in gammas]],
