@@ -77,6 +77,7 @@ def test_robust_sparse_reference_schedule(make_vit: Callable[..., nn.Module]) ->
         ({"nm": [4, 2]}, "acdc.nm"),
         ({"unit": "hours"}, "acdc.unit"),
         ({"warmup": -1.0}, "acdc.warmup"),
+        ({"prune": "heads"}, "acdc.prune"),
     ],
 )
 def test_validation_names_the_key(kwargs: dict, key: str) -> None:

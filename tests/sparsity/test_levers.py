@@ -164,3 +164,27 @@ def test_min_phase_steps_names_the_short_phases() -> None:
     assert [p.end - p.start for p in ok.phases(TOTAL)] == [2, 3, 3, 3, 2, 3]
     with pytest.raises(ConfigError, match="min_phase_steps"):
         ACDCConfig(min_phase_steps=-1)
+
+
+def test_prune_all_masks_the_patch_projection_and_head_too(make_vit: Callable[..., nn.Module]) -> None:
+    model = make_vit()
+    cfg = OptimizerConfig(**{**vars(OPTIMIZERS["horst"]), "mirror": "prunable"})
+    method = MethodConfig(optimizer=cfg, acdc=ACDCConfig(**{**vars(ACDC), "prune": "all"}))
+    recipe = build_recipe(method, model, total_steps=TOTAL)
+    blocks = {t.name for t in select_prunable(model)}
+    masked = {t.name: t.param for t in recipe.sparsity.tensors}
+    extra = set(masked) - blocks
+    assert blocks < set(masked)
+    assert any("patch" in n for n in extra) and any("classifier" in n for n in extra), extra
+    for step in range(3):  # into the first compressed phase [2, 5)
+        recipe.optimizer.zero_grad()
+        model(**_batch(step)).loss.backward()
+        recipe.sparsity.before_optimizer_step()
+        recipe.optimizer.step()
+        recipe.sparsity.step()
+    zeros = sum(int((p == 0).sum()) for p in masked.values())
+    total = sum(p.numel() for p in masked.values())
+    assert zeros == round(0.7 * total)  # one global threshold over the wider set, exactly
+    assert any(int((masked[n] == 0).sum()) > 0 for n in extra)
+    mirrored = {id(p) for g in recipe.optimizer.param_groups for p in g["params"] if g["mirror"]}
+    assert mirrored == {id(p) for p in masked.values()}  # mirror=prunable follows acdc.prune

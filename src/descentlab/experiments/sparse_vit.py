@@ -40,6 +40,7 @@ from descentlab.train.recipe import MethodConfig, build_recipe, methods_from_spe
 from descentlab.train.rundir import RunDir
 
 NAME = "sparse-vit"
+_PRUNED = {"blocks": "block Linears", "all": "patch projection, block Linears and head"}
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a label names job files and checkpoint folders
 
 
@@ -234,7 +235,7 @@ def train_job(
         total_steps=train_cfg.total_steps(n_train),
         steps_per_epoch=-(-n_train // train_cfg.batch_size),
     )
-    prunable = select_prunable(model)
+    prunable = select_prunable(model, (method.acdc or cfg.acdc).selection())
     weights, shape_file = f"weights/{tag}.npz", run.path / f"weights/{tag}-shape.json"
 
     def record_shape() -> None:
@@ -375,7 +376,8 @@ def _results(
         "model": f"ViT {cfg.vit.num_layers}x{cfg.vit.hidden_size}, patch {cfg.vit.patch_size}",
         "budget": f"{budget}, batch {cfg.train.batch_size}, wd {cfg.method.optimizer.weight_decay}, "
         f"lr schedule {cfg.method.optimizer.schedule}",
-        "acdc": "global magnitude over block Linears; " + (str(cfg.acdc) if cfg.acdc.warmup else "reference"),
+        "acdc": f"global magnitude over the {_PRUNED[cfg.acdc.prune]}; "
+        + (str(cfg.acdc) if cfg.acdc.warmup else "reference"),
         "tuning": (
             f"validation split only ({len(_DATA['val'])} images), sparsity {cfg.tune_sparsity:g}, "
             f"seed {cfg.seeds[0]}" + (f"; lr from {cfg.lr_from}" if cfg.lr_from else "")

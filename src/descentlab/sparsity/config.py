@@ -14,8 +14,24 @@ from torch import nn
 
 from descentlab.errors import ConfigError
 from descentlab.sparsity.acdc import ACDC, ACDCSchedule, Phase
+from descentlab.sparsity.masks import Selection
 
 LENGTHS = ("warmup", "phase", "last_decompressed", "final")
+PRUNE_SETS = ("blocks", "all")
+
+
+def prune_selection(prune: str = "blocks") -> Selection:
+    """The weights a ``prune`` set names.
+
+    ``"blocks"``: the Linear / Conv1D weights inside the transformer blocks (embeddings and heads stay dense).
+    ``"all"``: every Linear, Conv1D and Conv2d weight of the model: the blocks, the patch projection of a
+    ViT and the classification head (token embeddings, biases and norms stay dense).
+    """
+    if prune not in PRUNE_SETS:
+        raise ConfigError(f"prune set must be one of {PRUNE_SETS}, got {prune!r}")
+    if prune == "blocks":
+        return Selection()
+    return Selection(module_types=(*Selection().module_types, nn.Conv2d), blocks_only=False)
 
 
 @dataclass
@@ -25,6 +41,8 @@ class ACDCConfig:
     Attributes:
         sparsity: fraction of zeros over the selected weights in compressed phases, in [0, 1).
         scope: "global" (one magnitude threshold, as AC/DC), "layer" or "nm".
+        prune: which weights AC/DC masks: "blocks" (the Linears inside the transformer blocks) or "all"
+            (also the patch projection and the head; :func:`prune_selection`).
         reset_moments: at decompression, zero the optimizer moments of the pruned weights.
         nm: (N, M) of the "nm" scope.
         unit: "steps" or "epochs": the unit of the phase lengths below.
@@ -40,6 +58,7 @@ class ACDCConfig:
 
     sparsity: float = 0.9
     scope: str = "global"
+    prune: str = "blocks"
     reset_moments: bool = False
     nm: list[int] = field(default_factory=lambda: [2, 4])
     unit: str = "steps"
@@ -56,6 +75,8 @@ class ACDCConfig:
             )
         if self.scope not in ("global", "layer", "nm"):
             raise ConfigError(f"acdc.scope must be 'global', 'layer' or 'nm', got {self.scope!r}")
+        if self.prune not in PRUNE_SETS:
+            raise ConfigError(f"acdc.prune must be one of {PRUNE_SETS}, got {self.prune!r}")
         if len(self.nm) != 2 or not 0 < self.nm[0] <= self.nm[1]:
             raise ConfigError(f"acdc.nm must be [N, M] with 0 < N <= M, got {self.nm}; e.g. [2, 4]")
         if self.unit not in ("steps", "epochs"):
@@ -68,6 +89,10 @@ class ACDCConfig:
             raise ConfigError(f"acdc.min_phase_steps must be an int >= 0, got {self.min_phase_steps!r}")
         if self.min_phase_steps < 0:
             raise ConfigError(f"acdc.min_phase_steps must be >= 0, got {self.min_phase_steps}")
+
+    def selection(self) -> Selection:
+        """The weights this run masks (:func:`prune_selection` of ``prune``)."""
+        return prune_selection(self.prune)
 
     def schedule(self, steps_per_epoch: int | None = None) -> ACDCSchedule:
         """The phase lengths in optimizer steps (epochs times ``steps_per_epoch`` when ``unit="epochs"``)."""
@@ -121,9 +146,10 @@ class ACDCConfig:
             schedule=self.schedule(steps_per_epoch),
             total_steps=total_steps,
             scope=self.scope,
+            select=self.selection(),
             reset_moments=self.reset_moments,
             nm=(int(self.nm[0]), int(self.nm[1])),
         )
 
 
-__all__ = ["ACDCConfig"]
+__all__ = ["PRUNE_SETS", "ACDCConfig", "prune_selection"]

@@ -33,7 +33,7 @@ from descentlab.constrained.config import DescentConfig
 from descentlab.errors import ConfigError
 from descentlab.optim.config import OptimizerConfig, build_optimizer, build_scheduler
 from descentlab.sparsity.config import ACDCConfig
-from descentlab.sparsity.masks import select_prunable
+from descentlab.sparsity.masks import Selection, select_prunable
 from descentlab.train.objectives import ERM, Constrained, DeepSupervision, LossFn
 
 OBJECTIVES = ("erm", "constrained", "deep-supervision")
@@ -128,10 +128,10 @@ def build_recipe(
         steps_per_epoch: converts AC/DC phases given in epochs into steps.
         mirror_filter: restricts HORST's mirror step to the parameters it accepts (``(name, param)``).
             With ``optimizer.mirror="prunable"`` and none given, it accepts exactly the weights AC/DC masks
-            (:func:`~descentlab.sparsity.select_prunable` of ``model``), dense runs included.
+            (``method.acdc.prune``; the block Linears for a dense run), dense runs included.
     """
     if method.optimizer.mirror == "prunable" and mirror_filter is None and method.optimizer.name != "adamw":
-        mirror_filter = prunable_filter(model)
+        mirror_filter = prunable_filter(model, method.acdc.selection() if method.acdc else None)
     optimizer = build_optimizer(method.optimizer, model, mirror_filter=mirror_filter)
     scheduler = build_scheduler(method.optimizer, optimizer, total_steps)
     constraint = None
@@ -153,10 +153,12 @@ def build_recipe(
     return Recipe(objective, optimizer, scheduler, sparsity, constraint)
 
 
-def prunable_filter(model: torch.nn.Module) -> Callable[[str, torch.nn.Parameter], bool]:
-    """``(name, param) -> bool``: True for exactly the tensors AC/DC masks (``select_prunable(model)``, the
-    Linear weights inside the transformer blocks), matched by identity, not by name."""
-    ids = {id(t.param) for t in select_prunable(model)}
+def prunable_filter(
+    model: torch.nn.Module, select: Selection | None = None
+) -> Callable[[str, torch.nn.Parameter], bool]:
+    """``(name, param) -> bool``: True for exactly the tensors AC/DC masks (``select_prunable(model, select)``,
+    by default the Linear weights inside the transformer blocks), matched by identity, not by name."""
+    ids = {id(t.param) for t in select_prunable(model, select)}
     return lambda _name, param: id(param) in ids
 
 
