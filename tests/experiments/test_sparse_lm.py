@@ -135,6 +135,24 @@ def test_tuning_never_reads_the_test_novel(seq_run, tmp_path, monkeypatch):
     assert all(x != pytest.approx(y, rel=1e-6) for x, y in zip(before[0], after[0], strict=True))
 
 
+def test_a_diverged_grid_candidate_loses_the_grid_without_stopping_the_run(tmp_path, monkeypatch):
+    import descentlab.experiments._sparse_lm_jobs as jobs
+    from descentlab.errors import NumericalError
+
+    real = jobs.fit
+
+    def fit(model, data, *, tag, **kw):
+        if "-a10-" in tag:
+            raise NumericalError("loss is not finite")
+        return real(model, data, tag=tag, **kw)
+
+    monkeypatch.setattr(jobs, "fit", fit)
+    _, res = _run(tmp_path, *TUNED)
+    horst = res["selection"]["horst"]
+    assert horst["chosen"]["alpha"] == 1.0 and max(g["val"] for g in horst["grid"]) > 1e300
+    assert all(r["alpha"] != 10.0 for r in res["runs"])  # the OLS sample holds the runs that trained
+
+
 def test_reported_nlls_are_reproduced_from_the_saved_checkpoint(seq_run):
     """Rebuild horst seed 1 from its final checkpoint, prune 90 % layer-wise and score the same test blocks."""
     from descentlab.config import load_config_yaml

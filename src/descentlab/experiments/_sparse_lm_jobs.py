@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from descentlab.data.lm_blocks import LMBlocks, lm_blocks, load_local_corpus
-from descentlab.errors import AssetMissingError
+from descentlab.errors import AssetMissingError, NumericalError
 from descentlab.io import save_arrays
 from descentlab.models.gpt2 import build_gpt2, num_params
 from descentlab.models.lm_eval import block_nlls
@@ -73,6 +73,8 @@ def train_and_prune(
     ``val_nll`` / ``test_nll``: the mean NLL per level (log-perplexity); ``tune_score``: the mean of
     ``val_nll`` over the pruned levels, the tuning criterion (validation only); ``shape``:
     :func:`~descentlab.report.sparse_vit_claims.tensor_shape_stats` of the trained (dense) block matrices.
+    A run that diverges (:class:`NumericalError` from ``fit``) returns its settings with ``diverged`` (the
+    reason) and infinite NLLs, so a tuning grid goes on without it.
     """
     run = RunDir(Path(run_path))
     seed_everything(seed)
@@ -80,7 +82,25 @@ def train_and_prune(
     train_data = LMBlocks(data["train"])
     train_cfg = replace(cfg.train, seed=seed, progress=cfg.train.progress and cfg.workers == 1)
     recipe = build_recipe(method, model, total_steps=train_cfg.total_steps(len(train_data)))
-    result = fit(model, train_data, cfg=train_cfg, run=run, tag=tag, **recipe.fit_kwargs())
+    info = {
+        "label": label,
+        "seed": seed,
+        "tag": tag,
+        "optimizer": method.optimizer.name,
+        "lr": method.optimizer.lr,
+    }
+    info |= {
+        "alpha": float(recipe.optimizer.defaults.get("alpha", 0.0)),
+        "weight_decay": method.optimizer.weight_decay,
+    }
+    try:
+        result = fit(model, train_data, cfg=train_cfg, run=run, tag=tag, **recipe.fit_kwargs())
+    except (
+        NumericalError
+    ) as exc:  # a diverged candidate (e.g. too large an alpha) loses the grid, not the run
+        run.log(tag=tag, event="diverged", reason=str(exc))
+        inf = [math.inf] * (1 + len(cfg.sparsities))
+        return {**info, "diverged": str(exc), "val_nll": inf, "test_nll": inf, "tune_score": math.inf}
 
     sweep, nll = prune_sweep(
         model, {"val": data["val"], "test": data["test"]}, cfg.sparsities, cfg.eval_batch_size
@@ -95,13 +115,8 @@ def train_and_prune(
     )
     prunable = select_prunable(model)
     sweep.update(
-        label=label,
-        seed=seed,
-        tag=tag,
-        optimizer=method.optimizer.name,
-        lr=method.optimizer.lr,
-        alpha=float(recipe.optimizer.defaults.get("alpha", 0.0)),  # the mirror strength used; 0: none
-        weight_decay=method.optimizer.weight_decay,
+        **info,  # alpha: the mirror strength used (0: none)
+        diverged=None,
         params=num_params(model),
         final_loss=float(result.last_logs.get("loss", math.nan)),
         val_nll=val,

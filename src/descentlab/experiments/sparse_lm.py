@@ -35,7 +35,7 @@ import torch
 from descentlab.config import config_to_dict
 from descentlab.data.bpe import BPEConfig, make_tokenizer
 from descentlab.data.lm_blocks import lm_blocks
-from descentlab.errors import ConfigError
+from descentlab.errors import ConfigError, NumericalError
 from descentlab.experiments._sparse_lm_jobs import load_corpus, smollm2_sweep, train_and_prune
 from descentlab.io import load_arrays
 from descentlab.models.gpt2 import GPT2LMConfig
@@ -288,9 +288,14 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
             pick(later)
             futures |= finals(list(later))
             final = {k: [futures[k, seed].result() for seed in cfg.seeds] for k in methods}
-            every = {r["tag"]: r for runs in [*grids.values(), *final.values()] for r in runs}
+            every = {
+                r["tag"]: r for runs in [*grids.values(), *final.values()] for r in runs if not r["diverged"]
+            }
     finally:
         torch.set_num_threads(threads)
+    broken = [r["tag"] for runs in final.values() for r in runs if r["diverged"]]
+    if broken:
+        raise NumericalError(f"final runs {broken} diverged; their metrics.jsonl says why (lower lr / alpha)")
 
     # 3. results: test perplexity curves with CIs, the claims from the per-block test NLLs
     cells = {k: _cells(run, jobs_) for k, jobs_ in final.items()}
