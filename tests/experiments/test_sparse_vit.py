@@ -167,9 +167,12 @@ def test_full_preset_protocol() -> None:
 
     cfg = resolve_config(SparseViTConfig, preset="full", presets=PRESETS)
     assert cfg.n_val >= 5000 and cfg.n_train + cfg.n_val == 60000 and cfg.n_test == 10000
-    assert cfg.sparsities == [0.9, 0.95, 0.98] and cfg.seeds == [0, 1, 2] and cfg.claim_sparsity == 0.9
+    # the regime: every Linear/Conv weight prunable, at levels where the pilot saw AdamW lose >= 3 points
+    assert cfg.acdc.prune == "all" and cfg.sparsities == [0.98, 0.99, 0.995] and cfg.seeds == [0, 1, 2]
+    assert cfg.claim_sparsity == cfg.tune_sparsity == 0.99
     assert cfg.tune and cfg.lr_from == "adamw" and cfg.workers == 2
-    assert cfg.tune_alpha == {"horst": [1.0, 3.0, 10.0, 30.0], "ham": [50.0, 200.0, 1000.0]}
+    # the last run chose HORST alpha = 1 and HAM alpha = 1000, at the grids' edges: both now lie inside
+    assert cfg.tune_alpha == {"horst": [0.3, 1.0, 3.0, 10.0, 30.0], "ham": [200.0, 1000.0, 5000.0]}
     assert cfg.method.optimizer.schedule == "warmup_cosine" and cfg.method.optimizer.warmup_frac > 0
     total = cfg.train.total_steps(cfg.n_train)
     phases = cfg.acdc.phases(total)  # raises below acdc.min_phase_steps
