@@ -73,7 +73,7 @@ def test_runs_end_to_end_and_checkpoints_are_exactly_sparse(micro_run) -> None:
     assert methods["adamw-dense"]["sparsity"]["checkpoint"] < 0.01
     titles = [t["title"] for t in results["tables"]]
     assert any(t.startswith("Test accuracy") for t in titles) and any(t.startswith("Tuning") for t in titles)
-    assert any(t.startswith("Block-Linear weights") for t in titles)
+    assert any(t.startswith("Prunable weights") for t in titles)
     assert (path / "figures" / "weight-histograms.png").stat().st_size > 10_000
     assert "horst-beats-adamw" in " ".join(results["notes"])
     claims = {(c["claim"], c["sparsity"]) for c in results["claims"]}

@@ -223,7 +223,7 @@ def train_job(
     The shape of the prunable weights (:func:`~descentlab.report.sparse_vit_claims.tensor_shape_stats`) is
     read when the final pruning sees them (end of the last decompressed phase) in a sparse run, at the end
     in a dense one, and written to ``weights/<tag>-shape.json`` at once, so a resumed fit keeps it. With
-    ``capture`` the block-Linear weights themselves are saved to ``weights/<tag>.npz`` too, then and at the
+    ``capture`` the prunable weights themselves are saved to ``weights/<tag>.npz`` too, then and at the
     end. The result holds every test image's correctness (``test_correct``), for the paired claims.
     """
     seed_everything(seed)

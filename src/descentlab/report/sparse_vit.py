@@ -158,7 +158,7 @@ def summary_tables(
             "rows": acc_rows,
         },
         {
-            "title": "Sparsity read back from the saved safetensors checkpoints (block Linear weights, exact zeros)",
+            "title": "Sparsity read back from the saved safetensors checkpoints (prunable weights, exact zeros)",
             "columns": ["optimizer", "target", "global min", "global max", "per-block range"],
             "rows": ckpt_rows,
         },
@@ -194,7 +194,7 @@ def summary_tables(
     if shape_rows:
         tables.append(
             {
-                "title": f"Block-Linear weights before the final pruning (seed {seeds[0]}, {100 * shown:g} % run): "
+                "title": f"Prunable weights before the final pruning (seed {seeds[0]}, {100 * shown:g} % run): "
                 "how peaked at 0",
                 "columns": ["optimizer", "|w| < 1e-3", "|w| < 1e-2", "excess kurtosis", "L1/(√n L2)"],
                 "rows": shape_rows,
@@ -240,10 +240,12 @@ def accuracy_figure(results: dict[str, Any], run_dir: Path) -> list[dict[str, st
         return []
     fig, axes = new_figure(1, 1, figsize=(5.5, 3.8))
     ax = axes[0][0]
+    # the levels as evenly spaced categories: 98 / 99 / 99.5 % would crowd on a linear axis
+    levels = sorted({v for c in curves.values() for v in c["x"]})
     for i, (name, c) in enumerate(curves.items()):
         mean = 100 * np.asarray(c["mean"])
         err = np.abs(100 * np.asarray(c["ci95"]).T - mean)
-        x = [100 * v + 0.3 * (i - (len(curves) - 1) / 2) for v in c["x"]]  # side by side, not on top
+        x = [levels.index(v) + 0.08 * (i - (len(curves) - 1) / 2) for v in c["x"]]  # side by side
         ax.errorbar(x, mean, yerr=err, marker="o", capsize=3, label=name)
     for name, b in methods.items():
         if "test_accuracy_ci95" in b:
@@ -251,10 +253,9 @@ def accuracy_figure(results: dict[str, Any], run_dir: Path) -> list[dict[str, st
             label = f"{name.removesuffix(DENSE_SUFFIX)} dense"
             ax.axhspan(low, high, alpha=0.2, color="grey", label=label)
             ax.axhline(100 * b["metrics"]["test_accuracy@0"], color="grey", linestyle="--", linewidth=1)
-    ticks = sorted({100 * v for c in curves.values() for v in c["x"]})
-    ax.set_xticks(ticks)
-    ax.set_xlim(ticks[0] - 1.5, ticks[-1] + 1.5)
-    ax.set_xlabel("sparsity of the block Linears (%)")
+    ax.set_xticks(range(len(levels)), [f"{100 * v:g}" for v in levels])
+    ax.set_xlim(-0.5, len(levels) - 0.5)
+    ax.set_xlabel("sparsity of the prunable weights (%)")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -270,11 +271,11 @@ def accuracy_figure(results: dict[str, Any], run_dir: Path) -> list[dict[str, st
 
 
 def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
-    """The accuracy figure, and the block-Linear weight histograms: before the final pruning, and the
+    """The accuracy figure, and the prunable-weight histograms: before the final pruning, and the
     surviving weights at the end.
 
     Reads ``results["histograms"]``: ``{"bins", "sparsity", "seed", "files": {label: "weights/x.npz"}}``,
-    each file holding ``before_final_pruning`` and / or ``final`` (flattened block-Linear weights).
+    each file holding ``before_final_pruning`` and / or ``final`` (flattened prunable weights).
     """
     accuracy = accuracy_figure(results, run_dir)
     spec = results.get("histograms")
@@ -306,7 +307,7 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
         *accuracy,
         {
             "path": "figures/weight-histograms.png",
-            "caption": f"Weight histograms of the block Linears (seed {spec['seed']}), HORST against AdamW and "
+            "caption": f"Weight histograms of the prunable weights (seed {spec['seed']}), HORST against AdamW and "
             "HAM; the dense AdamW run for reference. Raw values: the .npz files under weights/.",
         },
     ]
