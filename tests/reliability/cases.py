@@ -13,6 +13,7 @@ from torch import nn
 
 import descentlab as dl
 from descentlab import errors
+from descentlab.sparsity import ACDCConfig
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,13 @@ LIBRARY_CASES: list[LibraryCase] = [
         lambda: dl.ACDC(_tiny_bert(), torch.optim.SGD(_tiny_bert().parameters(), lr=0.1), sparsity=-0.1),
         errors.ConfigError,
         "[0, 1)",
+    ),
+    LibraryCase(
+        "acdc-prune",
+        "ACDCConfig(prune='heads')",
+        lambda: ACDCConfig(prune="heads"),
+        errors.ConfigError,
+        "acdc.prune must be one of",
     ),
     LibraryCase(
         "perturb-kind",
