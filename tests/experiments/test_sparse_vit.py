@@ -154,11 +154,22 @@ def test_claim_keys_and_short_phases_are_rejected_before_running(tmp_path) -> No
     with pytest.raises(ConfigError, match="claim_sparsity"):
         run_experiment("sparse-vit", overrides=["sparsities=[0.7]"], out=tmp_path)
     with pytest.raises(ConfigError, match="lr_from"):
-        run_experiment("sparse-vit", overrides=["lr_from=sgd"], out=tmp_path)
+        run_experiment("sparse-vit", overrides=["tune=true", "lr_from=sgd"], out=tmp_path)
     short = ["train.max_steps=1000", "acdc.unit=steps", "acdc.phase=50", "acdc.min_phase_steps=100"]
     with pytest.raises(ConfigError, match=r"min_phase_steps=100.*compressed \["):
         run_experiment("sparse-vit", overrides=short, out=tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_lr_from_only_matters_when_tuning() -> None:
+    from descentlab.config import resolve_config
+    from descentlab.experiments.sparse_vit import PRESETS, SparseViTConfig
+
+    # the full preset's lr_from=adamw, with methods that leave AdamW out and no tuning: a lever side run
+    cfg = resolve_config(
+        SparseViTConfig, preset="full", presets=PRESETS, overrides=["tune=false", "methods=[horst]"]
+    )
+    assert cfg.lr_from == "adamw" and cfg.methods == ["horst"]
 
 
 def test_full_preset_protocol() -> None:

@@ -130,7 +130,7 @@ class SparseViTConfig:
                 )
         if self.dense is not None and self.dense not in self.specs:
             raise ConfigError(f"dense={self.dense!r} is not a method; choose one of {sorted(self.specs)}")
-        if self.lr_from is not None and self.lr_from not in self.methods:
+        if self.tune and self.lr_from is not None and self.lr_from not in self.methods:
             raise ConfigError(f"lr_from={self.lr_from!r} must be one of methods {self.methods} (or null)")
         if self.claim_sparsity not in self.sparsities:
             raise ConfigError(f"claim_sparsity={self.claim_sparsity} is not in sparsities {self.sparsities}")
