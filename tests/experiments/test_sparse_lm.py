@@ -119,6 +119,21 @@ def test_claims_are_recomputed_from_the_saved_per_block_test_nlls(seq_run):
     assert spread["spread"] == pytest.approx((max(ppl) - min(ppl)) / np.mean(ppl), rel=1e-12)
 
 
+def test_tune_on_dense_picks_the_best_dense_validation_model(tmp_path):
+    from descentlab.experiments._sparse_lm_jobs import tune_score
+
+    assert tune_score([3.0, 4.0, 6.0], [0.0, 0.5, 0.9], None) == 5.0  # mean over the pruned levels
+    assert tune_score([3.0, 4.0, 6.0], [0.0, 0.5, 0.9], 0.0) == 3.0
+    assert tune_score([3.0, 4.0, 6.0], [0.0, 0.5, 0.9], 0.9) == 6.0
+    _, res = _run(tmp_path, *TUNED, "tune_on=0")
+    dense = {(r["label"], r["lr"], r["alpha"]): r["val_nll"][0] for r in res["runs"] if r["seed"] == 0}
+    for label, sel in res["selection"].items():
+        for g in sel["grid"]:  # every candidate was scored by its dense validation log-ppl
+            assert g["val"] == pytest.approx(math.exp(dense[label, g["lr"], g["alpha"]]), rel=1e-9)
+        assert sel["chosen"]["val"] == min(g["val"] for g in sel["grid"]), label
+    assert "at 0 % sparsity" in res["protocol"]["tuning"]
+
+
 def test_tuning_never_reads_the_test_novel(seq_run, tmp_path, monkeypatch):
     """A different test novel changes every test number and no choice: the grid reads validation only."""
     import descentlab.experiments.sparse_lm as slm
@@ -250,6 +265,7 @@ def test_config_errors_are_clear():
         "test_blocks": ["test_blocks=0"],
         "lr_from='ham' must be one of methods": ["tune=true", "lr_from=ham", "methods=[adamw,horst]"],
         "seed_spread": ["seed_spread=3"],
+        "tune_on=0.65 must be 0": ["tune_on=0.65"],
         "unknown config key 'optimizers'": ["optimizers=[adamw]"],
     }
     for message, overrides in cases.items():

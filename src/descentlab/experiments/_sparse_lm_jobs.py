@@ -65,13 +65,21 @@ def prune_sweep(
     return out, {name: torch.stack(rows) for name, rows in nll.items()}
 
 
+def tune_score(val_nll: list[float], levels: list[float], tune_on: float | None) -> float:
+    """The tuning criterion: the validation log-perplexity at sparsity ``tune_on`` (0: the dense model), or
+    with None the mean over the pruned levels (``levels[1:]``; ``levels[0]`` is dense)."""
+    if tune_on is None:
+        return sum(val_nll[1:]) / max(1, len(val_nll) - 1)
+    return val_nll[levels.index(tune_on)]
+
+
 def train_and_prune(
     cfg: SparseLMConfig, label: str, method: MethodConfig, seed: int, data: dict, run_path: str, tag: str
 ) -> dict[str, Any]:
     """One job: train a fresh GPT-2 by ``method`` at ``seed``, then sweep one-shot pruning (JSON-able result).
 
-    ``val_nll`` / ``test_nll``: the mean NLL per level (log-perplexity); ``tune_score``: the mean of
-    ``val_nll`` over the pruned levels, the tuning criterion (validation only); ``shape``:
+    ``val_nll`` / ``test_nll``: the mean NLL per level (log-perplexity); ``tune_score``: the tuning
+    criterion (validation only, :func:`tune_score`); ``shape``:
     :func:`~descentlab.report.sparse_vit_claims.tensor_shape_stats` of the trained (dense) block matrices.
     A run that diverges (:class:`NumericalError` from ``fit``) returns its settings with ``diverged`` (the
     reason) and infinite NLLs, so a tuning grid goes on without it.
@@ -121,7 +129,7 @@ def train_and_prune(
         final_loss=float(result.last_logs.get("loss", math.nan)),
         val_nll=val,
         test_nll=test,
-        tune_score=sum(val[1:]) / max(1, len(val) - 1),
+        tune_score=tune_score(val, [0.0, *cfg.sparsities], cfg.tune_on),
         nll=nll_file,
         shape=tensor_shape_stats([t.param for t in prunable], cfg.small_weight),
         weights=None,

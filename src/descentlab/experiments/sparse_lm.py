@@ -89,6 +89,8 @@ class SparseLMConfig:
         tune_lr: the lr candidates (of ``lr_from``'s method, or of every method without ``lr_from``).
         tune_alpha: label -> α candidates (a label without them keeps its own α).
         lr_from: with ``tune``, the label whose lr is tuned first; the others take it and tune α only.
+        tune_on: the tuning criterion: the validation log-ppl at this sparsity (0: dense; one of
+            ``sparsities``), or with null the mean over the pruned levels, which can reward a worse dense model.
         claim_low, claim_high: the sparsities of the gap-widens and control claims (high: also HORST vs HAM).
         seed_spread: the limit of the seed-spread check: (max - min) / mean of the dense validation
             perplexity over seeds, per method.
@@ -124,6 +126,7 @@ class SparseLMConfig:
         default_factory=lambda: {"horst": [1.0, 3.0, 10.0, 30.0], "ham": [50.0, 200.0, 1000.0]}
     )
     lr_from: str | None = "adamw"
+    tune_on: float | None = None
     claim_low: float = 0.5
     claim_high: float = 0.9
     seed_spread: float = 0.03
@@ -156,6 +159,8 @@ class SparseLMConfig:
         for key in ("claim_low", "claim_high"):
             if getattr(self, key) not in self.sparsities:
                 raise ConfigError(f"{key}={getattr(self, key)} is not in sparsities {self.sparsities}")
+        if self.tune_on is not None and self.tune_on not in (0.0, *self.sparsities):
+            raise ConfigError(f"tune_on={self.tune_on} must be 0 (dense), one of sparsities or null")
         if self.claim_low >= self.claim_high:
             raise ConfigError(f"claim_low={self.claim_low} must be below claim_high={self.claim_high}")
         if not self.seeds or self.eval_blocks < 1 or self.workers < 1:
@@ -267,7 +272,7 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
             def pick(pending: dict[str, tuple[list, list[Future]]]) -> None:
                 for label, (grid, futures) in pending.items():
                     grids[label] = scores = [f.result() for f in futures]
-                    # validation only: the mean validation log-ppl over the pruning levels (first of equals)
+                    # validation only: the criterion of ``tune_on`` (first of equals)
                     picks[label] = min(range(len(grid)), key=lambda i, s=scores: s[i]["tune_score"])
                     chosen[label] = grid[picks[label]]
 
@@ -305,6 +310,11 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
     )
     steps = cfg.train.total_steps(len(train_blocks))
     first = final[next(iter(final))][0]
+    criterion = (
+        "mean validation log-ppl over the pruning levels"
+        if cfg.tune_on is None
+        else f"validation log-ppl at {100 * cfg.tune_on:g} % sparsity"
+    )
     return Results(
         experiment="sparse-lm",
         config=config_to_dict(cfg),
@@ -322,8 +332,8 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
             "lr": {k: m.optimizer.lr for k, m in chosen.items()},
             "alpha": {k: m.optimizer.alpha for k, m in chosen.items()},
             "tuning": (
-                f"validation novel only ({int(val_blocks.shape[0])} blocks), seed {seed0}, mean validation "
-                f"log-ppl over the pruning levels" + (f"; lr from {cfg.lr_from}" if cfg.lr_from else "")
+                f"validation novel only ({int(val_blocks.shape[0])} blocks), seed {seed0}, {criterion}"
+                + (f"; lr from {cfg.lr_from}" if cfg.lr_from else "")
                 if cfg.tune
                 else "none (the specs' own lr / alpha)"
             ),
