@@ -89,26 +89,6 @@ def sparsity_table(sweeps: Sweeps, labels: Sequence[str]) -> dict:
     }
 
 
-def gap_table(sweeps: Sweeps, a: str, b: str) -> dict:
-    """Paired-by-seed log-perplexity gap ``log ppl_a - log ppl_b`` (negative: ``a`` is better) per sparsity."""
-    xs = sweeps[a][0]["x"]
-    diffs = [
-        [pa - pb for pa, pb in zip(ra["nll"], rb["nll"], strict=True)]
-        for ra, rb in zip(sweeps[a], sweeps[b], strict=True)
-    ]
-    mean, std = column_mean_std(diffs)
-    wins = [sum(d[i] < 0 for d in diffs) for i in range(len(xs))]
-    rows = [
-        [f"{x:.0%}", f"{m:+.4f} ± {s:.4f}", f"{math.exp(m):.3f}", f"{w}/{len(diffs)}"]
-        for x, m, s, w in zip(xs, mean, std, wins, strict=True)
-    ]
-    return {
-        "title": f"{a} vs {b}: paired log-perplexity gap per seed (negative = {a} better)",
-        "columns": ["sparsity", f"log ppl({a}) - log ppl({b})", "ppl ratio", f"seeds where {a} wins"],
-        "rows": rows,
-    }
-
-
 def method_block(jobs: Sequence[Mapping[str, Any]], cells: Any, n_boot: int) -> MethodResult:
     """One method's results.json block from its final runs and their ``[seeds, levels, blocks]`` test NLLs."""
     c = np.asarray(cells, dtype=np.float64)
@@ -339,7 +319,6 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
 __all__ = [
     "damage_table",
     "figures",
-    "gap_table",
     "method_block",
     "perplexity_table",
     "plot_perplexity",
