@@ -115,3 +115,19 @@ def test_cosine_schedule_comes_from_the_optimizer_config() -> None:
 def test_bad_specs_name_the_problem(spec: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         with_overrides(MethodConfig(constraint=DescentConfig()), spec)
+
+
+def test_lr_alpha_grid_is_lr_major_and_keeps_everything_else() -> None:
+    from descentlab.train.tuning import lr_alpha_grid
+
+    base = MethodConfig(optimizer=OptimizerConfig(name="horst", lr=1e-3, alpha=2.0, weight_decay=0.05))
+    grid = lr_alpha_grid(base, [1e-3, 4e-3], [1.0, 10.0])
+    assert [(m.optimizer.lr, m.optimizer.alpha) for m in grid] == [
+        (1e-3, 1.0),
+        (1e-3, 10.0),
+        (4e-3, 1.0),
+        (4e-3, 10.0),
+    ]
+    assert all(m.optimizer.weight_decay == 0.05 and m.optimizer.name == "horst" for m in grid)
+    assert [m.optimizer.alpha for m in lr_alpha_grid(base, [1e-3, 2e-3], [])] == [2.0, 2.0]  # its own alpha
+    assert base.optimizer.lr == 1e-3 and base.optimizer.alpha == 2.0  # the base is not modified

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,6 +46,7 @@ from descentlab.train.jobs import JobRunner
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, methods_from_specs
 from descentlab.train.rundir import RunDir
+from descentlab.train.tuning import lr_alpha_grid
 
 SPECS: dict[str, str] = {
     "adamw": "",
@@ -219,16 +220,6 @@ def _spread(blocks: torch.Tensor, k: int | None) -> torch.Tensor:
     return blocks[torch.linspace(0, n - 1, k).round().long()]
 
 
-def tuning_grid(
-    cfg: SparseLMConfig, label: str, method: MethodConfig, lrs: list[float]
-) -> list[MethodConfig]:
-    """``method`` at every (lr, α) of the validation grid (α from ``tune_alpha``, else its own)."""
-    alphas = cfg.tune_alpha.get(label) or [method.optimizer.alpha]
-    return [
-        replace(method, optimizer=replace(method.optimizer, lr=lr, alpha=a)) for lr in lrs for a in alphas
-    ]
-
-
 def run(cfg: SparseLMConfig, run: RunDir) -> dict:
     # 1. data: the tokenizer learns from the training split only; blocks are fixed-length and deterministic
     splits = load_corpus(cfg)
@@ -265,7 +256,9 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
             def trials(labels: list[str], lrs: list[float] | None) -> dict[str, tuple[list, list[Future]]]:
                 out = {}
                 for k in labels:
-                    grid = tuning_grid(cfg, k, methods[k], lrs or [methods[k].optimizer.lr])
+                    grid = lr_alpha_grid(
+                        methods[k], lrs or [methods[k].optimizer.lr], cfg.tune_alpha.get(k, [])
+                    )
                     out[k] = (grid, [submit(k, m, seed0) for m in grid])
                 return out
 

@@ -38,6 +38,7 @@ from descentlab.train.jobs import JobRunner
 from descentlab.train.loop import TrainConfig, fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe, methods_from_specs
 from descentlab.train.rundir import RunDir
+from descentlab.train.tuning import lr_alpha_grid
 
 NAME = "sparse-vit"
 _PRUNED = {"blocks": "block Linears", "all": "patch projection, block Linears and head"}
@@ -275,18 +276,6 @@ def train_job(
     return out
 
 
-def tuning_grid(
-    cfg: SparseViTConfig, label: str, method: MethodConfig, lrs: list[float] | None = None
-) -> list[MethodConfig]:
-    """``method`` at every (lr, α) of the validation grid (lr over ``lrs``, default ``tune_lr``)."""
-    alphas = cfg.tune_alpha.get(label) or [method.optimizer.alpha]
-    return [
-        replace(method, optimizer=replace(method.optimizer, lr=lr, alpha=alpha))
-        for lr in (cfg.tune_lr if lrs is None else lrs)
-        for alpha in alphas
-    ]
-
-
 def run(cfg: SparseViTConfig, run: RunDir) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -313,7 +302,8 @@ def run(cfg: SparseViTConfig, run: RunDir) -> dict[str, Any]:
             chosen |= cfg.compared([cfg.dense])
 
         def trials(labels: list[str], lrs: list[float] | None) -> dict[str, tuple[list, list[Future]]]:
-            grid = {label: tuning_grid(cfg, label, methods[label], lrs) for label in labels}
+            lrs = cfg.tune_lr if lrs is None else lrs
+            grid = {k: lr_alpha_grid(methods[k], lrs, cfg.tune_alpha.get(k, [])) for k in labels}
             return {k: (g, [submit(k, m, cfg.tune_sparsity, seed0) for m in g]) for k, g in grid.items()}
 
         def pick(pending: dict[str, tuple[list, list[Future]]]) -> None:

@@ -20,6 +20,7 @@ __all__ = [
     "Selection",
     "candidate_methods",
     "choose_candidate",
+    "lr_alpha_grid",
     "settings_diff",
     "tune_and_replicate",
     "with_reference",
@@ -65,6 +66,15 @@ def tune_and_replicate(
         if then is not None:
             then(g, chosen[g], per_seed[g])
     return grid, chosen, per_seed
+
+
+def lr_alpha_grid(method: MethodConfig, lrs: Sequence[float], alphas: Sequence[float]) -> list[MethodConfig]:
+    """``method`` at every (lr, α) of ``lrs`` × ``alphas``, lr-major; an empty ``alphas`` keeps the
+    optimizer's own α (one candidate per lr)."""
+    alphas = list(alphas) or [method.optimizer.alpha]
+    return [
+        replace(method, optimizer=replace(method.optimizer, lr=lr, alpha=a)) for lr in lrs for a in alphas
+    ]
 
 
 def candidate_methods(label: str, method: MethodConfig, selection: Any) -> list[MethodConfig]:
