@@ -200,3 +200,28 @@ def test_worker_processes_give_the_inline_numbers(micro_run, tmp_path) -> None:
         ).read_text()
     )
     assert pooled["methods"] == inline["methods"] and pooled["tables"] == inline["tables"]
+
+
+def test_a_dense_run_mirrors_the_set_its_sparse_twins_prune(monkeypatch, tmp_path) -> None:
+    # acdc.prune=all with mirror=prunable: the dense HORST run (AC/DC off) mirrors the patch projection and
+    # head too, the same weights its sparse runs mask, not the recipe's block-Linear default
+    from dataclasses import replace
+
+    import descentlab.experiments.sparse_vit as svit
+    from descentlab.config import resolve_config
+
+    cfg = resolve_config(svit.SparseViTConfig, overrides=[*MICRO, "acdc.prune=all"])
+    seen = {}
+
+    def record(method, model, **kwargs):
+        seen["mirrored"] = {n for n, p in model.named_parameters() if kwargs["mirror_filter"](n, p)}
+        raise RuntimeError("recorded")
+
+    svit._load_data(cfg)
+    monkeypatch.setattr(svit, "build_recipe", record)
+    horst = cfg.compared(["horst"])["horst"]
+    dense = replace(horst, acdc=None, optimizer=replace(horst.optimizer, mirror="prunable"))
+    with pytest.raises(RuntimeError, match="recorded"):
+        svit.train_job(cfg, None, dense, 0, "t", False)
+    assert "vit.embeddings.patch_embeddings.projection.weight" in seen["mirrored"]
+    assert "classifier.weight" in seen["mirrored"] and not any("bias" in n for n in seen["mirrored"])

@@ -36,7 +36,7 @@ from descentlab.sparsity import ACDCConfig, select_prunable, sparsity_report
 from descentlab.train.checkpoint import load_latest
 from descentlab.train.jobs import JobRunner
 from descentlab.train.loop import TrainConfig, fit, seed_everything
-from descentlab.train.recipe import MethodConfig, build_recipe, methods_from_specs
+from descentlab.train.recipe import MethodConfig, build_recipe, methods_from_specs, prunable_filter
 from descentlab.train.rundir import RunDir
 from descentlab.train.tuning import lr_alpha_grid
 
@@ -231,13 +231,15 @@ def train_job(
     model = build_vit(cfg.vit, seed=seed)
     train_cfg = replace(cfg.train, seed=seed)
     n_train = len(_DATA["train"])
+    select = (method.acdc or cfg.acdc).selection()  # a dense run: the set its sparse twins prune
     recipe = build_recipe(
         method,
         model,
         total_steps=train_cfg.total_steps(n_train),
         steps_per_epoch=-(-n_train // train_cfg.batch_size),
+        mirror_filter=prunable_filter(model, select) if method.optimizer.mirror == "prunable" else None,
     )
-    prunable = select_prunable(model, (method.acdc or cfg.acdc).selection())
+    prunable = select_prunable(model, select)
     weights, shape_file = f"weights/{tag}.npz", run.path / f"weights/{tag}-shape.json"
 
     def record_shape() -> None:
