@@ -134,6 +134,55 @@ def test_tune_on_dense_picks_the_best_dense_validation_model(tmp_path):
     assert "at 0 % sparsity" in res["protocol"]["tuning"]
 
 
+def test_pick_candidate_only_lets_near_best_dense_models_compete():
+    from descentlab.experiments._sparse_lm_jobs import pick_candidate
+
+    jobs = [  # val_nll[0]: dense validation log-ppl; tune_score: the criterion at a pruned level
+        {"val_nll": [3.00, 5.0], "tune_score": 5.0},
+        {"val_nll": [3.02, 4.5], "tune_score": 4.5},  # 2.0 % worse dense
+        {"val_nll": [3.20, 3.5], "tune_score": 3.5},  # 22 % worse dense, most prunable
+    ]
+    assert pick_candidate(jobs) == 2
+    assert pick_candidate(jobs, dense_within=0.03) == 1
+    assert pick_candidate(jobs, dense_within=0.01) == 0
+    assert pick_candidate(jobs, dense_within=0.3) == 2
+    with pytest.raises(ConfigError, match="tune_dense_within"):
+        from descentlab.config import resolve_config
+        from descentlab.experiments.sparse_lm import SparseLMConfig
+
+        resolve_config(SparseLMConfig, overrides=["tune_dense_within=0"])
+
+
+def test_tune_dense_within_picks_among_near_best_dense_models(tmp_path):
+    """lr_first: each method's lr at its own alpha, then its alpha at that lr; the choice is the best of all
+    it ran among the candidates within 0.5 % of the best dense validation perplexity."""
+    from descentlab.experiments._sparse_lm_jobs import pick_candidate
+
+    _, res = _run(tmp_path, *TUNED, "lr_from=null", "lr_first=true", "tune_on=0.9", "tune_dense_within=0.005")
+    horst = [r for r in res["runs"] if r["label"] == "horst" and r["seed"] == 0]
+    stage1 = [r for r in horst if r["alpha"] == 10.0 and r["lr"] in (1e-3, 3e-3)]  # the spec's alpha
+    lr1 = stage1[pick_candidate(stage1, 0.005)]["lr"]
+    expected = {(1e-3, 10.0), (3e-3, 10.0), (lr1, 1.0)}
+    assert {(g["lr"], g["alpha"]) for g in res["selection"]["horst"]["grid"]} == expected
+    assert {(r["lr"], r["alpha"]) for r in horst} == expected  # one job each: the repeat is the same job
+    (grid_table,) = [t for t in res["tables"] if t["title"].startswith("Validation grid")]
+    assert "within 0.5 % of the grid's best dense ppl" in grid_table["title"]
+    runs = {(r["label"], r["lr"], r["alpha"]): r for r in res["runs"] if r["seed"] == 0}
+    for label, sel in res["selection"].items():
+        cands = [runs[label, g["lr"], g["alpha"]] for g in sel["grid"]]
+        best = min(r["val_nll"][0] for r in cands)
+        ok = [r for r in cands if r["val_nll"][0] <= best + math.log1p(0.005)]
+        chosen = runs[label, sel["chosen"]["lr"], sel["chosen"]["alpha"]]
+        assert chosen in ok and chosen["tune_score"] == min(r["tune_score"] for r in ok), label
+        assert chosen["tune_score"] == pytest.approx(chosen["val_nll"][2])  # the 90 % level's log-ppl
+    eligible = [row[5] for row in grid_table["rows"]]
+    assert (
+        "yes" in eligible
+        and "no (dense)" in eligible
+        and len(eligible) == sum(len(s["grid"]) for s in res["selection"].values())
+    )
+
+
 def test_tuning_never_reads_the_test_novel(seq_run, tmp_path, monkeypatch):
     """A different test novel changes every test number and no choice: the grid reads validation only."""
     import descentlab.experiments.sparse_lm as slm
@@ -173,7 +222,8 @@ def test_reported_nlls_are_reproduced_from_the_saved_checkpoint(seq_run):
     from descentlab.config import load_config_yaml
     from descentlab.data.bpe import BPEConfig, make_tokenizer
     from descentlab.data.lm_blocks import lm_blocks
-    from descentlab.experiments.sparse_lm import SparseLMConfig, _spread, load_corpus
+    from descentlab.experiments._sparse_lm_jobs import evenly_spaced
+    from descentlab.experiments.sparse_lm import SparseLMConfig, load_corpus
     from descentlab.io import load_arrays
     from descentlab.models.gpt2 import build_gpt2
     from descentlab.models.lm_eval import block_nlls
@@ -184,7 +234,7 @@ def test_reported_nlls_are_reproduced_from_the_saved_checkpoint(seq_run):
     cfg = load_config_yaml(SparseLMConfig, (path / "config.yaml").read_text())
     splits = load_corpus(cfg)
     tok = make_tokenizer("bpe", splits["train"], BPEConfig(vocab_size=cfg.bpe_vocab))
-    test = _spread(lm_blocks(tok, splits["test"], cfg.model.n_positions).blocks, cfg.test_blocks)
+    test = evenly_spaced(lm_blocks(tok, splits["test"], cfg.model.n_positions).blocks, cfg.test_blocks)
     model = build_gpt2(cfg.model, tok.vocab_size, eos_id=tok.eos_id, seed=123)
     (tag,) = [r["tag"] for r in res["runs"] if r["label"] == "horst" and r["seed"] == 1]
     ckpt = load_latest(path / "checkpoints" / tag)
@@ -266,6 +316,7 @@ def test_config_errors_are_clear():
         "lr_from='ham' must be one of methods": ["tune=true", "lr_from=ham", "methods=[adamw,horst]"],
         "seed_spread": ["seed_spread=3"],
         "tune_on=0.65 must be 0": ["tune_on=0.65"],
+        "lr_first=true tunes every method's own lr": ["lr_first=true"],
         "unknown config key 'optimizers'": ["optimizers=[adamw]"],
     }
     for message, overrides in cases.items():
@@ -286,6 +337,12 @@ def test_presets_resolve():
     quick = resolve_config(SparseLMConfig, preset="quick", presets=PRESETS)
     full = resolve_config(SparseLMConfig, preset="full", presets=PRESETS)
     assert quick.train.max_steps < full.train.max_steps and len(full.seeds) == 3 and full.tune
-    assert full.lr_from == "adamw" and set(full.tune_alpha) == {"horst", "ham"}
+    assert full.lr_from is None and full.lr_first and set(full.tune_alpha) == {"horst", "ham"}
+    # every choice is interior-able: each grid brackets the spec value it starts the search from
+    methods = full.method_configs()
+    for label, alphas in full.tune_alpha.items():
+        assert min(alphas) < methods[label].optimizer.alpha < max(alphas), label
+    assert min(full.tune_lr) < 4e-3 < max(full.tune_lr)
+    assert full.tune_on == full.claim_high and full.tune_dense_within == full.seed_spread
     assert {0.5, 0.9} <= set(full.sparsities) and full.test_blocks >= 256
     assert [m.optimizer.name for m in full.method_configs().values()] == ["adamw", "horst", "ham", "adamw"]

@@ -9,6 +9,7 @@ jobs can run in worker processes.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -65,12 +66,48 @@ def prune_sweep(
     return out, {name: torch.stack(rows) for name, rows in nll.items()}
 
 
+def evenly_spaced(blocks: torch.Tensor, k: int | None) -> torch.Tensor:
+    """``k`` blocks evenly spaced over the split (all of them when k is None or >= their number)."""
+    n = blocks.shape[0]
+    if k is None or k >= n:
+        return blocks
+    return blocks[torch.linspace(0, n - 1, k).round().long()]
+
+
 def tune_score(val_nll: list[float], levels: list[float], tune_on: float | None) -> float:
     """The tuning criterion: the validation log-perplexity at sparsity ``tune_on`` (0: the dense model), or
     with None the mean over the pruned levels (``levels[1:]``; ``levels[0]`` is dense)."""
     if tune_on is None:
         return sum(val_nll[1:]) / max(1, len(val_nll) - 1)
     return val_nll[levels.index(tune_on)]
+
+
+def pick_candidate(jobs: Sequence[Mapping[str, Any]], dense_within: float | None = None) -> int:
+    """The tuning choice: the candidate with the lowest ``tune_score`` (the first of equals).
+
+    With ``dense_within`` only the candidates whose dense validation perplexity is at most
+    ``(1 + dense_within)`` times the grid's best compete, so a criterion at a pruned level cannot pick a
+    model that is more prunable only because it is worse trained::
+
+        eligible = {i : val_nll_i(0) <= min_j val_nll_j(0) + log(1 + dense_within)}
+        choice   = argmin_{i in eligible} tune_score_i
+    """
+    eligible = list(range(len(jobs)))
+    if dense_within is not None:
+        bound = min(j["val_nll"][0] for j in jobs) + math.log1p(dense_within)
+        eligible = [i for i in eligible if jobs[i]["val_nll"][0] <= bound]
+    return min(eligible, key=lambda i: jobs[i]["tune_score"])
+
+
+def criterion_text(tune_on: float | None, dense_within: float | None) -> str:
+    """The tuning rule of :func:`tune_score` and :func:`pick_candidate`, in words."""
+    if tune_on is None:
+        text = "mean validation log-ppl over the pruning levels"
+    else:
+        text = f"validation log-ppl at {100 * tune_on:g} % sparsity"
+    if dense_within is not None:
+        text += f", among candidates within {100 * dense_within:g} % of the grid's best dense ppl"
+    return text
 
 
 def train_and_prune(
