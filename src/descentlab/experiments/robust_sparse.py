@@ -135,6 +135,7 @@ PRESETS = {
         "data.n_eval": 600,
         "train.epochs": 2,
         "pruning.sparsities": [0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8],
+        "workers": 2,  # 1-thread processes; the numbers do not depend on it
     },
 }
 
