@@ -112,6 +112,17 @@ def test_robust_sparse_runs_and_matches_an_independent_evaluation(finished_run, 
     assert "multipliers" not in results["methods"]["erm-horst"]
     paired = [t for t in results["tables"] if t["title"].startswith("Accuracy difference to ERM")]
     assert paired and [r[0] for r in paired[0]["rows"]] == ["constrained-horst − erm-horst"] * 2
+    m = results["methods"]
+    for row in paired[0]["rows"]:  # mean [CI] per γ; the mean is the difference of the two curves' means
+        a, b = (
+            m["constrained-horst"]["curves"][f"gaussian@s={row[1]}"],
+            m["erm-horst"]["curves"][f"gaussian@s={row[1]}"],
+        )
+        for cell, ma, mb in zip(row[2:], a["mean"], b["mean"], strict=True):
+            mean, low, high = (
+                float(x) for x in cell.replace("[", "").replace(",", "").replace("]", "").split()
+            )
+            assert mean == pytest.approx(ma - mb, abs=1e-4) and low <= mean <= high
 
 
 def test_report_command_restores_the_report_and_figures(finished_run, tmp_path) -> None:

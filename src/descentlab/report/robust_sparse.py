@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from descentlab.report.figures import new_figure, save_figure
-from descentlab.report.stats import column_mean_std
+from descentlab.report.stats import paired_bootstrap
 from descentlab.report.tables import multiplier_tables
 
 FIGURE = "figures/accuracy_vs_gamma_by_sparsity.png"
@@ -33,17 +33,20 @@ def accuracy_tables(
     levels: Sequence[float],
     kind: str,
     gammas: Sequence[float],
+    n_boot: int = 2000,
 ) -> list[dict[str, Any]]:
     """Accuracy vs γ at every sparsity; ``(method, baseline)`` paired differences; final multipliers.
 
     Args:
         methods: the results.json ``methods`` blocks.
         values: per method, per requested sparsity, the ``kind`` accuracies ``[seed, draw, γ]``.
-        pairs: ``(method, baseline)`` label pairs; each row is ``method − baseline``, mean ± std (ddof 0)
-            over the paired (seed, draw) cells.
+        pairs: ``(method, baseline)`` label pairs; each row is ``method − baseline``: the mean and the
+            paired bootstrap 95 % CI (:func:`~descentlab.report.stats.paired_bootstrap`, resampling seeds and
+            draws) over the paired (seed, draw) cells, per γ.
         levels: the requested sparsities.
         kind: the perturbation kind tabulated.
         gammas: the γ grid.
+        n_boot: bootstrap replicates.
     """
     grid_rows = []
     for method, block in methods.items():
@@ -67,19 +70,20 @@ def accuracy_tables(
     paired = []
     for method, base in pairs:
         for i, s in enumerate(levels):
-            diff = (values[method][i] - values[base][i]).reshape(-1, len(gammas))
-            means, stds = column_mean_std(diff, ddof=0, impl="numpy")
+            a, b = np.asarray(values[method][i]), np.asarray(values[base][i])
+            cis = [paired_bootstrap(a[..., g], b[..., g], n_boot=n_boot) for g in range(len(gammas))]
             paired.append(
                 [
                     f"{method} − {base}",
                     f"{s:g}",
-                    *[f"{m:+.4f} ± {sd:.4f}" for m, sd in zip(means, stds, strict=True)],
+                    *[f"{c.mean:+.4f} [{c.low:+.4f}, {c.high:+.4f}]" for c in cis],
                 ]
             )
     if paired:
         tables.append(
             {
-                "title": "Accuracy difference to ERM with the same optimizer (paired: same seeds, same noise)",
+                "title": "Accuracy difference to ERM with the same optimizer: mean [paired 95 % bootstrap CI over "
+                "the (seed, draw) cells: same seeds, same noise]",
                 "columns": ["methods", "sparsity", *[f"γ={g:g}" for g in gammas]],
                 "rows": paired,
             }
