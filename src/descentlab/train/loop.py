@@ -12,6 +12,7 @@ single-process gradient on the same global batch.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import signal
@@ -193,6 +194,21 @@ class _SignalGuard:
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def _plain_forward_after(accelerator: Any, model: torch.nn.Module) -> Iterator[None]:
+    """On exit (normal or not), undo ``prepare``'s autocast patch of ``model.forward``.
+
+    With mixed precision, ``Accelerator.prepare`` replaces the model's forward with an autocast one, and that
+    stays on the caller's module. The loop autocasts its own forward passes, so the patch is only needed
+    while training; after ``fit`` the model is handed back as it came, and whatever runs next (evaluation,
+    pruning sweeps) chooses its own precision.
+    """
+    try:
+        yield
+    finally:
+        accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+
+
 def _accelerator(mixed_precision: str) -> Any:
     """An Accelerator with this run's precision.
 
@@ -296,7 +312,7 @@ def fit(
         dynamic_ncols=True,
         leave=False,
     )
-    with _SignalGuard() as guard:
+    with _SignalGuard() as guard, _plain_forward_after(accelerator, model):
         while step < total:
             epoch, start = divmod(step, steps_per_epoch)
             batches = global_batches(
