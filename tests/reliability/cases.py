@@ -292,6 +292,18 @@ CLI_CASES: list[CliCase] = [
     ),
     CliCase("report-unfinished", "report on a folder without results", ["report", "/tmp"], "no results.json"),
     CliCase(
+        "lr-first-with-lr-from",
+        "sparse-lm: each method's own lr and a shared lr at once",
+        ["run", "sparse-lm", "lr_first=true"],
+        "it needs lr_from=null",
+    ),
+    CliCase(
+        "dense-tolerance",
+        "sparse-lm: a dense tolerance that is not > 0",
+        ["run", "sparse-lm", "tune_dense_within=0"],
+        "tune_dense_within=0.0 must be > 0",
+    ),
+    CliCase(
         "unknown-dataset",
         "a dataset that is neither installed nor reachable",
         ["run", "smoke", "dataset=no_such_dataset", "n_train=10"],
