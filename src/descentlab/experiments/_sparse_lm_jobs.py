@@ -82,21 +82,25 @@ def tune_score(val_nll: list[float], levels: list[float], tune_on: float | None)
     return val_nll[levels.index(tune_on)]
 
 
-def pick_candidate(jobs: Sequence[Mapping[str, Any]], dense_within: float | None = None) -> int:
-    """The tuning choice: the candidate with the lowest ``tune_score`` (the first of equals).
-
-    With ``dense_within`` only the candidates whose dense validation perplexity is at most
-    ``(1 + dense_within)`` times the grid's best compete, so a criterion at a pruned level cannot pick a
-    model that is more prunable only because it is worse trained::
+def dense_eligible(jobs: Sequence[Mapping[str, Any]], dense_within: float | None = None) -> list[int]:
+    """The tuning candidates allowed to compete: with ``dense_within``, those whose dense validation
+    perplexity is at most ``(1 + dense_within)`` times the grid's best (all of them with None)::
 
         eligible = {i : val_nll_i(0) <= min_j val_nll_j(0) + log(1 + dense_within)}
-        choice   = argmin_{i in eligible} tune_score_i
+
+    so that a criterion at a pruned level cannot pick a model that is more prunable only because it is
+    worse trained.
     """
-    eligible = list(range(len(jobs)))
-    if dense_within is not None:
-        bound = min(j["val_nll"][0] for j in jobs) + math.log1p(dense_within)
-        eligible = [i for i in eligible if jobs[i]["val_nll"][0] <= bound]
-    return min(eligible, key=lambda i: jobs[i]["tune_score"])
+    if dense_within is None:
+        return list(range(len(jobs)))
+    bound = min(j["val_nll"][0] for j in jobs) + math.log1p(dense_within)
+    return [i for i, j in enumerate(jobs) if j["val_nll"][0] <= bound]
+
+
+def pick_candidate(jobs: Sequence[Mapping[str, Any]], dense_within: float | None = None) -> int:
+    """The tuning choice: ``argmin_{i in dense_eligible(jobs, dense_within)} tune_score_i`` (the first of
+    equals)."""
+    return min(dense_eligible(jobs, dense_within), key=lambda i: jobs[i]["tune_score"])
 
 
 def criterion_text(tune_on: float | None, dense_within: float | None) -> str:

@@ -36,6 +36,7 @@ from descentlab.data.lm_blocks import lm_blocks
 from descentlab.errors import ConfigError, NumericalError
 from descentlab.experiments._sparse_lm_jobs import (
     criterion_text,
+    dense_eligible,
     evenly_spaced,
     load_corpus,
     pick_candidate,
@@ -271,7 +272,7 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
                 )
                 return jobs.submit(tag, cfg, label, method, seed, data, str(run.path), tag)
 
-            chosen, grids, picks = dict(methods), {}, {}
+            chosen, grids, picks, eligible = dict(methods), {}, {}, {}
             tried: dict[str, list[MethodConfig]] = {}
 
             def trials(
@@ -294,6 +295,7 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
                         if (result := future.result())["tag"] not in seen:
                             grids.setdefault(label, []).append(result)
                             tried.setdefault(label, []).append(method)
+                    eligible[label] = dense_eligible(grids[label], cfg.tune_dense_within)
                     picks[label] = pick_candidate(grids[label], cfg.tune_dense_within)  # validation only
                     chosen[label] = tried[label][picks[label]]
 
@@ -336,8 +338,8 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
     cells = {k: _cells(run, jobs_) for k, jobs_ in final.items()}
     criterion = criterion_text(cfg.tune_on, cfg.tune_dense_within)
     keys = ("claim_low", "claim_high", "seed_spread", "small_weight", "n_boot", "smollm2")
-    opts = {k: getattr(cfg, k) for k in keys} | {"tune_dense_within": cfg.tune_dense_within}
-    body = summarise(final, cells, list(every.values()), grids, picks, smol, criterion=criterion, **opts)
+    opts = {k: getattr(cfg, k) for k in keys} | {"criterion": criterion, "eligible": eligible}
+    body = summarise(final, cells, list(every.values()), grids, picks, smol, **opts)
     steps = cfg.train.total_steps(len(train_blocks))
     first = final[next(iter(final))][0]
     return Results(

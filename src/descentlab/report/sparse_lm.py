@@ -153,7 +153,7 @@ def summarise(
     n_boot: int,
     smollm2: bool = True,
     criterion: str = "mean validation log-ppl over the pruning levels",
-    tune_dense_within: float | None = None,
+    eligible: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, Any]:
     """The results.json body of a run: ``methods``, ``tables``, ``notes``, ``claims``, ``checks``,
     ``selection`` and ``runs`` (every trained run's settings and per-level mean NLLs, the OLS sample).
@@ -161,8 +161,8 @@ def summarise(
     ``final``: label -> per-seed jobs at the chosen settings; ``cells``: label -> their ``[seeds, levels,
     blocks]`` test NLLs; ``runs``: every distinct job (tuning grid included); ``grids`` / ``picks``: the
     tuning candidates (first seed) and the chosen index, by label; ``smol``: the SmolLM2 sweep or None;
-    ``criterion``: the tuning rule in words; ``tune_dense_within``: its dense-perplexity tolerance (the grid
-    table marks the candidates outside it).
+    ``criterion``: the tuning rule in words; ``eligible``: label -> the indices of its grid that the
+    dense-perplexity tolerance let compete (None: all; the grid table marks the others).
     """
     labels = list(final)
     blocks = {k: method_block(final[k], cells[k], n_boot) for k in labels}
@@ -180,8 +180,7 @@ def summarise(
     out = {name: b.to_dict() for name, b in blocks.items()}
     tables = []
     if grids:
-        best = {k: min(r["val_nll"][0] for r in g) for k, g in grids.items()}
-        tol = math.inf if tune_dense_within is None else math.log1p(tune_dense_within)
+        ok = {k: set(range(len(g))) if eligible is None else set(eligible[k]) for k, g in grids.items()}
         tables.append(
             {
                 "title": f"Validation grid (first seed): the criterion ({criterion}) as a perplexity, and the "
@@ -189,7 +188,7 @@ def summarise(
                 "columns": ["method", "lr", "alpha", "criterion (val ppl)", "dense val ppl", "eligible", "chosen"],
                 "rows": [
                     [k, r["lr"], r["alpha"], f"{math.exp(r['tune_score']):.2f}", f"{math.exp(r['val_nll'][0]):.2f}",
-                     "yes" if r["val_nll"][0] <= best[k] + tol else "no (dense)", "✓" if i == picks[k] else ""]
+                     "yes" if i in ok[k] else "no (dense)", "✓" if i == picks[k] else ""]
                     for k, g in grids.items() for i, r in enumerate(g)
                 ],
             }
