@@ -28,6 +28,8 @@ from collections.abc import Callable
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from descentlab.optim._horst_kernel import load_kernel
+from descentlab.optim.functional import Bucket, HorstHyper
 from descentlab.optim.horst import HORST
 
 BYTES_PER_PARAM = 28  # fp32: read p, g, m, v; write p, m, v
@@ -80,6 +82,13 @@ def variants(params: list[torch.nn.Parameter], device: str, copy: Callable[[], N
         out[f"HORST alpha={alpha:g} ({fast})"] = Variant(horst, alpha=alpha, impl=fast, nan_guard=True)
     # AdamW has no guard: this row shows what HORST's (the default) costs
     out[f"HORST alpha=10 ({fast}, no guard)"] = Variant(horst, alpha=10.0, impl=fast, nan_guard=False)
+    portable = load_kernel(portable=True) if device == "cpu" else None
+    if portable is not None and load_kernel().simd_width:  # the loop the AVX-512 one replaces
+        state = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
+        bucket = Bucket([p.detach() for p in params], [p.grad for p in params], *state, [10] * len(params))
+        hyper = HorstHyper(1e-3, 0.9, 0.999, 1e-8, 0.01, 10.0, 0.0, 5.0, True)
+        step = functools.partial(portable.horst_step_, bucket, hyper, mirror=True, check=False)
+        out["HORST alpha=10 (portable C loop)"] = Variant(None, step)
     if foreach:
         out["AdamW(foreach=True)"] = Variant(adamw, fused=False, foreach=True)
         out["HORST alpha=1 (foreach)"] = Variant(horst, alpha=1.0, impl="foreach")
@@ -172,6 +181,10 @@ def main() -> None:
     }
     params = make_params(shapes, "cpu")
     n = sum(p.numel() for p in params)
+    kernel = load_kernel()
+    kernel_loop = "none (foreach)" if kernel is None else "AVX-512" if kernel.simd_width else "portable C"
+    print(f"HORST fused kernel: {kernel_loop} loop")
+    results["kernel_loop"] = kernel_loop
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         rows = bench("cpu", params, args.rounds, args.with_foreach)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
+import mmap
 
 import numpy as np
 import pytest
@@ -147,3 +149,93 @@ def test_kernel_nan_guard_and_unclamped_overflow():
     assert torch.equal(pk[5], p[5]) and torch.equal(mk[300], m[300])
     # |x| up to 89 here: one ulp of u becomes ~89 ulps of exp(x), hence the looser tolerance
     torch.testing.assert_close(pk, ref.param, rtol=2e-4, atol=0)
+
+
+PORTABLE = load_kernel(portable=True)
+needs_both = pytest.mark.skipif(
+    KERNEL is None or KERNEL.simd_width == 0 or PORTABLE is None or PORTABLE.simd_width != 0,
+    reason="this CPU / compiler runs the portable loop only: there is no second path to compare",
+)
+
+
+@needs_both
+def test_avx512_exp_matches_the_portable_loop_bit_for_bit():
+    x = _inputs()
+    x = torch.cat([x, torch.tensor([float("inf"), -float("inf"), float("nan"), -float("nan")])])
+    for n in (1, 15, 16, 17, x.numel()):  # tails of every kind
+        assert torch.equal(KERNEL.expf(x[:n]).view(torch.int32), PORTABLE.expf(x[:n]).view(torch.int32))
+    bounded = x[x.abs() <= 80]
+    assert torch.equal(
+        KERNEL.expf(bounded, bounded=True).view(torch.int32),
+        PORTABLE.expf(bounded, bounded=True).view(torch.int32),
+    )
+
+
+def _hostile_state(n: int, seed: int):
+    """A step's inputs with what the guard and the exponent's edges must survive."""
+    p, g, m, v = _state(n, seed)
+    gen = torch.Generator().manual_seed(seed + 100)
+    bad = torch.randint(0, n, (max(1, n // 50),), generator=gen)
+    g[bad[::3]] = float("nan")
+    g[bad[1::3]] = float("inf")
+    p[bad[2::3]] = -float("inf")
+    p[torch.randint(0, n, (max(1, n // 40),), generator=gen)] = 1e4  # p exp(x) overflows at large x
+    p[:: max(1, n // 7)] = -0.0
+    return p, g, m, v
+
+
+@needs_both
+@pytest.mark.parametrize("mirror", [True, False])
+@pytest.mark.parametrize("exp_clamp", [5.0, 80.0, None])
+@pytest.mark.parametrize("nan_guard", [True, False])
+def test_avx512_step_matches_the_portable_loop_bit_for_bit(mirror, exp_clamp, nan_guard):
+    sizes = [1, 15, 16, 17, 511, 512, 513, 3 * 512 + 77]  # one bucket: block tails and vector tails
+    states = [_hostile_state(n, seed=k) for k, n in enumerate(sizes)]
+    opts = dict(lr=5e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, alpha=-3e3, beta=0.5)
+    hp = HorstHyper(**opts, exp_clamp=exp_clamp, nan_guard=nan_guard)  # alpha < 0: copysign uses |alpha|
+    counts, results = [], []
+    for kernel in (KERNEL, PORTABLE):
+        ps, ms, vs = ([s[i].clone() for s in states] for i in (0, 2, 3))
+        grads = [s[1] for s in states]
+        bucket = Bucket(ps, grads, ms, vs, list(range(1, len(sizes) + 1)))
+        counts.append(kernel.horst_step_(bucket, hp, mirror=mirror))
+        results.append([t.view(torch.int32) for t in (*ps, *ms, *vs)])
+    assert counts[0] == counts[1]
+    if nan_guard:
+        assert counts[0] > 0  # the hostile entries did reach the guard
+    for fast, twin in zip(*results, strict=True):
+        assert torch.equal(fast, twin)
+
+
+_GUARD_PAGES = []  # the mappings stay alive as long as the tensors on them
+
+
+def _at_page_end(values: torch.Tensor) -> torch.Tensor:
+    """A copy of ``values`` whose last element ends a page followed by an unreadable one (PROT_NONE), so
+    that a read or write past the end segfaults instead of passing unnoticed."""
+    page = mmap.PAGESIZE
+    nbytes = values.numel() * 4
+    pages = -(-nbytes // page)
+    buf = mmap.mmap(-1, (pages + 1) * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    if libc.mprotect(base + pages * page, page, 0) != 0:  # PROT_NONE
+        pytest.skip("mprotect unavailable")
+    _GUARD_PAGES.append(buf)
+    out = torch.frombuffer(buf, dtype=torch.float32, count=values.numel(), offset=pages * page - nbytes)
+    out.copy_(values)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 15, 17, 513])
+def test_kernel_reads_and_writes_nothing_past_a_tensor(n):
+    x = _at_page_end(torch.linspace(-3.0, 3.0, n))
+    assert torch.equal(KERNEL.expf(x), PORTABLE.expf(x.clone()))
+    p, g, m, v = (_at_page_end(t) for t in _state(n, seed=n))
+    hp = HorstHyper(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, alpha=3.0, beta=0.0,
+                    exp_clamp=5.0, nan_guard=True)  # fmt: skip
+    twin = [t.clone() for t in (p, g, m, v)]
+    assert KERNEL.horst_step_(Bucket([p], [g], [m], [v], [1]), hp, mirror=True) == 0
+    PORTABLE.horst_step_(Bucket([twin[0]], [twin[1]], [twin[2]], [twin[3]], [1]), hp, mirror=True)
+    assert torch.equal(p, twin[0]) and torch.equal(m, twin[2]) and torch.equal(v, twin[3])

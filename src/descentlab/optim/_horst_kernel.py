@@ -11,6 +11,12 @@ and it costs the same for every exponent, so alpha = 30 costs what alpha = 1 doe
 used a cubic for |x| < 1e-2 and a second pass with libm's ``expf`` elsewhere: 1.3x fused AdamW at alpha = 1,
 4x at alpha = 30.)
 
+The source, ``horst_kernel.c``, has two implementations of the same arithmetic, operation for operation: a
+portable loop that the compiler vectorises, and, where the compiler targets AVX-512, hand-written 16-lane
+intrinsics whose NaN guard costs a rarely taken branch instead of copies of the old values
+(:attr:`HorstKernel.simd_width` says which runs). ``load_kernel(portable=True)`` builds the portable one
+anyway: it is the reference twin, and the tests check that both give the same bits.
+
 The AdamW half rounds like ``torch.optim.AdamW(fused=True)`` (``lerp`` as an fma, ``addcmul`` as
 ``fma(value * g, g, v)``, correctly rounded ``sqrt``), so with alpha = beta = 0 it reproduces it bit for bit
 (exp(0) is exactly 1; the default, non-fused AdamW differs by an ulp here and there: its CPU ``sqrt`` is
@@ -32,6 +38,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -42,168 +49,8 @@ from descentlab.optim.functional import Bucket, HorstHyper
 logger = logging.getLogger(__name__)
 
 
-_C_SOURCE = r"""
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#define BLOCK 512 /* 3 stack buffers + 4 streams stay in a 32 KB L1 */
-static const float FLT_MAX_ = 3.4028234663852886e38f;
-
-/* exp(x) in float32 without libm, written so that the compiler vectorises it inside the step loop.
-   Range reduction x = k ln2 + r, k = rint(x / ln2) (the 1.5 * 2^23 trick, exact with -ffp-contract=off and
-   no -ffast-math), r = x - k ln2 with ln2 split in two (Cody-Waite), |r| <= ln2 / 2; then
-   exp(r) = 1 + r + ... in Horner form, a degree-6 near-minimax fit of relative error 2e-9 (well below half an
-   ulp, so float32 rounding sets the error), and exp(x) = 2^k exp(r) with 2^k built from its bits. `bounded`
-   (a compile-time constant): the caller guarantees |x| <= 80, so one exact factor 2^k suffices. Otherwise x
-   is clamped to [-104, 89] (exp is 0 / inf beyond; NaN propagates) and 2^k is applied as two exact
-   factors, so that overflow (inf) and gradual underflow (denormals, 0) round once, like expf.
-   Error <= 1.04 ulp against the correctly rounded exp (tests/optim/test_horst_kernel.py bounds 1.05). */
-static inline __attribute__((always_inline)) float horst_expf_impl(float x, const int bounded) {
-  const float x0 = x;
-  if (!bounded) {
-    x = x < 89.0f ? x : 89.0f; /* vminps / vmaxps; a NaN x becomes a bound, handled below */
-    x = x > -104.0f ? x : -104.0f;
-  }
-  /* t = 1.5 * 2^23 + k: the low bits of t's representation are k, so 2^k needs no float-to-int conversion */
-  const float t = fmaf(x, 1.44269504088896341f, 12582912.0f);
-  const float kf = t - 12582912.0f;
-  float r = fmaf(kf, -0.693359375f, x);
-  r = fmaf(kf, 2.12194440e-4f, r);
-  float y = fmaf(0.0013843654f, r, 0.0083741555f);
-  y = fmaf(y, r, 0.041668f);
-  y = fmaf(y, r, 0.16666432f);
-  y = fmaf(y, r, 0.49999994f);
-  y = fmaf(y, r, 1.0f);
-  y = fmaf(y, r, 1.0f);
-  int32_t tb;
-  memcpy(&tb, &t, sizeof tb);
-  if (bounded) {
-    const int32_t bits = (int32_t)(((uint32_t)tb << 23) + (127u << 23)); /* (k + 127) << 23 */
-    float s;
-    memcpy(&s, &bits, sizeof s);
-    return y * s;
-  }
-  const int32_t k = tb - 0x4B400000; /* k in [-150, 128]: 2^k1 and 2^k2 are normal */
-  const int32_t k1 = k >> 1, k2 = k - k1;
-  const int32_t b1 = (k1 + 127) << 23, b2 = (k2 + 127) << 23;
-  float s1, s2;
-  memcpy(&s1, &b1, sizeof s1);
-  memcpy(&s2, &b2, sizeof s2);
-  const float e = (y * s1) * s2;
-  return x0 == x0 ? e : x0;
-}
-
-/* The exponential of the step, exposed for the tests; bounded = 1 requires |x| <= 80. */
-void horst_expf_array(const float *restrict X, float *restrict Y, int64_t n, int bounded) {
-  if (bounded) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) Y[i] = horst_expf_impl(X[i], 1);
-  } else {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) Y[i] = horst_expf_impl(X[i], 0);
-  }
-}
-
-/* One block of one tensor; returns how many elements the NaN guard reverted. `mirror`, `guard` and
-   `bounded` (exponent clamp c <= 80) are compile-time constants in each inlined copy, so every variant is
-   one branch-free vector loop, and the exponential costs the same whatever the size of the exponent
-   (alpha). With a bounded clamp, sign(p) u is copysign(1, p) u: at p = +-0 the two differ, but then
-   p exp(x) = +-0 either way, as exp(x) is finite. Measured pitfalls: fminf/fmaxf,
-   an OR-reduction of comparisons and 64-bit counters each slowed the loop 2-5x, and per-element selects for
-   the guard cost ~25%; the guard instead keeps the old values in L1-resident stack buffers and detects a
-   non-finite result with a float sum of p * 0 (NaN iff some p is inf or NaN). */
-static inline __attribute__((always_inline)) int64_t
-horst_block_impl(float *restrict P, const float *restrict G, float *restrict M, float *restrict V, int64_t n,
-                 float decay, float w1, float b2, float w2, float bc2s, float eps, float ss, float alpha,
-                 float lrbeta, float clamp, const int mirror, const int guard, const int bounded) {
-  float op[BLOCK] __attribute__((aligned(64)));
-  float om[BLOCK] __attribute__((aligned(64)));
-  float ov[BLOCK] __attribute__((aligned(64)));
-  float chk = 0.0f;
-#pragma omp simd reduction(+ : chk)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = G[i], p0 = P[i], m0 = M[i], v0 = V[i];
-    if (guard) {
-      op[i] = p0;
-      om[i] = m0;
-      ov[i] = v0;
-    }
-    float p = p0 * decay;
-    const float m = fmaf(w1, g - m0, m0);
-    const float v = fmaf(w2 * g, g, v0 * b2);
-    const float denom = sqrtf(v) / bc2s + eps;
-    const float u = (ss * m) / denom;
-    p = p - u;
-    if (mirror) {
-      /* -alpha sign(p) u, rounded once either way (+-alpha is exact) */
-      const float na = bounded ? copysignf(alpha, -p) : (p > 0.0f ? -alpha : 0.0f) + (p < 0.0f ? alpha : 0.0f);
-      float x = na * u - lrbeta;
-      x = x < clamp ? x : clamp; /* vminps / vmaxps. x is NaN only where p is NaN or +-inf (it then */
-      x = x > -clamp ? x : -clamp; /* stays non-finite), so losing the NaN to a bound is harmless */
-      p = p * horst_expf_impl(x, bounded);
-    }
-    if (guard) chk += p * 0.0f;
-    P[i] = p;
-    M[i] = m;
-    V[i] = v;
-  }
-  int64_t bad = 0;
-  if (guard && !(chk == 0.0f)) { /* rare: revert the elements whose new value is not finite */
-    for (int64_t i = 0; i < n; ++i) {
-      if (!(fabsf(P[i]) <= FLT_MAX_)) {
-        P[i] = op[i];
-        M[i] = om[i];
-        V[i] = ov[i];
-        ++bad;
-      }
-    }
-  }
-  return bad;
-}
-
-#define HORST_ARGS P, G, M, V, n, decay, w1, b2, w2, bc2s, eps, ss, alpha, lrbeta, clamp
-static int64_t horst_block(float *restrict P, const float *restrict G, float *restrict M, float *restrict V,
-                           int64_t n, float decay, float w1, float b2, float w2, float bc2s, float eps,
-                           float ss, int mirror, float alpha, float lrbeta, float clamp, int guard) {
-  if (!mirror) return guard ? horst_block_impl(HORST_ARGS, 0, 1, 0) : horst_block_impl(HORST_ARGS, 0, 0, 0);
-  if (clamp <= 80.0f)
-    return guard ? horst_block_impl(HORST_ARGS, 1, 1, 1) : horst_block_impl(HORST_ARGS, 1, 0, 1);
-  return guard ? horst_block_impl(HORST_ARGS, 1, 1, 0) : horst_block_impl(HORST_ARGS, 1, 0, 0);
-}
-
-int64_t horst_step(int64_t T, float *const *P, const float *const *G, float *const *M, float *const *V,
-                   const int64_t *numel, const double *step_sizes, const double *bc2_sqrts, double lr,
-                   double beta1, double beta2, double eps, double weight_decay, int mirror, double alpha,
-                   double beta, double exp_clamp, int guard, int nthreads) {
-  int64_t *offs = (int64_t *)malloc(sizeof(int64_t) * (T + 1));
-  if (!offs) return -1;
-  offs[0] = 0;
-  for (int64_t t = 0; t < T; ++t) offs[t + 1] = offs[t] + (numel[t] + BLOCK - 1) / BLOCK;
-  const float decay = (float)(1.0 - lr * weight_decay);
-  const float w1 = (float)(1.0 - beta1), b2 = (float)beta2, w2 = (float)(1.0 - beta2);
-  const float falpha = (float)alpha, lrbeta = (float)(lr * beta);
-  const float clamp = exp_clamp > 0 ? (float)exp_clamp : INFINITY;
-  const int64_t nb = offs[T];
-  int64_t bad = 0;
-#pragma omp parallel for schedule(dynamic, 64) num_threads(nthreads) reduction(+ : bad)
-  for (int64_t b = 0; b < nb; ++b) {
-    int64_t lo = 0, hi = T - 1;
-    while (lo < hi) {  /* the tensor t with offs[t] <= b < offs[t + 1] */
-      const int64_t mid = (lo + hi + 1) / 2;
-      if (offs[mid] <= b) lo = mid; else hi = mid - 1;
-    }
-    const int64_t t = lo, start = (b - offs[t]) * BLOCK;
-    const int64_t n = numel[t] - start < BLOCK ? numel[t] - start : BLOCK;
-    bad += horst_block(P[t] + start, G[t] + start, M[t] + start, V[t] + start, n, decay, w1, b2, w2,
-                       (float)bc2_sqrts[t], (float)eps, (float)step_sizes[t], mirror, falpha, lrbeta, clamp,
-                       guard);
-  }
-  free(offs);
-  return bad;
-}
-"""
+# The C source ships beside this module (package data); it holds the portable loop and the AVX-512 one.
+_C_SOURCE = (resources.files("descentlab.optim") / "horst_kernel.c").read_text()
 
 # No fp contraction: the AdamW half must round like torch's fused AdamW, built with -ffp-contract=off (and
 # the exp's rint trick needs the add and the subtract rounded separately). -fno-math-errno lets sqrtf
@@ -265,6 +112,9 @@ class HorstKernel:
         exp.restype = None
         exp.argtypes = [ptr, ptr, ctypes.c_int64, ctypes.c_int]
         self._exp = exp
+        self._lib.horst_simd_width.restype = ctypes.c_int
+        self.simd_width: int = self._lib.horst_simd_width()
+        """16 where the AVX-512 intrinsics run, 0 for the portable loop."""
 
     def expf(self, x: Tensor, *, bounded: bool = False) -> Tensor:
         """The kernel's own exponential (the one inside the step), elementwise on a float32 CPU tensor.
@@ -319,18 +169,23 @@ class HorstKernel:
         return int(reverted)
 
 
-@functools.lru_cache(maxsize=1)
-def load_kernel() -> HorstKernel | None:
+@functools.lru_cache(maxsize=2)
+def load_kernel(*, portable: bool = False) -> HorstKernel | None:
     """Build (first call on a machine, about a second) or load the fused kernel.
+
+    Args:
+        portable: build the portable C loop even where the AVX-512 intrinsics would run (the reference
+            twin of the fast path; HORST itself always uses the default).
 
     Returns:
         The kernel, or ``None`` if it cannot be built here (then HORST uses its foreach path).
     """
     if os.environ.get("DESCENTLAB_HORST_KERNEL", "1") == "0":
         return None
+    extra = ["-DHORST_PORTABLE"] if portable else []
     for flags, libs in _FLAG_SETS:
         try:
-            return HorstKernel(_build(_C_SOURCE, flags, libs))
+            return HorstKernel(_build(_C_SOURCE, [*flags, *extra], libs))
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             detail = getattr(exc, "stderr", b"") or b""
             logger.warning("HORST kernel build with %s failed: %s %s", flags, exc, detail.decode()[-500:])
@@ -340,4 +195,7 @@ def load_kernel() -> HorstKernel | None:
 
 if __name__ == "__main__":
     kernel = load_kernel()
-    print(f"HORST kernel: {kernel.path if kernel else 'unavailable (foreach fallback)'}")
+    if kernel is None:
+        print("HORST kernel: unavailable (foreach fallback)")
+    else:
+        print(f"HORST kernel: {kernel.path} ({'AVX-512' if kernel.simd_width else 'portable'} loop)")
