@@ -185,7 +185,8 @@ def sharded_curve(model: torch.nn.Module, batches: Sequence[Any], **kwargs: Any)
     Args:
         model: the classifier.
         batches: the whole evaluation set, identical on every rank.
-        **kwargs: passed to ``robustness_curve``; ``metric`` must be "accuracy" (the default).
+        **kwargs: passed to ``robustness_curve``; ``metric`` must be "accuracy" (the default). With
+            ``keep_examples=True`` every rank gets every example's value, in the order of ``batches``.
     """
     from descentlab.robustness.curves import RobustnessCurves, robustness_curve
 
@@ -201,7 +202,20 @@ def sharded_curve(model: torch.nn.Module, batches: Sequence[Any], **kwargs: Any)
     weight = float(sum(_rows(b) for b in own))
     values = {kind: _weighted_reduce(local.values[kind], weight) for kind in sorted(local.values)}
     protocol = {**local.protocol, "n_eval": int(float(all_reduce_sum(torch.tensor([weight]))[0]))}
-    return RobustnessCurves(metric=local.metric, gammas=local.gammas, values=values, protocol=protocol)
+    examples = None
+    if local.examples is not None:  # the shares are contiguous and in rank order: concatenate them
+        shares = gather_objects(local.examples)
+        examples = {
+            kind: np.concatenate([s[kind] for s in shares], axis=-1) for kind in sorted(local.examples)
+        }
+    return RobustnessCurves(
+        metric=local.metric,
+        gammas=local.gammas,
+        values=values,
+        protocol=protocol,
+        x_name=local.x_name,
+        examples=examples,
+    )
 
 
 def sharded_layer_profile(model: torch.nn.Module, batches: Sequence[Any], **kwargs: Any) -> list[float]:

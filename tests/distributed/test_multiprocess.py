@@ -87,6 +87,10 @@ def test_fit_under_ddp_agrees_across_ranks_and_with_one_process(launched) -> Non
     assert a["metrics"]["accuracy"] == pytest.approx(single["metrics"]["accuracy"], abs=1.5 / worker.N_EVAL)
     assert a["metrics"]["loss"] == pytest.approx(single["metrics"]["loss"], rel=1e-5)
     torch.testing.assert_close(a["curve"], single["curve"], rtol=0, atol=1.5 / worker.N_EVAL)
+    # every rank holds every example's value, in order: they average to the curve and match one process
+    assert torch.equal(a["examples"], b["examples"]) and a["examples"].shape[-1] == worker.N_EVAL
+    torch.testing.assert_close(a["examples"].mean(-1), a["curve"], rtol=0, atol=1e-12)
+    assert float((a["examples"] == single["examples"]).double().mean()) > 0.98
     torch.testing.assert_close(a["profile"], single["profile"], rtol=1e-5, atol=1e-6)
 
 

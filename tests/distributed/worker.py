@@ -105,13 +105,16 @@ def train_fit(horst_impl: str = "auto") -> dict[str, Any]:
     )
     model.eval()
     batches = eval_batches()
-    curve = sharded_curve(model, batches, kinds=["gaussian"], gammas=[0.0, 1.0], draws=2, seed=0)
+    curve = sharded_curve(
+        model, batches, kinds=["gaussian"], gammas=[0.0, 1.0], draws=2, seed=0, keep_examples=True
+    )
     return {
         "lambda": constraint.multipliers.detach().cpu().clone(),
         "masks": {k: v.clone() for k, v in (acdc.masks or {}).items()},
         "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "metrics": sharded_means(batches, functools.partial(_per_example, model)),
         "curve": torch.from_numpy(curve.values["gaussian"].copy()),
+        "examples": torch.from_numpy(curve.examples["gaussian"].copy()),  # [model, draw, γ, example]
         "n_eval_curve": curve.protocol["n_eval"],
         "profile": torch.tensor(sharded_layer_profile(model, batches), dtype=torch.float64),
     }

@@ -18,14 +18,11 @@ import torch
 from descentlab.cli import main as cli_main
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments import run_experiment
-from descentlab.experiments.robust_sparse import (
-    JobResult,
-    RobustSparseConfig,
-    SweepPoint,
-    decode_job,
-    encode_job,
-    erm_baselines,
-)
+from descentlab.experiments._robust_sparse_jobs import JobResult, SweepPoint, decode_job, encode_job
+from descentlab.experiments.robust_sparse import RobustSparseConfig, erm_baselines
+from descentlab.io import load_arrays
+from descentlab.report.robust_sparse_claims import robust_cells
+from descentlab.report.stats import paired_bootstrap
 from descentlab.robustness import RobustnessCurves
 from tiny_models import tiny_bert
 
@@ -40,8 +37,9 @@ OVERRIDES = [
     "train.batch_size=16",
     "train.progress=false",
     "evaluation.gammas=[0.0,1.0,3.0]",
-    "evaluation.draws=1",
+    "evaluation.draws=2",
     "pruning.sparsities=[0.0,0.6]",
+    "n_boot=200",
 ]
 
 
@@ -63,20 +61,25 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    overrides = [f"model={tiny_model_dir}", "methods=[erm-horst,constrained-horst]", *OVERRIDES]
-    return run_experiment("robust-sparse", overrides=overrides, out=tmp_path_factory.mktemp("runs"))
+    methods = "methods=[erm-horst,constrained-horst,erm-adamw,erm-noise-horst]"
+    return run_experiment(
+        "robust-sparse",
+        overrides=[f"model={tiny_model_dir}", methods, *OVERRIDES],
+        out=tmp_path_factory.mktemp("runs"),
+    )
 
 
 def _accuracy_after_pruning(run_dir: Path, tag: str, model_dir: Path, sparsity: float) -> tuple[float, float]:
     """Independent check: checkpoint weights -> prune_magnitude -> plain batched accuracy on the test split."""
     from safetensors.torch import load_model
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from descentlab.data import load_text_classification
+    from descentlab.data import load_encoder_classifier, load_text_classification
     from descentlab.sparsity import prune_magnitude
 
     (ckpt,) = sorted((run_dir / "checkpoints" / tag).glob("step-*"))[-1:]
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2).eval()
+    model, _ = load_encoder_classifier(str(model_dir), num_labels=2, pooling="mean")
+    model.eval()
     load_model(model, str(ckpt / "model.safetensors"))
     reached = prune_magnitude(model, sparsity, scope="layer").global_sparsity
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -92,7 +95,7 @@ def _accuracy_after_pruning(run_dir: Path, tag: str, model_dir: Path, sparsity: 
 def test_robust_sparse_runs_and_matches_an_independent_evaluation(finished_run, tiny_model_dir) -> None:
     run_dir = finished_run
     results = json.loads((run_dir / "results.json").read_text())
-    assert list(results["methods"]) == ["erm-horst", "constrained-horst"]
+    assert list(results["methods"]) == ["erm-horst", "constrained-horst", "erm-adamw", "erm-noise-horst"]
     assert results["protocol"]["n_eval"] == 48
     assert (run_dir / "report.md").is_file()
     assert (run_dir / "figures" / "accuracy_vs_gamma_by_sparsity.png").is_file()
@@ -123,6 +126,52 @@ def test_robust_sparse_runs_and_matches_an_independent_evaluation(finished_run, 
                 float(x) for x in cell.replace("[", "").replace(",", "").replace("]", "").split()
             )
             assert mean == pytest.approx(ma - mb, abs=1e-4) and low <= mean <= high
+
+
+def test_claims_are_recomputed_from_the_saved_per_review_correctness(finished_run) -> None:
+    results = json.loads((finished_run / "results.json").read_text())
+    arrays = load_arrays(finished_run / "arrays" / "examples.npz")
+    gammas = list(arrays["gammas"])
+    assert gammas == [0.0, 1.0, 3.0]
+    m = results["methods"]
+    for label, block in m.items():
+        for s in (0.0, 0.6):
+            cells = arrays[f"{label}__s={s:g}"]
+            assert cells.shape == (1, 2, 3, 48) and set(np.unique(cells)) <= {0, 1}
+            # the per-review values average to the reported curve, per γ (clean draws coincide)
+            curve = block["curves"][f"gaussian@s={s:g}"]["mean"]
+            assert np.allclose(cells.mean(axis=(0, 1, 3)), curve, atol=1e-12)
+            assert np.array_equal(cells[:, 0, 0], cells[:, 1, 0])
+    claims = {(c["claim"], c["sparsity"]): c for c in results["claims"]}
+    # the four methods give these claims (constrained-adamw absent: no robust-adamw)
+    assert {k[0] for k in claims} == {
+        "robust",
+        "robust-and-sparse",
+        "prunable",
+        "control-noise",
+        "control-pruning",
+    }
+    assert ("prunable", 0.0) not in claims and ("control-pruning", 0.6) in claims
+    c = claims["robust", 0.6]
+    a = robust_cells(arrays["constrained-horst__s=0.6"], gammas)
+    b = robust_cells(arrays["erm-horst__s=0.6"], gammas)
+    ci = paired_bootstrap(a, b, n_boot=200)
+    assert (c["estimate"], c["ci"]) == (
+        pytest.approx(ci.mean),
+        [pytest.approx(ci.low), pytest.approx(ci.high)],
+    )
+    assert c["a_mean"] == pytest.approx(a.mean()) and c["verdict"] in (
+        "reproduced",
+        "refuted",
+        "inconclusive",
+    )
+    damage = {
+        k: arrays[f"{k}__s=0.6"][:, 0, 0] - arrays[f"{k}__s=0"][:, 0, 0] for k in ("erm-horst", "erm-adamw")
+    }
+    assert claims["prunable", 0.6]["estimate"] == pytest.approx(
+        damage["erm-horst"].mean() - damage["erm-adamw"].mean()
+    )
+    assert results["tables"][0]["title"].startswith("Claims")
 
 
 def test_report_command_restores_the_report_and_figures(finished_run, tmp_path) -> None:
@@ -172,12 +221,23 @@ def test_robust_sparse_with_acdc_trains_sparse(tmp_path, tiny_model_dir) -> None
 
 
 def test_methods_are_specs_of_one_base() -> None:
-    methods = RobustSparseConfig().method_configs()
-    assert [m.optimizer.name for m in methods.values()] == ["horst", "horst", "adamw", "adamw"]
-    assert [m.objective for m in methods.values()] == ["erm", "constrained", "erm", "constrained"]
-    assert methods["erm-horst"].optimizer.alpha == 1.0 and methods["erm-adamw"].optimizer.alpha is None
-    # the old build_constraint had no divergence guard
+    cfg = RobustSparseConfig()
+    methods = cfg.method_configs()
+    assert list(methods) == [
+        "erm-horst",
+        "constrained-horst",
+        "erm-adamw",
+        "constrained-adamw",
+        "erm-noise-horst",
+    ]
+    assert [m.optimizer.name for m in methods.values()] == ["horst", "horst", "adamw", "adamw", "horst"]
+    assert [m.objective for m in methods.values()] == ["erm", "constrained", "erm", "constrained", "erm"]
+    assert methods["erm-horst"].optimizer.alpha == 10.0 and methods["erm-adamw"].optimizer.alpha is None
+    # the constraint cannot be gamed (METHODS.md 4.1): no negative loss weights, layer 1 free, no λ ceiling
+    con = methods["constrained-horst"].constraint
+    assert con.detach_prev and not con.constrain_first and con.alpha == 0.03
     assert all(m.constraint.max_multiplier is None for m in methods.values())
+    assert cfg.pooling == "mean" and cfg.train_noise == {"erm-noise-horst": 1.0}
     assert erm_baselines(methods) == [("constrained-horst", "erm-horst"), ("constrained-adamw", "erm-adamw")]
     resilient = RobustSparseConfig(methods=["resilient-horst"]).method_configs()["resilient-horst"]
     assert resilient.constraint.resilient and resilient.objective == "constrained"
@@ -203,6 +263,11 @@ def test_job_results_survive_the_cache_exactly() -> None:
         ["evaluation.gammas=[1.0]"],
         ["specs.bad=optimizer.name=sgd", "methods=[bad]"],
         ["workers=0"],
+        ["pooling=max"],
+        ["pruning.sparsities=[0.5,0.7]"],
+        ["evaluation.gammas=[0.0,0.5]"],
+        ["train_noise={erm-noise-horst: 0.0}"],
+        ["n_boot=10"],
     ],
 )
 def test_robust_sparse_rejects_bad_config_before_making_a_run_dir(tmp_path, override) -> None:

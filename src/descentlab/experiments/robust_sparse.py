@@ -1,50 +1,57 @@
 """robust-sparse: layer-wise descent constraints with HORST as the primal optimizer, then magnitude pruning.
 
-Robust and sparse at once. Each method fine-tunes a pretrained encoder classifier with an objective (ERM,
-hard constraints or their resilient relaxation) and a primal optimizer (HORST, or AdamW as the baseline),
-optionally under AC/DC. The trained model is then pruned one-shot by magnitude at every requested sparsity
-s, each time from the trained weights and with no fine-tuning after pruning, and every pruned copy is
-evaluated for accuracy against the embedding-noise level γ (noise of variance (γ σ_E)² on the embedding
-output, keyed to content, so every method and sparsity sees the same noisy inputs).
+Robust and sparse at once? Each method fine-tunes a pretrained encoder classifier (mean pooling, as
+text-robustness) with an objective (ERM, hard constraints or their resilient relaxation) and a primal
+optimizer (HORST, or AdamW as the baseline), optionally under AC/DC. The trained model is then pruned
+one-shot by magnitude at every requested sparsity s, each time from the trained weights and with no
+fine-tuning after pruning, and every pruned copy is evaluated for accuracy against the embedding-noise level
+γ (noise of variance (γ σ_E)² on the embedding output, keyed to content, so every method and sparsity sees
+the same noisy inputs). ``erm-noise-horst`` (ERM on Gaussian embedding noise, ``train_noise``) is the
+positive control of robustness.
+
+The claims (``report.robust_sparse_claims``) are paired bootstrap CIs over (seed, draw, review) cells of the
+per-review correctness, which the run saves in ``arrays/examples.npz``.
 
 Methods are :class:`~descentlab.train.recipe.MethodConfig` s: one base (``method``) edited by each label's
 override spec in ``specs``; ``methods`` lists the labels to run.
 
 Evaluation is over the whole test split under any launcher: each rank evaluates its share of the batches
-and the counts are all-reduced (:mod:`descentlab.distributed`), so a ``torchrun`` run reports the same
-numbers as one process.
+and the counts (and per-review values) are gathered (:mod:`descentlab.distributed`), so a ``torchrun`` run
+reports the same numbers as one process.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import asdict, dataclass, field
 
-import torch
+import numpy as np
 
 from descentlab.constrained.config import DescentConfig
-from descentlab.data.text_batches import Prepared, TextDataConfig, prepare_data
-from descentlab.distributed import sharded_curve, sharded_layer_profile
+from descentlab.data.text_batches import TextDataConfig, prepare_data
 from descentlab.errors import ConfigError
+from descentlab.experiments._robust_sparse_jobs import JobResult, decode_job, encode_job, train_and_sweep
 from descentlab.optim.config import OptimizerConfig
+from descentlab.report import robust_sparse_claims as claims_report
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.robust_sparse import accuracy_tables, summary_notes
 from descentlab.report.stats import column_mean_std, mean_std
 from descentlab.robustness import RobustnessCurves
 from descentlab.robustness.config import NoiseEvalConfig
 from descentlab.train.jobs import JobRunner
-from descentlab.train.loop import TrainConfig, fit, seed_everything
-from descentlab.train.recipe import MethodConfig, build_recipe, methods_from_specs
+from descentlab.train.loop import TrainConfig
+from descentlab.train.recipe import MethodConfig, methods_from_specs
 from descentlab.train.rundir import RunDir
 
 SCOPES = ("layer", "global")
+EXAMPLE_ARRAYS = "arrays/examples.npz"  # "<method>__s=<s>": correctness [seed, draw, γ, example]; "gammas"
 
 # AdamW has no mirror step: the base's HORST strengths are dropped, not silently ignored
 _ADAMW = "optimizer.name=adamw optimizer.alpha=null optimizer.beta=null"
 _CONSTRAINED = "objective=constrained"
 _RESILIENT = "objective=constrained constraint.resilient=true"
 
-# label -> override spec of the base ``method`` (dotted MethodConfig keys, see train/recipe.py)
+# label -> override spec of the base ``method`` (dotted MethodConfig keys, see train/recipe.py);
+# "erm-noise-horst" is ERM on Gaussian embedding noise (``train_noise``): the positive control of robustness
 METHOD_SPECS: dict[str, str] = {
     "erm-horst": "",
     "constrained-horst": _CONSTRAINED,
@@ -52,18 +59,27 @@ METHOD_SPECS: dict[str, str] = {
     "erm-adamw": _ADAMW,
     "constrained-adamw": f"{_CONSTRAINED} {_ADAMW}",
     "resilient-adamw": f"{_RESILIENT} {_ADAMW}",
+    "erm-noise-horst": "",
 }
 
 
 def base_method() -> MethodConfig:
-    """ERM with HORST (α = 1, β = 0) on every tensor's decay; the constraint a constrained spec switches on."""
+    """ERM with HORST (α = 10, β = 0) on every tensor's decay, and the constraint a constrained spec turns on.
+
+    α = 10: at |θ| ~ 0.03-0.05, α = 1 adds only 3-5 % to AdamW's step, too little for the L1 bias to show
+    (METHODS.md §4.2); fixed before any run, not tuned. The constraint is text-robustness's (chosen there on
+    validation, on the same data): ``detach_prev`` (every loss weight >= 0, nothing met by making an earlier
+    layer worse), layer 1 unconstrained (the layer-0 readout of a BERT encoder is nearly input-independent),
+    α_l = 0.03 (feasible over 6 layers), dual step 0.1, no λ ceiling (METHODS.md §4.1).
+    """
     return MethodConfig(
         objective="erm",
         optimizer=OptimizerConfig(
-            name="horst", lr=5e-5, weight_decay=0.01, alpha=1.0, beta=0.0, decay="all", mirror="matrices"
+            name="horst", lr=5e-5, weight_decay=0.01, alpha=10.0, beta=0.0, decay="all", mirror="matrices"
         ),
-        # no divergence guard: the final multipliers are part of the results, however large they grow
-        constraint=DescentConfig(max_multiplier=None),
+        constraint=DescentConfig(
+            alpha=0.03, dual_lr=0.1, detach_prev=True, constrain_first=False, max_multiplier=None, penalty=1.0
+        ),
     )
 
 
@@ -71,25 +87,33 @@ def base_method() -> MethodConfig:
 class PruningSweep:
     """One-shot magnitude pruning of the trained weights at each sparsity (each from the trained weights)."""
 
-    sparsities: list[float] = field(default_factory=lambda: [0.0, 0.3, 0.5, 0.7])
+    sparsities: list[float] = field(default_factory=lambda: [0.0, 0.3, 0.5, 0.6, 0.7])
     scope: str = "layer"  # one threshold per matrix ("layer") or one over all block Linears ("global")
 
 
 @dataclass
 class RobustSparseConfig:
     model: str = "minilm"  # offline MiniLM-L6; or any HF encoder classifier id / local dir
+    pooling: str = "mean"  # "mean" (all-MiniLM's pre-training pooling + linear head) or "cls" (BERT's pooler)
     method: MethodConfig = field(default_factory=base_method)
     specs: dict[str, str] = field(default_factory=lambda: dict(METHOD_SPECS))
     methods: list[str] = field(
-        default_factory=lambda: ["erm-horst", "constrained-horst", "erm-adamw", "constrained-adamw"]
-    )
-    seeds: list[int] = field(default_factory=lambda: [0, 1])
-    data: TextDataConfig = field(default_factory=TextDataConfig)
+        default_factory=lambda: [
+            "erm-horst", "constrained-horst", "erm-adamw", "constrained-adamw", "erm-noise-horst"
+        ]
+    )  # fmt: skip
+    # label -> γ_train: trained on Gaussian embedding noise at that level (fresh noise every step)
+    train_noise: dict[str, float] = field(default_factory=lambda: {"erm-noise-horst": 1.0})
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    data: TextDataConfig = field(default_factory=lambda: TextDataConfig(n_train=2000, n_eval=800))
     pruning: PruningSweep = field(default_factory=PruningSweep)
     evaluation: NoiseEvalConfig = field(
-        default_factory=lambda: NoiseEvalConfig(kinds=["gaussian"], gammas=[0.0, 0.5, 1.0, 2.0, 3.0], draws=2)
+        default_factory=lambda: NoiseEvalConfig(kinds=["gaussian"], gammas=[0.0, 1.0, 2.0], draws=2)
     )
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=2, batch_size=32, log_every=10))
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(epochs=2, batch_size=32, log_every=10, group_by_length=50)
+    )
+    n_boot: int = 2000
     workers: int = 1  # >1: run the (method, seed) jobs in that many 1-thread processes (same numbers)
 
     def __post_init__(self) -> None:
@@ -100,15 +124,28 @@ class RobustSparseConfig:
                 "one with specs.NAME='objective=constrained optimizer.alpha=10' and add NAME to methods"
             )
         self.method_configs()  # a bad spec fails here, before a run directory exists
+        if self.pooling not in ("cls", "mean"):
+            raise ConfigError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
+        bad_noise = {k: v for k, v in self.train_noise.items() if not v > 0}
+        if bad_noise:
+            raise ConfigError(f"train_noise levels must be > 0, got {bad_noise}")
         if not self.seeds:
             raise ConfigError("seeds must list at least one training seed")
         p = self.pruning
         if not p.sparsities or any(not 0.0 <= s < 1.0 for s in p.sparsities):
             raise ConfigError(f"pruning.sparsities must be values in [0, 1), got {p.sparsities}")
+        if p.sparsities[0] != 0.0:
+            raise ConfigError(f"pruning.sparsities must start at 0 (the dense model), got {p.sparsities}")
         if p.scope not in SCOPES:
             raise ConfigError(f"pruning.scope must be one of {SCOPES}, got {p.scope!r}")
+        if not any(g >= 1.0 for g in self.evaluation.gammas):
+            raise ConfigError(
+                f"evaluation.gammas needs a level >= 1 (robust accuracy), got {self.evaluation.gammas}"
+            )
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        if self.n_boot < 100:
+            raise ConfigError(f"n_boot must be >= 100 bootstrap replicates, got {self.n_boot}")
 
     def method_configs(self) -> dict[str, MethodConfig]:
         """The methods to run, in order: ``{label: base method edited by specs[label]}``."""
@@ -119,124 +156,24 @@ CONFIG = RobustSparseConfig
 
 PRESETS = {
     "quick": {
-        "methods": ["erm-horst", "constrained-horst"],
+        "methods": ["erm-horst", "constrained-horst", "erm-adamw"],
         "seeds": [0],
         "method.optimizer.lr": 1e-4,
         "data.n_train": 600,
         "data.n_eval": 200,
         "train.epochs": 1,
-        "evaluation.gammas": [0.0, 1.0, 2.0, 3.0],
         "evaluation.draws": 1,
         "pruning.sparsities": [0.0, 0.5, 0.7],
+        "n_boot": 500,
+        "workers": 2,
     },
+    # 5 methods x 3 seeds on 2,000 / 800 reviews, 2 epochs, 5 sparsities x γ {0, 1, 2} x 2 draws; <= 60 min
+    # on 2 idle cores (a pilot job on one thread: 1 min 41 s of training, 3 min 39 s of evaluation)
     "full": {
-        "seeds": [0, 1, 2],
-        "data.n_train": 2000,
-        "data.n_eval": 600,
-        "train.epochs": 2,
-        "pruning.sparsities": [0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8],
         "workers": 2,  # 1-thread processes; the numbers do not depend on it
+        "train.progress": False,
     },
 }
-
-
-@dataclass
-class SweepPoint:
-    """One pruned copy of a trained model: requested and reached sparsity, its curves and layer profile."""
-
-    requested: float
-    reached: float
-    curve: RobustnessCurves
-    profile: list[float]
-
-
-@dataclass
-class JobResult:
-    """What one (method, seed) job hands back: its sweep, and the final λ of a constrained method."""
-
-    points: list[SweepPoint]
-    multipliers: list[float] | None
-
-
-def encode_job(result: JobResult) -> dict[str, Any]:
-    """JSON-able form for the job cache (float64 values survive the JSON round trip exactly)."""
-    points = [
-        {"requested": p.requested, "reached": p.reached, "curve": p.curve.to_dict(), "profile": p.profile}
-        for p in result.points
-    ]
-    return {"points": points, "multipliers": result.multipliers}
-
-
-def decode_job(data: dict[str, Any]) -> JobResult:
-    points = [
-        SweepPoint(p["requested"], p["reached"], RobustnessCurves.from_dict(p["curve"]), p["profile"])
-        for p in data["points"]
-    ]
-    return JobResult(points, data["multipliers"])
-
-
-def sparsity_sweep(
-    cfg: RobustSparseConfig, model: torch.nn.Module, batches: list, seed: int
-) -> list[SweepPoint]:
-    """Prune the trained weights one-shot at every sparsity (each from the trained weights) and evaluate.
-
-    The model is left with its trained weights restored.
-    """
-    from descentlab.sparsity import prune_magnitude, select_prunable, sparsity_report
-
-    ev = cfg.evaluation
-    tensors = select_prunable(model)
-    trained = [t.param.detach().clone() for t in tensors]
-
-    def restore() -> None:
-        with torch.no_grad():
-            for t, w in zip(tensors, trained, strict=True):
-                t.param.copy_(w)
-
-    points = []
-    try:
-        for s in cfg.pruning.sparsities:
-            restore()
-            report = prune_magnitude(model, s, scope=cfg.pruning.scope) if s > 0 else sparsity_report(model)
-            curve = sharded_curve(
-                model,
-                batches,
-                kinds=list(ev.kinds),
-                gammas=list(ev.gammas),
-                draws=ev.draws,
-                seed=ev.noise_seed,
-                model_seeds=[seed],
-            )
-            profile = sharded_layer_profile(model, batches)
-            points.append(SweepPoint(s, float(report.global_sparsity), curve, profile))
-    finally:
-        restore()
-    return points
-
-
-def train_and_sweep(cfg: RobustSparseConfig, label: str, seed: int, data: Prepared, run: RunDir) -> JobResult:
-    """One job: a fresh pretrained encoder + head (seeded), trained by method ``label``, then swept."""
-    from descentlab.data import load_encoder_classifier
-
-    method = cfg.method_configs()[label]
-    seed_everything(seed)
-    model, _ = load_encoder_classifier(cfg.model, num_labels=data.num_labels)
-    recipe = build_recipe(method, model, total_steps=cfg.train.total_steps(len(data.train)))
-    fit(
-        model,
-        data.train,
-        cfg=replace(cfg.train, seed=seed, progress=cfg.train.progress and cfg.workers == 1),
-        collate_fn=data.collate,
-        run=run,
-        tag=f"{label}-seed{seed}",
-        **recipe.fit_kwargs(),
-    )
-    points = sparsity_sweep(cfg, model.eval(), data.test, seed)
-    for point in points:
-        clean = point.curve.curves()[cfg.evaluation.kinds[0]]["mean"][0]
-        run.log(tag=f"eval-{label}-seed{seed}", sparsity=point.reached, clean_accuracy=clean)
-    multipliers = recipe.constraint.multipliers.tolist() if recipe.constraint is not None else None
-    return JobResult(points, multipliers)
 
 
 def method_result(
@@ -283,6 +220,15 @@ def method_result(
     return result, joined
 
 
+def example_arrays(correct: dict[str, list[np.ndarray]], levels: list[float]) -> dict[str, np.ndarray]:
+    """``"<method>__s=<s>"`` -> 0/1 correctness ``[seed, draw, γ, example]`` as uint8 (exact, small)."""
+    return {
+        f"{label}__s={s:g}": np.asarray(per_level[i]).astype(np.uint8)
+        for label, per_level in correct.items()
+        for i, s in enumerate(levels)
+    }
+
+
 def erm_baselines(methods: dict[str, MethodConfig]) -> list[tuple[str, str]]:
     """``(method, baseline)`` pairs: each non-ERM method against the first ERM method that differs from it
     in the objective only (same optimizer, same AC/DC)."""
@@ -325,7 +271,14 @@ def run(cfg: RobustSparseConfig, run: RunDir) -> dict:
     blocks = {label: method_result(done[label], levels, ev) for label in methods}
     methods_out = {label: result.to_dict() for label, (result, _) in blocks.items()}
     values = {label: [c.values[kind] for c in joined] for label, (_, joined) in blocks.items()}
-    tables = accuracy_tables(methods_out, values, erm_baselines(methods), levels, kind, ev.gammas)
+    tables = accuracy_tables(methods_out, values, erm_baselines(methods), levels, kind, ev.gammas, cfg.n_boot)
+
+    # 3. the claims, from the per-review correctness (saved, so that every interval can be recomputed)
+    correct = {label: [c.examples[kind] for c in joined] for label, (_, joined) in blocks.items()}
+    run.save_arrays(EXAMPLE_ARRAYS, **example_arrays(correct, levels), gammas=np.asarray(ev.gammas))
+    claims = claims_report.evaluate_claims(correct, levels, ev.gammas, n_boot=cfg.n_boot)
+    if claims:
+        tables.insert(0, claims_report.claims_table(claims))
     train, opt = cfg.train, cfg.method.optimizer
     acdc = {label: asdict(m.acdc) for label, m in methods.items() if m.acdc is not None}
     protocol = {
@@ -346,15 +299,22 @@ def run(cfg: RobustSparseConfig, run: RunDir) -> dict:
         "methods": {label: cfg.specs[label] or "(the base method)" for label in methods},
         "optimizer": asdict(opt),
         "constraint": asdict(cfg.method.constraint),
-        "constraint_selection": "fixed settings (no validation search here; text-robustness selects them)",
+        "constraint_selection": "text-robustness's constraint (chosen there on validation, same data); HORST "
+        "alpha fixed a priori (METHODS.md 4.2); nothing tuned on this run's test split",
+        "pooling": cfg.pooling,
+        "train_noise": dict(cfg.train_noise),
+        "claims": f"paired bootstrap over (seed, draw, review) cells, {cfg.n_boot} replicates; robust accuracy "
+        "= mean over gamma >= 1; see report/robust_sparse_claims.py",
         "pruning": f"one-shot magnitude pruning, scope={p.scope}, of the Linear weights inside the encoder blocks "
         "(embeddings, pooler and head stay dense), each level from the trained weights, no fine-tuning after",
         "acdc": acdc or None,
-        "evaluation": "whole test split; under torchrun each rank evaluates a share and counts are all-reduced",
+        "evaluation": "whole test split; under torchrun each rank evaluates a share, and counts and per-review "
+        "values are gathered",
     }
     return {
         "protocol": protocol,
         "methods": methods_out,
         "tables": tables,
-        "notes": summary_notes(methods_out, levels, kind),
+        "claims": claims,
+        "notes": [*claims_report.claim_notes(claims), *summary_notes(methods_out, levels, kind)],
     }

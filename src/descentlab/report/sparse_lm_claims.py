@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from descentlab.report.stats import BootstrapCI, paired_bootstrap, verdict
+from descentlab.report.stats import BootstrapCI, claim_row, paired_bootstrap
 
 Job = Mapping[str, Any]  # one training run's result (see experiments._sparse_lm_jobs.train_and_prune)
 
@@ -121,24 +121,15 @@ def ols_indicator(
 
 def _row(claim: str, p: float, a: str, b: str, ci: BootstrapCI, means: tuple[float, float], cells: str, **kw):
     direction = kw.pop("direction", "less")
-    v = verdict(ci, direction)
     return {
         "claim": claim,
         "sparsity": p,
         "a": a,
         "b": b,
         "metric": kw.pop("metric", "log_ppl"),
-        "direction": direction,
         "cells": cells,
         "description": DESCRIPTIONS[claim].format(**kw),
-        "estimate": ci.mean,
-        "ci": [ci.low, ci.high],
-        "shape": list(ci.shape),
-        "a_mean": means[0],
-        "b_mean": means[1],
-        "verdict": v.outcome,
-        "reason": v.reason,
-        "min_detectable_effect": ci.min_detectable_effect(),
+        **claim_row(ci, direction, means),
     }
 
 

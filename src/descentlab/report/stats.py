@@ -185,3 +185,27 @@ def parity_verdict(ci: BootstrapCI, target: float = 0.0) -> Verdict:
     if ci.low <= target <= ci.high:
         return Verdict("reproduced", f"{interval} contains {target:g} (half-width {ci.half_width:.3g})")
     return Verdict("refuted", f"{interval} excludes {target:g}")
+
+
+def claim_row(
+    ci: BootstrapCI, direction: Literal["greater", "less"], means: tuple[float, float]
+) -> dict[str, Any]:
+    """The JSON fields every claim row shares: the CI of a − b, the two means and the verdict.
+
+    Args:
+        ci: the paired interval of a − b.
+        direction: the claimed side ("greater": a > b).
+        means: the means of a's and b's cells.
+    """
+    v = verdict(ci, direction)
+    return {
+        "direction": direction,
+        "estimate": ci.mean,
+        "ci": [ci.low, ci.high],
+        "shape": list(ci.shape),
+        "a_mean": means[0],
+        "b_mean": means[1],
+        "verdict": v.outcome,
+        "reason": v.reason,
+        "min_detectable_effect": ci.min_detectable_effect(),
+    }
