@@ -232,7 +232,7 @@ def test_methods_are_specs_of_one_base() -> None:
     ]
     assert [m.optimizer.name for m in methods.values()] == ["horst", "horst", "adamw", "adamw", "horst"]
     assert [m.objective for m in methods.values()] == ["erm", "constrained", "erm", "constrained", "erm"]
-    assert methods["erm-horst"].optimizer.alpha == 10.0 and methods["erm-adamw"].optimizer.alpha is None
+    assert methods["erm-horst"].optimizer.alpha == 3.0 and methods["erm-adamw"].optimizer.alpha is None
     # the constraint cannot be gamed (METHODS.md 4.1): no negative loss weights, layer 1 free, no λ ceiling
     con = methods["constrained-horst"].constraint
     assert con.detach_prev and not con.constrain_first and con.alpha == 0.03
