@@ -32,7 +32,7 @@ from descentlab.errors import ConfigError
 from descentlab.experiments._robust_sparse_jobs import JobResult, decode_job, encode_job, train_and_sweep
 from descentlab.optim.config import OptimizerConfig
 from descentlab.report import robust_sparse_claims as claims_report
-from descentlab.report.results import Curve, MethodResult
+from descentlab.report.results import Curve, MethodResult, Results
 from descentlab.report.robust_sparse import accuracy_tables, summary_notes
 from descentlab.report.stats import column_mean_std, mean_std
 from descentlab.robustness import RobustnessCurves
@@ -313,10 +313,11 @@ def run(cfg: RobustSparseConfig, run: RunDir) -> dict:
         "evaluation": "whole test split; under torchrun each rank evaluates a share, and counts and per-review "
         "values are gathered",
     }
-    return {
-        "protocol": protocol,
-        "methods": methods_out,
-        "tables": tables,
-        "claims": claims,
-        "notes": [*claims_report.claim_notes(claims), *summary_notes(methods_out, levels, kind)],
-    }
+    return Results(
+        experiment="robust-sparse",
+        protocol=protocol,
+        methods={label: result for label, (result, _) in blocks.items()},
+        tables=tables,
+        notes=[*claims_report.claim_notes(claims), *summary_notes(methods_out, levels, kind)],
+        extra={"claims": claims},
+    ).to_dict()
