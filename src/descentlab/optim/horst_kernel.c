@@ -4,9 +4,9 @@
    - the portable loop (horst_block_c), plain C that the compiler vectorises;
    - with AVX-512 (and unless HORST_PORTABLE is defined), hand-written 16-lane intrinsics
      (horst_block_avx512). Its NaN guard needs no copies of the old values: a non-finite lane is blended back
-     to its old p, m, v before the store, behind a branch that is almost never taken. Measured on Zen 4, the
-     portable loop's guard (stack copies) cost ~10 % of a step, the blend ~4 %; GCC's own vectorisation of
-     per-element selects cost ~35 %, and AVX-512 masked stores (used here for tails only) ~3x.
+     to its old p, m, v before the store, behind a branch that is almost never taken. Measured on a Zen 5
+     EPYC: the portable loop's guard (stack copies) cost ~10 % of a step, the blend ~4 %; GCC's own
+     vectorisation of per-element selects cost ~35 %, and AVX-512 masked stores (here for tails only) ~3x.
    tests/optim/test_horst_kernel.py checks that the two agree bit for bit. */
 #include <math.h>
 #include <stdint.h>
@@ -152,7 +152,7 @@ static inline __attribute__((always_inline)) __m512 horst_expf16(__m512 x, const
   return _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q), x0);
 }
 
-/* Masked loads and stores for the tail only: on Zen 4 a masked store costs several plain ones. */
+/* Masked loads and stores for the tail only: on this Zen 5 EPYC a masked store cost several plain ones. */
 static inline __attribute__((always_inline)) __m512 load16(const float *src, __mmask16 lanes) {
   return lanes == (__mmask16)0xFFFF ? _mm512_loadu_ps(src) : _mm512_maskz_loadu_ps(lanes, src);
 }
