@@ -87,7 +87,17 @@ def variants(params: list[torch.nn.Parameter], device: str, copy: Callable[[], N
     if portable is not None and load_kernel().simd_width:  # the loop the AVX-512 one replaces
         state = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
         bucket = Bucket([p.detach() for p in params], [p.grad for p in params], *state, [10] * len(params))
-        hyper = HorstHyper(1e-3, 0.9, 0.999, 1e-8, 0.01, 10.0, 0.0, 5.0, True)
+        hyper = HorstHyper(
+            lr=1e-3,
+            beta1=0.9,
+            beta2=0.999,
+            eps=1e-8,
+            weight_decay=0.01,
+            alpha=10.0,
+            beta=0.0,
+            exp_clamp=5.0,
+            nan_guard=True,
+        )  # HORST's defaults, at alpha = 10
         step = functools.partial(portable.horst_step_, bucket, hyper, mirror=True, check=False)
         out["HORST alpha=10 (portable C loop)"] = Variant(None, step)
     if foreach:

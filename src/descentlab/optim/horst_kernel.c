@@ -70,8 +70,8 @@ static inline __attribute__((always_inline)) float horst_expf_impl(float x, cons
    non-finite result with a float sum of p * 0 (NaN iff some p is inf or NaN). */
 static inline __attribute__((always_inline)) int64_t
 horst_block_c(float *restrict P, const float *restrict G, float *restrict M, float *restrict V, int64_t n,
-                 float decay, float w1, float b2, float w2, float bc2s, float eps, float ss, float alpha,
-                 float lrbeta, float clamp, const int mirror, const int guard, const int bounded) {
+              float decay, float w1, float b2, float w2, float bc2s, float eps, float ss, float alpha,
+              float lrbeta, float clamp, const int mirror, const int guard, const int bounded) {
   float op[BLOCK] __attribute__((aligned(64)));
   float om[BLOCK] __attribute__((aligned(64)));
   float ov[BLOCK] __attribute__((aligned(64)));
@@ -152,6 +152,11 @@ static inline __attribute__((always_inline)) __m512 horst_expf16(__m512 x, const
   return _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q), x0);
 }
 
+/* The lanes of a 16-wide step that hold elements, with `left` elements still to go. */
+static inline __attribute__((always_inline)) __mmask16 tail_lanes(int64_t left) {
+  return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+}
+
 /* Masked loads and stores for the tail only: on this Zen 5 EPYC a masked store cost several plain ones. */
 static inline __attribute__((always_inline)) __m512 load16(const float *src, __mmask16 lanes) {
   return lanes == (__mmask16)0xFFFF ? _mm512_loadu_ps(src) : _mm512_maskz_loadu_ps(lanes, src);
@@ -173,7 +178,7 @@ horst_block_avx512(float *restrict P, const float *restrict G, float *restrict M
   const __m512i sign = _mm512_set1_epi32((int32_t)0x80000000u);
   int64_t bad = 0;
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 lanes = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+    const __mmask16 lanes = tail_lanes(n - i);
     const __m512 g = load16(G + i, lanes), p0 = load16(P + i, lanes);
     const __m512 m0 = load16(M + i, lanes), v0 = load16(V + i, lanes);
     __m512 p = _mm512_mul_ps(p0, SET1(decay));
@@ -225,7 +230,7 @@ int horst_simd_width(void) { return HORST_SIMD_WIDTH; }
 void horst_expf_array(const float *restrict X, float *restrict Y, int64_t n, int bounded) {
 #if HORST_SIMD_WIDTH == 16
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 lanes = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+    const __mmask16 lanes = tail_lanes(n - i);
     const __m512 x = load16(X + i, lanes);
     store16(Y + i, lanes, bounded ? horst_expf16(x, 1) : horst_expf16(x, 0));
   }
