@@ -36,7 +36,7 @@ def test_unknown_key_exits_2_naming_it(tmp_path, capsys) -> None:
         (["run", "no-such-experiment"], "unknown experiment"),
         (["run", "smoke", "method.optimizer.lr=-1"], "optimizer.lr must be a finite number >= 0"),
         (["run", "smoke", "train.epochs=two"], "train.epochs"),
-        (["report", "/nonexistent"], "no results.json"),
+        (["report", "/nonexistent"], "is not a directory"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, needle, tmp_path, capsys) -> None:

@@ -72,9 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(available()))
             return 0
         if args.command == "report":
-            from descentlab.report import write_report
+            from descentlab.experiments import report_run
 
-            print(write_report(args.run_dir))
+            print(report_run(args.run_dir))
             return 0
         from descentlab.experiments import DEMO, available, run_experiment, run_many
 

@@ -1,18 +1,23 @@
-"""Experiment registry and runner: name -> module, and one run of it into a fresh run directory.
+"""Experiment registry and runner: name -> study, and one run of it into a fresh run directory.
 
-Each experiment module defines a config dataclass (``CONFIG``), ``PRESETS`` and ``run``::
+A study is one folder, ``experiments/<study>/``, read top to bottom::
 
-    @dataclass
-    class FooConfig: ...                   # typed fields, offline defaults; nested component configs
-    PRESETS = {"quick": {"train.epochs": 1}, "full": {...}}   # dotted-key overrides of the defaults
-    def run(cfg: FooConfig, run: RunDir) -> dict | Results:    # the results.json body
+    config.py    CONFIG (a dataclass of component configs, offline defaults) and PRESETS (quick, full, paper)
+    run.py       run(cfg, run: RunDir) -> dict | Results: data -> for each method: recipe -> fit -> evaluate
+                 -> arrays saved in the run directory
+    claims.py    CLAIMS: list[ClaimSpec] (one primary endpoint) and their cell functions; optionally
+                 claim_arrays(run_dir) -> the arrays the cells read (default: arrays/claims.npz)
+    figures.py   figures(results, run_dir) -> [{"path", "caption"}], drawn from saved arrays only
+    jobs.py      where needed: the (method, seed) job a worker runs
 
-``run`` returns ``{"protocol": ..., "methods": {...}}`` plus optional ``tables``, ``figures``, ``notes``
-(DESIGN.md); the runner adds ``experiment`` and the resolved ``config``. A config error is raised before
-any directory is made. ``resume=RUN_DIR`` re-enters an existing run with its saved config: every job
-comes back from the run's job cache or resumes from its newest good checkpoint.
+``run`` returns ``{"protocol": ..., "methods": {...}}`` plus optional ``tables``, ``figures``, ``notes``;
+the runner adds ``experiment``, the resolved ``config`` and the judged ``claims``. A config error is raised
+before any directory is made. ``resume=RUN_DIR`` re-enters an existing run with its saved config: every
+job comes back from the run's job cache or resumes from its newest good checkpoint. ``descentlab report
+RUN_DIR`` re-judges every claim from the run's saved arrays and rebuilds its report.
 
-Modules are imported on demand, so listing experiments costs nothing.
+A one-file study (``smoke``) keeps all of it in one module. Modules are imported on demand, so listing
+experiments costs nothing.
 """
 
 from __future__ import annotations
@@ -52,28 +57,74 @@ DEMO = ["text-robustness", "sparse-vit", "implicit-bias"]
 @dataclass(frozen=True)
 class Experiment:
     name: str
-    module: ModuleType
+    module: ModuleType  # the study's package (a folder), or a one-file study's module
+
+    def part(self, part: str) -> ModuleType | None:
+        """The study's ``part`` module (config, run, claims, figures, jobs); None when it has none."""
+        if not hasattr(self.module, "__path__"):  # one-file study
+            return self.module
+        full = f"{self.module.__name__}.{part}"
+        if importlib.util.find_spec(full) is None:
+            return None
+        return importlib.import_module(full)
+
+    def _required(self, part: str) -> ModuleType:
+        module = self.part(part)
+        if module is None:
+            raise RuntimeError(f"the study {self.module.__name__} has no {part}.py")
+        return module
 
     @property
     def config_cls(self) -> type:
-        explicit = getattr(self.module, "CONFIG", None)
+        module = self._required("config")
+        explicit = getattr(module, "CONFIG", None)
         if explicit is not None:
             return explicit
         classes = [
             v
-            for v in vars(self.module).values()
+            for v in vars(module).values()
             if isinstance(v, type)
             and dataclasses.is_dataclass(v)
-            and v.__module__ == self.module.__name__
+            and v.__module__ == module.__name__
             and v.__name__.endswith("Config")
         ]
         if len(classes) != 1:
-            raise RuntimeError(f"{self.module.__name__} must define CONFIG or exactly one *Config dataclass")
+            raise RuntimeError(f"{module.__name__} must define CONFIG or exactly one *Config dataclass")
         return classes[0]
 
     @property
     def presets(self) -> dict[str, dict]:
-        return dict(getattr(self.module, "PRESETS", {}))
+        return dict(getattr(self._required("config"), "PRESETS", {}))
+
+    def run(self, cfg: Any, run: RunDir) -> Any:
+        return self._required("run").run(cfg, run)
+
+    @property
+    def claims(self) -> list:
+        """The study's ``CLAIMS`` (empty when it declares none)."""
+        module = self.part("claims")
+        return list(getattr(module, "CLAIMS", [])) if module is not None else []
+
+    def claim_arrays(self, run_dir: Path) -> dict[str, Any]:
+        """The arrays the claims' cells read: the study's ``claim_arrays(run_dir)``, else
+        ``arrays/claims.npz`` of the run ({} when the run saved none: every claim is then pending)."""
+        from descentlab.io import load_arrays
+
+        module = self.part("claims")
+        custom = getattr(module, "claim_arrays", None) if module is not None else None
+        if custom is not None:
+            return dict(custom(Path(run_dir)))
+        path = Path(run_dir) / "arrays" / "claims.npz"
+        return load_arrays(path) if path.is_file() else {}
+
+    def figures(self, results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+        """The study's own figures (``figures.figures``), drawn from saved data; [] when it has none."""
+        module = self.part("figures")
+        draw = getattr(module, "figures", None) if module is not None else None
+        if draw is None:
+            return []
+        (Path(run_dir) / "figures").mkdir(exist_ok=True)
+        return list(draw(results, Path(run_dir)))
 
 
 def available() -> list[str]:
@@ -188,7 +239,7 @@ def run_experiment(
     exp, cfg, run = prepare(name, preset, overrides, out, resume)
     _status(run, "running", resumed=resume is not None)
     try:
-        body = exp.module.run(cfg, run)
+        body = exp.run(cfg, run)
     except TrainingInterrupted as exc:
         _status(run, "interrupted", error=str(exc))
         raise
@@ -205,9 +256,39 @@ def run_experiment(
     results = {"experiment": name, "config": config_to_dict(cfg), **body}
     run.save_json("results.json", results)
     if run.writer:
-        write_report(run.path)
+        rejudge(run.path)
+        write_report(run.path, figures=exp.figures)
     _status(run, "done")
     return run.path
+
+
+def rejudge(run_dir: Path | str) -> list[Any]:
+    """Judge every claim of the run's study from the arrays saved in ``run_dir``, and write the rows into its
+    ``results.json`` (``claims``). A study that declares no ``CLAIMS`` keeps the rows it wrote."""
+    from descentlab.io import save_json
+    from descentlab.report.build import load_results
+    from descentlab.report.claims import judge
+
+    run_dir = Path(run_dir)
+    results = load_results(run_dir)
+    exp = get(str(results.get("experiment", "")))
+    specs = exp.claims
+    if not specs:
+        return []
+    rows = judge(specs, exp.claim_arrays(run_dir))
+    results["claims"] = [row.to_dict() for row in rows]
+    save_json(run_dir / "results.json", results)
+    return rows
+
+
+def report_run(run_dir: Path | str) -> Path:
+    """``descentlab report RUN_DIR``: re-judge the claims, then rebuild ``report.md`` and the figures."""
+    from descentlab.report.build import load_results, write_report
+
+    run_dir = Path(run_dir)
+    exp = get(str(load_results(run_dir).get("experiment", "")))
+    rejudge(run_dir)
+    return write_report(run_dir, figures=exp.figures)
 
 
 def run_many(names: Sequence[str], *, out: Path | str, preset: str = "quick", title: str) -> Path:
@@ -218,5 +299,7 @@ def run_many(names: Sequence[str], *, out: Path | str, preset: str = "quick", ti
     root = Path(out)
     paths = [run_experiment(name, preset=preset, out=root) for name in names]
     summary = RunDir.create(root, title.lower().replace(" ", "-"))
-    report = write_combined_report(summary.path / "report.md", paths, title=title)
+    report = write_combined_report(
+        summary.path / "report.md", paths, title=title, figures=lambda name: get(name).figures
+    )
     return report

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from descentlab.errors import ConfigError
 from descentlab.io import atomic_write_text
+from descentlab.report.claims import Claim, claim_notes, claims_table
 from descentlab.report.figures import plot_curves, plot_layer_loss
 from descentlab.report.registry import experiment_figures
 from descentlab.report.tables import (
@@ -28,16 +29,39 @@ from descentlab.report.tables import (
 
 def load_results(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / "results.json"
+    if not Path(run_dir).is_dir():
+        raise ConfigError(
+            f"{run_dir} is not a directory; pass the run directory that `descentlab run` printed"
+        )
     if not path.is_file():
         raise ConfigError(f"{run_dir} has no results.json (the run did not finish); nothing to report")
     return json.loads(path.read_text())
 
 
-def _section(results: dict[str, Any], run_dir: Path, heading: str, link_prefix: str = "") -> list[str]:
+FigureFunction = Callable[[dict[str, Any], Path], list[dict[str, Any]]]
+
+
+def judged_claims(results: dict[str, Any]) -> list[Claim]:
+    """The claims engine's rows of a ``results.json`` (rows written before the engine are not its rows)."""
+    rows = results.get("claims", [])
+    return [Claim.from_dict(r) for r in rows] if rows and all("role" in r for r in rows) else []
+
+
+def _section(
+    results: dict[str, Any],
+    run_dir: Path,
+    heading: str,
+    link_prefix: str = "",
+    figures_fn: FigureFunction | None = None,
+) -> list[str]:
     """Markdown lines for one run; figures are made in the run directory, linked relative to the report."""
     methods = results.get("methods", {})
     name = results.get("experiment", run_dir.name)
     lines = [f"{heading} {name}", ""]
+    claims = judged_claims(results)
+    primary = [c for c in claims if c.role == "primary"]
+    if primary:
+        lines += [f"**Primary endpoint.** {claim_notes(primary)[0]}", ""]
     if results.get("protocol"):
         lines += ["**Protocol.** " + "; ".join(f"{k}: {v}" for k, v in results["protocol"].items()), ""]
     tables_dir = run_dir / "tables"
@@ -49,6 +73,9 @@ def _section(results: dict[str, Any], run_dir: Path, heading: str, link_prefix: 
         atomic_write_text(tables_dir / f"{slug}.csv", csv_table(columns, rows))
         lines.extend([f"**{title}**", "", markdown_table(columns, rows), ""])
 
+    if claims:
+        t = claims_table(claims)
+        table(t["title"], t["columns"], t["rows"], "claims")
     table("Metrics", *metrics_table(methods), "metrics")
     for curve in curve_names(methods):
         columns, rows, caption = curve_table(methods, curve)
@@ -77,23 +104,25 @@ def _section(results: dict[str, Any], run_dir: Path, heading: str, link_prefix: 
     if plot_layer_loss(methods, run_dir / "figures" / "layer-loss.png", title=name):
         figures.append(("figures/layer-loss.png", "Loss read out at each layer"))
     # figures the run wrote itself, then those the experiment's figure module (re)draws from saved data
-    for f in [*results.get("figures", []), *experiment_figures(results, run_dir)]:
+    own = figures_fn(results, run_dir) if figures_fn is not None else experiment_figures(results, run_dir)
+    for f in [*results.get("figures", []), *own]:
         if f["path"] not in (p for p, _ in figures):
             figures.append((f["path"], f.get("caption", "")))
     for path, caption in figures:
         lines.extend([f"![{caption}]({link_prefix}{path})", f"*{caption}*", ""])
-    for note in results.get("notes", []):
-        lines.append(f"- {note}")
-    if results.get("notes"):
+    notes = [*results.get("notes", []), *claim_notes(claims)]
+    lines.extend(f"- {note}" for note in notes)
+    if notes:
         lines.append("")
     return lines
 
 
-def write_report(run_dir: Path | str) -> Path:
-    """(Re)build ``<run_dir>/report.md`` from its ``results.json``."""
+def write_report(run_dir: Path | str, *, figures: FigureFunction | None = None) -> Path:
+    """(Re)build ``<run_dir>/report.md`` from its ``results.json``; ``figures(results, run_dir)`` draws the
+    study's own figures from saved data (the app layer passes the study's ``figures.figures``)."""
     run_dir = Path(run_dir)
     results = load_results(run_dir)
-    lines = _section(results, run_dir, "#")
+    lines = _section(results, run_dir, "#", figures_fn=figures)
     lines += [
         "",
         "Resolved config: `config.yaml`. Raw numbers: `results.json`. Training log: `metrics.jsonl`.",
@@ -105,7 +134,10 @@ def write_report(run_dir: Path | str) -> Path:
 
 
 def write_combined_report(
-    path: Path | str, run_dirs: Sequence[Path], title: str = "descentlab report"
+    path: Path | str,
+    run_dirs: Sequence[Path],
+    title: str = "descentlab report",
+    figures: Callable[[str], FigureFunction | None] | None = None,
 ) -> Path:
     """One Markdown file gathering several runs' sections, with figure links relative to it."""
     path = Path(path)
@@ -114,7 +146,9 @@ def write_combined_report(
         run_dir = Path(run_dir)
         # relative links keep the report readable when the runs folder is moved or shared
         prefix = os.path.relpath(run_dir.resolve(), path.parent.resolve()) + "/"
-        lines += _section(load_results(run_dir), run_dir, "##", link_prefix=prefix)
+        results = load_results(run_dir)
+        own = figures(str(results.get("experiment", ""))) if figures is not None else None
+        lines += _section(results, run_dir, "##", link_prefix=prefix, figures_fn=own)
         lines += [f"Run directory: `{run_dir}`", ""]
     atomic_write_text(path, "\n".join(lines))
     return path

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from descentlab.errors import ConfigError
+from descentlab.report.claims import Claim
 
 
 def _require(d: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
@@ -99,7 +100,8 @@ class Results:
     """A run's ``results.json``.
 
     ``tables`` are ``{"title", "columns", "rows"}`` dicts, ``figures`` ``{"path", "caption"}`` dicts (paths
-    relative to the run directory), ``notes`` strings; ``extra`` holds any other top-level key.
+    relative to the run directory), ``notes`` strings, ``claims`` the judged rows of the claims engine
+    (:func:`descentlab.report.claims.judge`); ``extra`` holds any other top-level key.
     """
 
     experiment: str
@@ -109,12 +111,13 @@ class Results:
     tables: list[dict[str, Any]] = field(default_factory=list)
     figures: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    _KEYS = ("experiment", "config", "protocol", "methods", "tables", "figures", "notes")
+    _KEYS = ("experiment", "config", "protocol", "methods", "tables", "figures", "notes", "claims")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "experiment": self.experiment,
             "config": self.config,
             "protocol": self.protocol,
@@ -122,12 +125,16 @@ class Results:
             "tables": self.tables,
             "figures": self.figures,
             "notes": self.notes,
-            **self.extra,
         }
+        if self.claims:
+            out["claims"] = [c.to_dict() for c in self.claims]
+        return {**out, **self.extra}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Results:
         _require(d, ("experiment",), "results.json")
+        rows = d.get("claims", [])
+        engine_rows = all("role" in r for r in rows)
         return cls(
             experiment=d["experiment"],
             config=dict(d.get("config", {})),
@@ -136,5 +143,7 @@ class Results:
             tables=list(d.get("tables", [])),
             figures=list(d.get("figures", [])),
             notes=list(d.get("notes", [])),
-            extra={k: v for k, v in d.items() if k not in cls._KEYS},
+            claims=[Claim.from_dict(c) for c in rows] if engine_rows else [],
+            # rows written before the claims engine stay as they were until the run is re-judged
+            extra={k: v for k, v in d.items() if k not in cls._KEYS or (k == "claims" and not engine_rows)},
         )

@@ -1,0 +1,339 @@
+"""The claims engine: a study declares its claims once (``CLAIMS: list[ClaimSpec]``); :func:`judge` turns
+them and the run's saved arrays into typed :class:`Claim` rows, one per claim, condition and reference.
+
+A claim is judged in one way everywhere:
+
+* the interval is :func:`~descentlab.report.stats.paired_interval`, with the training seed as the unit of
+  replication;
+* the verdict follows the claim's kind (:func:`~descentlab.report.stats.claim_tests`): directional with a
+  smallest effect of interest, sized, parity by equivalence, or untestable here with a reason;
+* a one-seed design gets ``one seed: training variance not measured``, never a bare verdict;
+* a claim whose arrays the run did not save gets ``pending re-run``;
+* one claim is the study's primary endpoint, judged at level α; every other row is secondary and carries,
+  beside its own verdict, the verdict after Holm's adjustment over the study's secondary rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from descentlab.report.stats import (
+    ClaimTests,
+    Direction,
+    Kind,
+    PairedInterval,
+    claim_tests,
+    holm,
+    outcome,
+    paired_interval,
+)
+
+ONE_SEED = "one seed: training variance not measured"
+PENDING = "pending re-run"
+UNTESTABLE = "untestable here"
+VERDICTS = ("reproduced", "refuted", "inconclusive", UNTESTABLE, ONE_SEED, PENDING)
+
+
+class MissingArrays(KeyError):
+    """Raised by a cell function when the run did not save what it needs (the row is ``pending re-run``)."""
+
+
+@dataclass(frozen=True)
+class Cells:
+    """One comparison of a claim: the method's and the reference's paired per-cell values.
+
+    Attributes:
+        a, b: paired values shaped ``[seeds, ..., examples]`` or ``[seeds]``; the difference is ``a − b``.
+        method, reference: what ``a`` and ``b`` are (e.g. ``"horst"``, ``"adamw"``).
+        at: the condition of this row (e.g. ``"sparsity 0.9"``); "" when the claim has one condition.
+        untestable: why this comparison cannot show the claim (the reference already has the property,
+            the statistic sits at its bound, the protocol cannot move it), or None.
+    """
+
+    a: Any
+    b: Any
+    method: str
+    reference: str
+    at: str = ""
+    untestable: str | None = None
+
+
+CellFunction = Callable[[Mapping[str, np.ndarray]], Iterable[Cells]]
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """One claim, declared before the run.
+
+    Attributes:
+        name: a short slug, unique in its study.
+        description: the claim in plain words, as the paper makes it.
+        cells: the saved arrays -> the :class:`Cells` compared (raise :class:`MissingArrays`, or let a
+            ``KeyError`` escape, when the run lacks an array).
+        metric: the statistic and its units (e.g. ``"test log-perplexity"``).
+        kind: ``directional`` (needs ``sesoi``), ``sized`` (needs ``size``), ``parity`` (needs ``margin``)
+            or ``untestable`` (needs ``reason``).
+        direction: ``greater`` (a > b) or ``less`` (a < b); for parity it is ignored.
+        sesoi: the smallest effect of interest, a magnitude in the metric's units.
+        size: the claimed size, a magnitude.
+        margin: the parity margin.
+        reason: why the claim is untestable here.
+        paper: the paper's number, as the paper states it (None when the paper gives none).
+        source: where the paper states it (table, figure, section).
+        primary: the study's one primary endpoint.
+    """
+
+    name: str
+    description: str
+    cells: CellFunction
+    metric: str
+    kind: Kind = "directional"
+    direction: Direction = "greater"
+    sesoi: float | None = None
+    size: float | None = None
+    margin: float | None = None
+    reason: str | None = None
+    paper: str | None = None
+    source: str | None = None
+    primary: bool = False
+
+    def __post_init__(self) -> None:
+        needs = {"directional": "sesoi", "sized": "size", "parity": "margin", "untestable": "reason"}
+        if self.kind not in needs:
+            raise ValueError(f"claim {self.name!r}: kind must be one of {sorted(needs)}, got {self.kind!r}")
+        if self.direction not in ("greater", "less"):
+            raise ValueError(f"claim {self.name!r}: direction must be 'greater' or 'less'")
+        value = getattr(self, needs[self.kind])
+        if value is None or (not isinstance(value, str) and not value > 0):
+            raise ValueError(f"claim {self.name!r} of kind {self.kind} needs {needs[self.kind]} (> 0)")
+        if self.primary and self.kind == "untestable":
+            raise ValueError(f"claim {self.name!r}: a primary endpoint must be testable")
+
+    @property
+    def threshold(self) -> float | None:
+        """The kind's declared number: the SESOI, the size or the margin."""
+        return {"directional": self.sesoi, "sized": self.size, "parity": self.margin}.get(self.kind)
+
+
+@dataclass
+class Claim:
+    """One judged row: a claim at one condition against one reference."""
+
+    name: str
+    description: str
+    role: str  # "primary" | "secondary"
+    kind: str
+    direction: str
+    threshold: float | None
+    metric: str
+    method: str
+    reference: str
+    at: str
+    verdict: str
+    reason: str
+    holm_verdict: str | None = None
+    estimate: float | None = None
+    low: float | None = None
+    high: float | None = None
+    level: float = 0.95
+    min_detectable_effect: float | None = None
+    seeds: int | None = None
+    examples: int | None = None
+    a_mean: float | None = None
+    b_mean: float | None = None
+    p_reproduce: float | None = None
+    p_refute: float | None = None
+    paper: str | None = None
+    source: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        extra = out.pop("extra")
+        return {**out, **extra}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Claim:
+        names = {f.name for f in fields(cls)} - {"extra"}
+        missing = [n for n in ("name", "role", "kind", "verdict") if n not in d]
+        if missing:
+            raise ValueError(
+                f"a claim row lacks {missing}; re-judge the run with `descentlab report RUN_DIR`"
+            )
+        return cls(
+            **{k: v for k, v in d.items() if k in names}, extra={k: v for k, v in d.items() if k not in names}
+        )
+
+    @property
+    def label(self) -> str:
+        """The verdict a reader should take: Holm-adjusted for a secondary row."""
+        return self.holm_verdict if self.holm_verdict is not None else self.verdict
+
+
+def check_specs(specs: Sequence[ClaimSpec]) -> None:
+    """A study's claims: unique names and exactly one primary endpoint."""
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"claim names must be unique in a study, repeated: {dupes}")
+    primaries = [s.name for s in specs if s.primary]
+    if len(primaries) != 1:
+        raise ValueError(f"a study declares exactly one primary endpoint, got {primaries or 'none'}")
+
+
+def _row(spec: ClaimSpec, cells: Cells | None, verdict: str, reason: str) -> Claim:
+    return Claim(
+        name=spec.name,
+        description=spec.description,
+        role="primary" if spec.primary else "secondary",
+        kind=spec.kind,
+        direction=spec.direction,
+        threshold=spec.threshold,
+        metric=spec.metric,
+        method=cells.method if cells else "",
+        reference=cells.reference if cells else "",
+        at=cells.at if cells else "",
+        verdict=verdict,
+        reason=reason,
+        paper=spec.paper,
+        source=spec.source,
+    )
+
+
+def _interval_text(iv: PairedInterval) -> str:
+    return (
+        f"{iv.mean:+.4g} [{iv.low:+.4g}, {iv.high:+.4g}] over {iv.seeds} seed(s) x {iv.examples} example(s)"
+    )
+
+
+def judge_cells(spec: ClaimSpec, cells: Cells, *, level: float = 0.95) -> tuple[Claim, ClaimTests | None]:
+    """One row of ``spec`` on one comparison, with its tests (None when no verdict can be drawn)."""
+    row = _row(spec, cells, "", "")
+    iv = paired_interval(cells.a, cells.b, level=level)
+    row.estimate, row.low, row.high, row.level = iv.mean, iv.low, iv.high, level
+    row.min_detectable_effect, row.seeds, row.examples = iv.min_detectable_effect(), iv.seeds, iv.examples
+    row.a_mean, row.b_mean = float(np.mean(cells.a)), float(np.mean(cells.b))
+    text = _interval_text(iv)
+    if spec.kind == "untestable" or cells.untestable is not None:
+        row.verdict, row.reason = UNTESTABLE, f"{spec.reason or cells.untestable}; {text}"
+        return row, None
+    if iv.one_seed:
+        row.verdict, row.reason = ONE_SEED, f"{text}: the interval counts examples only"
+        return row, None
+    tests = claim_tests(
+        iv, spec.kind, direction=spec.direction, sesoi=spec.sesoi, size=spec.size, margin=spec.margin
+    )
+    row.p_reproduce, row.p_refute = tests.p_reproduce, tests.p_refute
+    row.verdict = outcome(tests, 1 - level)
+    row.reason = f"{text}; {_rule_text(spec, row.verdict)}"
+    return row, tests
+
+
+def _rule_text(spec: ClaimSpec, verdict: str) -> str:
+    side = ">" if spec.direction == "greater" else "<"
+    if spec.kind == "directional":
+        goal = f"a − b {side} 0, smallest effect of interest {spec.sesoi:g}"
+    elif spec.kind == "sized":
+        goal = f"|a − b| >= {spec.size:g} on the {spec.direction} side"
+    else:
+        goal = f"|a − b| <= {spec.margin:g} (90 % CI, TOST)"
+    return f"{verdict} for {goal}"
+
+
+def judge(
+    specs: Sequence[ClaimSpec], arrays: Mapping[str, np.ndarray], *, level: float = 0.95
+) -> list[Claim]:
+    """Every row of every claim, with Holm-adjusted verdicts on the secondary rows.
+
+    Holm runs over the secondary rows that carry tests, once for the reproduce tests and once for the
+    refute tests; ``holm_verdict`` is the verdict read from the adjusted p-values. The primary row keeps
+    its unadjusted verdict (``holm_verdict`` None).
+    """
+    check_specs(specs)
+    alpha = 1 - level
+    rows: list[Claim] = []
+    tested: list[tuple[Claim, ClaimTests]] = []
+    for spec in specs:
+        try:
+            comparisons = list(spec.cells(arrays))
+        except KeyError as exc:  # MissingArrays included
+            rows.append(
+                _row(spec, None, PENDING, f"the run did not save {exc}; re-run the study to judge it")
+            )
+            continue
+        if spec.primary and len(comparisons) != 1:
+            raise ValueError(
+                f"the primary endpoint {spec.name!r} must be one comparison, got {len(comparisons)}"
+            )
+        for cells in comparisons:
+            row, tests = judge_cells(spec, cells, level=level)
+            rows.append(row)
+            if tests is not None and not spec.primary:
+                tested.append((row, tests))
+    if tested:
+        rep = holm([t.p_reproduce for _, t in tested])
+        ref = holm([t.p_refute for _, t in tested])
+        for (row, _), p_rep, p_ref in zip(tested, rep, ref, strict=True):
+            row.holm_verdict = outcome(ClaimTests(p_rep, p_ref), alpha)
+    for row in rows:
+        if row.role == "secondary" and row.holm_verdict is None:
+            row.holm_verdict = row.verdict
+    return rows
+
+
+def _fmt(x: float | None, spec: str = "+.4f") -> str:
+    return "" if x is None else format(x, spec)
+
+
+def claims_table(claims: Sequence[Claim]) -> dict[str, Any]:
+    """One table of every row, the primary first: ``{"title", "columns", "rows"}``."""
+    ordered = sorted(claims, key=lambda c: c.role != "primary")
+    rows = [
+        [
+            f"**{c.name}** (primary)" if c.role == "primary" else c.name,
+            c.at,
+            f"{c.method} − {c.reference}" if c.reference else c.method,
+            f"{c.kind}"
+            + (f" {c.direction}" if c.kind in ("directional", "sized") else "")
+            + (f" {c.threshold:g}" if c.threshold is not None else ""),
+            "" if c.estimate is None else f"{c.estimate:+.4f} [{c.low:+.4f}, {c.high:+.4f}]",
+            _fmt(c.min_detectable_effect, ".3g"),
+            "" if c.seeds is None else str(c.seeds),
+            c.verdict,
+            "" if c.role == "primary" else (c.holm_verdict or ""),
+            c.paper or "",
+        ]
+        for c in ordered
+    ]
+    return {
+        "title": "Claims: a − b with its 95 % seed-level interval; the primary endpoint first, secondary rows "
+        "also Holm-adjusted within the study",
+        "columns": [
+            "claim",
+            "at",
+            "a − b",
+            "kind",
+            "difference [95 % CI]",
+            "MDE",
+            "seeds",
+            "verdict",
+            "Holm (secondary)",
+            "paper",
+        ],
+        "rows": rows,
+    }
+
+
+def claim_notes(claims: Sequence[Claim]) -> list[str]:
+    """One sentence per row."""
+    notes = []
+    for c in sorted(claims, key=lambda c: c.role != "primary"):
+        where = f" at {c.at}" if c.at else ""
+        pair = f" ({c.method} − {c.reference})" if c.reference else ""
+        holm_note = f"; Holm-adjusted: {c.holm_verdict}" if c.role == "secondary" else ""
+        notes.append(f"{c.role} {c.name}{where}{pair}: {c.description}: {c.verdict}{holm_note} ({c.reason}).")
+    return notes
