@@ -13,7 +13,6 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "descentlab"
 METHOD_PACKAGES = ("constrained", "optim", "sparsity", "readout", "robustness")
-MAX_LINES = 400
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -69,28 +68,63 @@ def test_robustness_does_not_load_data() -> None:
     assert _breaches("robustness", ("data",)) == []
 
 
-def test_no_experiment_imports_another() -> None:
-    # private modules (``_video_config``) are one experiment's helpers, not experiments
-    experiments = {p.stem for p in (SRC / "experiments").glob("*.py") if not p.stem.startswith("_")}
+def _studies() -> set[str]:
+    """Study names: folders under experiments/ and one-file studies (``smoke``)."""
+    root = SRC / "experiments"
+    folders = {p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    files = {p.stem for p in root.glob("*.py") if p.stem != "__init__" and not p.stem.startswith("_")}
+    return folders | files
+
+
+def _study_of(file: str) -> str | None:
+    parts = Path(file).parts  # experiments/<study>/x.py or experiments/<study>.py
+    if len(parts) >= 3:
+        return parts[1]
+    return Path(parts[1]).stem if parts[1] != "__init__.py" else None
+
+
+def test_no_study_imports_another() -> None:
+    studies = _studies()
     found = [
         f"{file} imports {name}"
         for file, names in _package_imports("experiments").items()
         for name in names
-        if any(
-            name.startswith(f"descentlab.experiments.{other}") and not file.endswith(f"/{other}.py")
-            for other in experiments - {"base"}
-        )
+        for other in studies
+        if (name == f"descentlab.experiments.{other}" or name.startswith(f"descentlab.experiments.{other}."))
+        and _study_of(file) not in (other, None)
     ]
     assert found == []
 
 
-def test_no_source_file_is_over_the_size_guideline() -> None:
-    long = {
-        str(p.relative_to(SRC)): n
-        for p in SRC.rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
-    }
-    assert long == {}
+def test_claims_and_figures_never_import_train_or_their_run() -> None:
+    found = []
+    for file, names in _package_imports("experiments").items():
+        if Path(file).stem not in ("claims", "figures"):
+            continue
+        study = _study_of(file)
+        for name in sorted(names):
+            if name == "descentlab.train" or name.startswith("descentlab.train."):
+                found.append(f"{file} imports {name}")
+            if name.startswith(f"descentlab.experiments.{study}.run") or name.startswith(
+                f"descentlab.experiments.{study}.jobs"
+            ):
+                found.append(f"{file} imports {name}")
+    assert found == []
+
+
+@pytest.mark.parametrize("package", METHOD_PACKAGES)
+def test_method_packages_never_import_report(package: str) -> None:
+    assert _breaches(package, ("report",)) == []
+
+
+def test_train_never_imports_experiments() -> None:
+    assert _breaches("train", ("experiments", "report")) == []
+
+
+def test_report_holds_only_the_generic_library() -> None:
+    # study code lives in its study's folder; report/ keeps stats, results, claims, tables, figures, build
+    generic = {"__init__", "build", "claims", "coverage", "figures", "results", "stats", "tables", "readme"}
+    assert {p.stem for p in (SRC / "report").glob("*.py")} - generic == set()
 
 
 def test_the_scanner_sees_lazy_and_string_imports(tmp_path: Path) -> None:

@@ -311,6 +311,8 @@ class PairedInterval:
         lo, hi = 1e-15, 0.5 - 1e-12
         if excess(lo) <= 0:
             return lo
+        if excess(hi) >= 0:  # the gap is within rounding of 0
+            return 0.5
         return float(brentq(excess, lo, hi, xtol=1e-12))
 
     def to_dict(self) -> dict[str, Any]:
