@@ -117,12 +117,28 @@ def _section(
     return lines
 
 
+# presets sized to show an effect; every other preset is a smoke run of the pipeline
+EVIDENCE_PRESETS = ("full", "paper")
+SMOKE_BANNER = (
+    "> **A smoke run, not evidence.** The `{preset}` preset checks that the pipeline runs end to end; its "
+    "seeds and steps are too few for its verdicts to mean anything. Verdicts come from the `full` preset."
+)
+
+
+def _preset(run_dir: Path) -> str | None:
+    config = run_dir / "config.json"
+    return json.loads(config.read_text()).get("preset") if config.is_file() else None
+
+
 def write_report(run_dir: Path | str, *, figures: FigureFunction | None = None) -> Path:
     """(Re)build ``<run_dir>/report.md`` from its ``results.json``; ``figures(results, run_dir)`` draws the
     study's own figures from saved data (the app layer passes the study's ``figures.figures``)."""
     run_dir = Path(run_dir)
     results = load_results(run_dir)
     lines = _section(results, run_dir, "#", figures_fn=figures)
+    preset = _preset(run_dir)
+    if preset not in EVIDENCE_PRESETS:
+        lines[1:1] = ["", SMOKE_BANNER.format(preset=preset or "default")]
     lines += [
         "",
         "Resolved config: `config.yaml`. Raw numbers: `results.json`. Training log: `metrics.jsonl`.",

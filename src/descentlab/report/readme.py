@@ -1,0 +1,152 @@
+"""``docs/results/README.md``: every committed study's verdicts, generated from its ``results.json``.
+
+The page is a pure function of the committed files (``<study>/results.json`` for every ``<study>.md`` page,
+and ``coverage.json``), so a test regenerates it and fails when the committed page is stale:
+
+    python -m descentlab.report.readme docs/results      # rewrite docs/results/README.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from descentlab.io import atomic_write_text
+from descentlab.report.claims import PENDING, Claim, claims_table
+from descentlab.report.tables import markdown_table
+
+HOW_TO_READ = """\
+## How to read a verdict
+
+- **The unit of replication is the training seed.** A row's interval is the seed-level 95 % interval of
+  a − b (`descentlab.report.stats.paired_interval`): seeds and test examples are crossed, and the
+  interval carries the variance between training runs as well as the variance between examples. A
+  design with one training seed reads "one seed: training variance not measured" and is not judged.
+- **Four verdicts.**
+  - *reproduced*: the interval lies beyond 0 on the claimed side (a sized claim: beyond the claimed size;
+    parity: the 90 % interval lies inside the margin, an equivalence test);
+  - *refuted*: the interval excludes every effect of interest (beyond the declared smallest effect of
+    interest on the claimed side; a sized claim: short of the size; parity: wholly outside the margin);
+  - *inconclusive*: neither; the MDE column says the smallest effect the run detects with 80 % power;
+  - *untestable here*: the run cannot show the claim (the reference already has the property, the
+    statistic sits at its bound, or the protocol cannot move it); the row says why.
+- **Primary and secondary.** Each study declares one primary endpoint, with its smallest effect of
+  interest, in its committed config before the run. Every other row is secondary: its "Holm" column is
+  the verdict after Holm's adjustment over the study's secondary rows, and that is the one to quote.
+- **Pending re-run.** A committed run that did not save the per-seed arrays a claim needs is not re-judged
+  from its old summary: its row says "pending re-run".
+"""
+
+
+def coverage_section(coverage: dict[str, Any]) -> list[str]:
+    """The simulated coverage table, old interval beside new."""
+    rows = [
+        [
+            r["regime"],
+            str(r["seeds"]),
+            str(r["examples"]),
+            f"{r['seed_share']:.2f}",
+            f"{r['seed_level']:.3f}",
+            f"{r['pigeonhole']:.3f}",
+        ]
+        for r in coverage["rows"]
+    ]
+    reps = coverage["reps"]
+    sds = "; ".join(f"{name}: {a:g} / {b:g} / {c:g}" for name, (a, b, c) in coverage["regimes"].items())
+    return [
+        "## Why the interval is at the level of seeds: simulated coverage",
+        "",
+        "Crossed designs with true difference 0: per-seed, per-example and residual terms with standard "
+        f"deviations ({sds}, seed / example / residual). The share of Var(mean) between seeds is given per "
+        f"row. Coverage of the 95 % interval over {reps['seed_level']:,} simulated designs "
+        f"({reps['pigeonhole']:,} for the bootstrap, 500 replicates each); the nominal value is 0.95. "
+        f"Command: `{coverage['command']}` ({coverage['wall_seconds']} s on 2 cores).",
+        "",
+        markdown_table(
+            [
+                "regime",
+                "seeds",
+                "examples",
+                "seed share",
+                "seed-level interval",
+                "pigeonhole bootstrap (old)",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
+def study_section(name: str, results: dict[str, Any]) -> list[str]:
+    """One study: its primary verdict, then every row."""
+    raw = results.get("claims", [])
+    lines = [
+        f"## {name}",
+        "",
+        f"Page: [{name}.md]({name}.md). Command: `descentlab run {name} --preset full`.",
+    ]
+    if not raw or not all("role" in r for r in raw):
+        return [*lines, "", f"No rows from the claims engine yet: {PENDING}.", ""]
+    claims = [Claim.from_dict(r) for r in raw]
+    primary = next(c for c in claims if c.role == "primary")
+    estimate = (
+        ""
+        if primary.estimate is None
+        else f": {primary.estimate:+.4g} [{primary.low:+.4g}, {primary.high:+.4g}]"
+    )
+    lines += [
+        "",
+        f"**Primary endpoint: {primary.name}** ({primary.description}; {primary.metric}){estimate}: "
+        f"**{primary.verdict}**.",
+        "",
+    ]
+    table = claims_table(claims)
+    counts: dict[str, int] = {}
+    for c in claims:
+        counts[c.label] = counts.get(c.label, 0) + 1
+    summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return [
+        *lines,
+        f"{len(claims)} rows: {summary}.",
+        "",
+        markdown_table(table["columns"], table["rows"]),
+        "",
+    ]
+
+
+def results_index(results_dir: Path | str) -> str:
+    """The text of ``docs/results/README.md`` from the committed files under ``results_dir``."""
+    results_dir = Path(results_dir)
+    lines = [
+        "# Results: every study's verdicts",
+        "",
+        "Generated by `python -m descentlab.report.readme docs/results` from each study's committed "
+        "`results.json`; do not edit by hand. Each study's page gives its protocol, its command, its wall "
+        "time, its figures and the history of its earlier protocols.",
+        "",
+        HOW_TO_READ,
+    ]
+    coverage = results_dir / "coverage.json"
+    if coverage.is_file():
+        lines += coverage_section(json.loads(coverage.read_text()))
+    for page in sorted(results_dir.glob("*.md")):
+        if page.stem == "README":
+            continue
+        body = results_dir / page.stem / "results.json"
+        if body.is_file():
+            lines += study_section(page.stem, json.loads(body.read_text()))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    results_dir = Path(args[0] if args else "docs/results")
+    atomic_write_text(results_dir / "README.md", results_index(results_dir))
+    print(results_dir / "README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
