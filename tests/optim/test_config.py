@@ -229,7 +229,7 @@ def test_warmup_cosine_lr_values():
         ({"mirror": "some"}, "optimizer.mirror"),
         ({"base": "adam"}, "optimizer.base"),
         ({"name": "ham", "base": "sgd"}, "optimizer.base"),
-        ({"name": "horst", "fused": True}, "optimizer.fused"),
+        ({"name": "horst", "alpha": float("nan")}, "optimizer.alpha"),
         ({"fused": "yes"}, "optimizer.fused"),
         ({"schedule": "linear"}, "optimizer.schedule"),
         ({"schedule": "warmup_cosine", "warmup_frac": 1.0}, "optimizer.warmup_frac"),
@@ -239,6 +239,16 @@ def test_warmup_cosine_lr_values():
 def test_bad_config_names_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=re.escape(key)):
         OptimizerConfig(**kwargs)
+
+
+def test_horst_takes_adamws_fused_flag():
+    """HORST accepts torch's ``fused`` like AdamW (issue 33): false forbids the fused paths, and true on
+    tensors it cannot fuse raises instead of being ignored."""
+    model = torch.nn.Linear(3, 2)
+    opt = build_optimizer(OptimizerConfig(name="horst", fused=False), model)
+    assert opt.param_groups[0]["impl"] == "foreach" and not opt.param_groups[0]["fused"]
+    with pytest.raises(ConfigError, match="fused=True"):
+        build_optimizer(OptimizerConfig(name="horst", fused=True), model.double())
 
 
 def test_bad_params_and_steps_raise():

@@ -57,6 +57,17 @@ def _diverging_multiplier() -> None:
         constraint.dual_step_()
 
 
+def _nan_gradient_step() -> None:
+    model = nn.Linear(2, 2)
+    constraint = dl.LayerwiseDescent(1, alpha=0.1, dual_lr=0.1)
+    opt = dl.PrimalDual(torch.optim.AdamW(model.parameters()), constraint)
+    x = torch.ones(3, 2)
+    f = torch.stack([model(x).pow(2).mean(), model(x).pow(2).mean()])
+    constraint.lagrangian(f).backward()
+    model.weight.grad[0, 0] = float("nan")
+    opt.step()
+
+
 def _fit(data: list, loss: Callable | None = None, **cfg: object) -> None:
     from descentlab.train.loop import TrainConfig, fit
     from descentlab.train.objectives import ERM
@@ -144,7 +155,28 @@ LIBRARY_CASES: list[LibraryCase] = [
         "HORST(lr=-1e-3)",
         lambda: dl.HORST(nn.Linear(2, 2).parameters(), lr=-1e-3),
         errors.ConfigError,
-        "must be >= 0",
+        "must be a finite number >= 0",
+    ),
+    LibraryCase(
+        "horst-nan-alpha",
+        "HORST(alpha=nan)",
+        lambda: dl.HORST(nn.Linear(2, 2).parameters(), alpha=float("nan")),
+        errors.ConfigError,
+        "invalid alpha=nan",
+    ),
+    LibraryCase(
+        "horst-fused-float64",
+        "HORST(fused=True) on float64 weights",
+        lambda: dl.HORST(nn.Linear(2, 2).double().parameters(), fused=True),
+        errors.ConfigError,
+        "fused=True cannot be honoured",
+    ),
+    LibraryCase(
+        "primal-dual-nan-gradient",
+        "a NaN gradient reaches PrimalDual.step()",
+        _nan_gradient_step,
+        errors.NumericalError,
+        "non-finite gradient in 1 of 2 parameter tensors",
     ),
     LibraryCase(
         "horst-betas",
@@ -158,7 +190,7 @@ LIBRARY_CASES: list[LibraryCase] = [
         "HAM(alpha=-1)",
         lambda: dl.HAM(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1), alpha=-1.0),
         errors.ConfigError,
-        "alpha and beta must be >= 0",
+        "invalid alpha=-1.0",
     ),
     LibraryCase(
         "prune-sparsity-one",

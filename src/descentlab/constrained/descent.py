@@ -233,6 +233,7 @@ class LayerwiseDescent:
         self._steps = 0
         self._last_f: Tensor | None = None
         self._last_g: Tensor | None = None
+        self.lagrangian_calls = 0  # PrimalDual warns once when a step comes and this is still 0
 
     # -- primal side -------------------------------------------------------------------------------------
     def lagrangian(self, f: Tensor, *, record: bool | None = None) -> Tensor:
@@ -254,6 +255,7 @@ class LayerwiseDescent:
                 "len(f) - 1"
             )
         self._to(f.device)
+        self.lagrangian_calls += 1
         g = descent_violations(f, self.alpha, form=self.form, detach_prev=self.detach_prev)
         lam = self.duals.lam.to(f.dtype)
         loss = f[-1] + (lam[self._index] * g[self._index]).sum()
@@ -301,6 +303,13 @@ class LayerwiseDescent:
             self._g_count = 1
             self._last_f, self._last_g = f, g
         return self._flush()
+
+    def pending_violations(self) -> Tensor | None:
+        """The sum of the ĝ recorded since the last dual step, over the constrained layers (None: none
+        recorded). :class:`PrimalDual` checks it is finite before the primal step, with the gradients."""
+        if self._g_count == 0:
+            return None
+        return self._g_sum[self._index]
 
     def _flush(self) -> bool:
         if self._g_count == 0:

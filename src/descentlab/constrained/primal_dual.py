@@ -13,13 +13,15 @@ counters.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import Tensor
 from torch.optim import Optimizer
 
-from descentlab.errors import CheckpointError, ConfigError
+from descentlab.errors import CheckpointError, ConfigError, NumericalError
 
 DESCENT_KEY = "descent"
 
@@ -31,12 +33,19 @@ class PrimalDual(Optimizer):
         optimizer: any ``torch.optim.Optimizer``; it owns the parameters and their state.
         constraint: an object with ``dual_step_()``, ``state_dict()`` and ``load_state_dict()``.
 
+        check_finite: before the wrapped step, check that every gradient and the ĝ remembered by
+            ``lagrangian`` are finite, and raise :class:`~descentlab.errors.NumericalError` (saying what was
+            non-finite) with the parameters, the optimizer state and λ untouched. The check is one fused
+            ``torch._foreach_norm`` per device and **one host read-back per step** (a device sync on GPU;
+            nothing extra on CPU); ``False`` skips it (a NaN gradient then reaches the wrapped optimizer).
+
     ``step(closure)`` runs the wrapped step, then ``constraint.dual_step_()``; the constraint decides from
     its cadence whether λ moves. When ``torch.distributed`` is initialised, ĝ is averaged over ranks inside
-    the dual step, so every rank holds the same λ.
+    the dual step, so every rank holds the same λ. A step taken while ``constraint.lagrangian`` has never
+    been called warns once (``RuntimeWarning``): λ would never enter the loss.
     """
 
-    def __init__(self, optimizer: Optimizer, constraint: Any) -> None:
+    def __init__(self, optimizer: Optimizer, constraint: Any, *, check_finite: bool = True) -> None:
         if not isinstance(optimizer, Optimizer):
             raise ConfigError(
                 f"PrimalDual wraps a torch.optim.Optimizer, got {type(optimizer).__name__}; pass e.g. "
@@ -49,6 +58,8 @@ class PrimalDual(Optimizer):
                 )
         self.optimizer = optimizer
         self.constraint = constraint
+        self.check_finite = check_finite
+        self._warned_no_lagrangian = False
         # The base initialiser installs the hook dictionaries and the profiled step; the groups it would
         # build are replaced by the wrapped optimizer's own list, so edits through either are shared.
         self._adopting = True
@@ -71,9 +82,72 @@ class PrimalDual(Optimizer):
             closure: re-evaluates the Lagrangian and returns it (for L-BFGS-style optimizers); it must call
                 ``constraint.lagrangian`` so that ĝ is current.
         """
+        if getattr(self.constraint, "lagrangian_calls", None) == 0 and not self._warned_no_lagrangian:
+            self._warned_no_lagrangian = True
+            warnings.warn(
+                "PrimalDual.step() was called but constraint.lagrangian(f) never was: λ stays out of the loss "
+                "and the dual step has no ĝ. Back-propagate loss = constraint.lagrangian(layer_losses(...)); "
+                "this warning is shown once",
+                RuntimeWarning,
+                stacklevel=4,  # step <- torch.no_grad's wrapper <- Optimizer's step hook <- the caller
+            )
+        if self.check_finite and closure is None:  # a closure makes its gradients inside the wrapped step
+            self._check_finite()
         loss = self.optimizer.step() if closure is None else self.optimizer.step(torch.enable_grad()(closure))
         self.constraint.dual_step_()
         return loss
+
+    def _check_finite(self) -> None:
+        """Raise NumericalError, before anything moves, when a gradient or the pending ĝ is not finite.
+
+        One ``torch._foreach_norm(ord=inf)`` per device (a max-abs: NaN and Inf propagate, large finite
+        values do not overflow) and one read-back of the combined flag: the only host sync of the step.
+        """
+        grads: list[Tensor] = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    grads.append(p.grad._values() if p.grad.is_sparse else p.grad)
+        pending = getattr(self.constraint, "pending_violations", None)
+        g_hat = pending() if callable(pending) else None
+        flags: list[Tensor] = []
+        by_device: dict[torch.device, list[Tensor]] = {}
+        for g in grads:
+            by_device.setdefault(g.device, []).append(g)
+        for tensors in by_device.values():
+            flags.append(torch.isfinite(torch.stack(torch._foreach_norm(tensors, float("inf")))).all())
+        if g_hat is not None:
+            flags.append(torch.isfinite(g_hat).all())
+        if not flags:
+            return
+        home = flags[0].device
+        if bool(torch.stack([f.to(home) for f in flags]).all()):  # the one host read-back
+            return
+        problems = []
+        where = [
+            (i, j, tuple(p.grad.shape))
+            for i, group in enumerate(self.param_groups)
+            for j, p in enumerate(group["params"])
+            if p.grad is not None
+        ]
+        bad = [w for w, g in zip(where, grads, strict=True) if not bool(torch.isfinite(g).all())]
+        if bad:
+            i, j, shape = bad[0]
+            problems.append(
+                f"non-finite gradient in {len(bad)} of {len(grads)} parameter tensors (first: param_groups[{i}] "
+                f"tensor {j}, shape {shape})"
+            )
+        if g_hat is not None and not bool(torch.isfinite(g_hat).all()):
+            index = getattr(self.constraint, "_index", None)
+            layers = [int(k) + 1 for k in index[~torch.isfinite(g_hat)].tolist()] if index is not None else []
+            problems.append(
+                f"non-finite constraint violation ĝ at layer(s) {layers} (remembered by lagrangian)"
+            )
+        raise NumericalError(
+            f"PrimalDual.step: {'; '.join(problems)}; the parameters, the optimizer state and λ were not "
+            "updated. A NaN/Inf gradient comes from the loss or the data of this batch: zero the gradients "
+            "and skip it, or find where the losses stop being finite"
+        )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)

@@ -71,8 +71,8 @@ class OptimizerConfig:
             ``"none"`` or ``"prunable"`` (only the weights AC/DC prunes, the block Linears of
             :func:`~descentlab.sparsity.select_prunable`; the rest get AdamW's step); ignored by adamw.
         base: the optimizer HAM wraps: ``"adamw"`` or ``"adam"`` (only with ``name="ham"``).
-        fused: torch's ``fused`` flag of the AdamW / Adam (``None``: torch's default); HORST picks its fused
-            CPU kernel itself.
+        fused: torch's ``fused`` flag of AdamW / Adam, and HORST's (``None``: the optimizer's default; for
+            HORST ``true`` demands its fused kernel or compiled step for every tensor, ``false`` forbids them).
         schedule: ``"constant"``, ``"cosine"`` or ``"warmup_cosine"`` (module docstring).
         warmup_frac: linear warm-up fraction of the steps, in [0, 1) (``warmup_cosine`` only).
     """
@@ -128,10 +128,6 @@ class OptimizerConfig:
             )
         if self.fused is not None and not isinstance(self.fused, bool):
             raise ConfigError(f"optimizer.fused must be true, false or null, got {self.fused!r}")
-        if self.fused is not None and self.name == "horst":
-            raise ConfigError(
-                "optimizer.fused is torch's AdamW / Adam flag; HORST picks its kernel itself, drop it"
-            )
         if not self.warmup_frac < 1.0:
             raise ConfigError(f"optimizer.warmup_frac must lie in [0, 1), got {self.warmup_frac}")
         if self.warmup_frac and self.schedule != "warmup_cosine":
@@ -247,7 +243,13 @@ def build_optimizer(
     extra.update({key: getattr(cfg, key) for key in ("alpha", "beta") if getattr(cfg, key) is not None})
     if cfg.name == "horst":
         return HORST(
-            groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay, **extra
+            groups,
+            lr=cfg.lr,
+            betas=tuple(cfg.betas),
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            fused=cfg.fused,
+            **extra,
         )
     return HAM(_adam(cfg.base, groups, cfg), **extra)
 

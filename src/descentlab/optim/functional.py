@@ -17,11 +17,60 @@ bit for bit; the ``*_foreach_`` twins do the same ops on lists of tensors with `
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+
+from descentlab.errors import ConfigError
+
+_NON_NEGATIVE = ("lr", "eps", "weight_decay", "alpha", "beta")
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float, or None when it is not a real number (a one-element tensor counts)."""
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_complex():
+        return float(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def check_hyper(owner: str, values: Mapping[str, Any], *, tensors: bool = True) -> None:
+    """Raise :class:`~descentlab.errors.ConfigError` (a ``ValueError``) unless the HORST / HAM hyper-parameters
+    in ``values`` are in range, as ``torch.optim.AdamW`` checks its own, and finite (AdamW lets some NaN
+    through; here a NaN or Inf never is).
+
+    Checked when present: ``lr``, ``eps``, ``weight_decay``, ``alpha``, ``beta`` (finite, >= 0), ``betas``
+    (two finite numbers in [0, 1)) and ``exp_clamp`` (None or finite > 0). With ``tensors=False`` tensor
+    values are skipped: the per-step check then never reads a device tensor back.
+    """
+    for key in _NON_NEGATIVE:
+        if key not in values:
+            continue
+        raw = values[key]
+        if not tensors and isinstance(raw, Tensor):
+            continue
+        value = _number(raw)
+        if value is None or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{owner}: invalid {key}={raw!r}; it must be a finite number >= 0")
+    if "betas" in values:
+        betas = values["betas"]
+        pair = list(betas) if isinstance(betas, list | tuple) else None
+        ok = pair is not None and len(pair) == 2
+        if ok and (tensors or not any(isinstance(b, Tensor) for b in pair)):
+            nums = [_number(b) for b in pair]
+            ok = all(b is not None and math.isfinite(b) and 0.0 <= b < 1.0 for b in nums)
+        if not ok:
+            raise ConfigError(f"{owner}: invalid betas={betas!r}; they must be two finite numbers in [0, 1)")
+    if values.get("exp_clamp") is not None:
+        clamp = _number(values["exp_clamp"])
+        if clamp is None or not math.isfinite(clamp) or clamp <= 0:
+            raise ConfigError(
+                f"{owner}: invalid exp_clamp={values['exp_clamp']!r}; it must be a finite number > 0 or None"
+            )
 
 
 class HorstHyper(NamedTuple):
@@ -199,6 +248,7 @@ __all__ = [
     "adam_update_",
     "adam_update_foreach_",
     "bias_correction",
+    "check_hyper",
     "hyperbolic_mirror",
     "hyperbolic_mirror_foreach_",
     "mirror_exponent",

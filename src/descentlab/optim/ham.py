@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from descentlab.errors import ConfigError
-from descentlab.optim.functional import hyperbolic_mirror
+from descentlab.optim.functional import check_hyper, hyperbolic_mirror
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -46,7 +46,9 @@ class HAM(Optimizer):
 
     The wrapper shares ``param_groups`` and ``state`` with the base optimizer, so schedulers, Accelerate and
     checkpointing see one optimizer. Group keys added (``setdefault``, so per-group values win): ``alpha``,
-    ``beta``, ``exp_clamp`` and ``mirror`` (``None`` = tensors with ndim >= 2).
+    ``beta``, ``exp_clamp`` and ``mirror`` (``None`` = tensors with ndim >= 2). ``alpha`` and ``beta`` must be
+    finite and >= 0, ``exp_clamp`` finite and > 0 or None (``ConfigError``, a ``ValueError``, at construction
+    and before each step).
 
     Args:
         base_optimizer: any optimizer whose groups carry ``lr``.
@@ -66,10 +68,7 @@ class HAM(Optimizer):
     ) -> None:
         if not isinstance(base_optimizer, Optimizer):
             raise ConfigError(f"HAM wraps a torch.optim.Optimizer, got {type(base_optimizer).__name__}")
-        if alpha < 0 or beta < 0:
-            raise ConfigError(f"HAM: alpha and beta must be >= 0, got alpha={alpha}, beta={beta}")
-        if exp_clamp is not None and exp_clamp <= 0:
-            raise ConfigError(f"HAM: exp_clamp must be > 0 or None, got {exp_clamp}")
+        check_hyper("HAM", {"alpha": alpha, "beta": beta, "exp_clamp": exp_clamp})
         self.base_optimizer = base_optimizer
         defaults = {**base_optimizer.defaults, "alpha": alpha, "beta": beta, "exp_clamp": exp_clamp}
         defaults["mirror"] = mirror
@@ -80,6 +79,8 @@ class HAM(Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         """Step the base optimizer (which evaluates ``closure``), then the mirror step."""
+        for group in self.param_groups:  # before the base step: a bad value touches nothing
+            check_hyper("HAM", {k: group[k] for k in ("alpha", "beta", "exp_clamp")}, tensors=False)
         loss = self.base_optimizer.step(closure)
         for group in self.param_groups:
             for p in group["params"]:

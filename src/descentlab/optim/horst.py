@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
@@ -39,6 +40,7 @@ from descentlab.optim.functional import (
     HorstHyper,
     adam_update_,
     adam_update_foreach_,
+    check_hyper,
     evaluate_closure,
     hyperbolic_mirror,
     hyperbolic_mirror_foreach_,
@@ -187,6 +189,50 @@ def _kernel_ok(p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> bool:
     return True
 
 
+def _impl_of(impl: str, fused: bool | None, foreach: bool | None) -> str:
+    """The ``impl`` that ``torch.optim.AdamW``'s ``fused`` / ``foreach`` keywords ask for."""
+    if fused and foreach:
+        raise ConfigError(
+            "HORST: fused=True and foreach=True cannot be set together (as in torch.optim.AdamW)"
+        )
+    if foreach is None and fused is None:
+        return impl
+    wanted = "foreach" if foreach else "reference" if foreach is False else None
+    if fused:
+        wanted = None  # every tensor must take the kernel or the compiled step: checked per tensor
+    elif fused is False and wanted is None:
+        wanted = "foreach"
+    if wanted is None:
+        if impl not in ("auto", "fused", "compiled"):
+            raise ConfigError(f"HORST: fused=True contradicts impl={impl!r}; drop one of them")
+        return impl
+    if impl not in ("auto", wanted):
+        raise ConfigError(
+            f"HORST: fused={fused}, foreach={foreach} means impl={wanted!r}, which contradicts impl={impl!r}; "
+            "drop one of them"
+        )
+    return wanted
+
+
+def _unfusable(p: Tensor) -> str:
+    """Why a parameter cannot take a fused path (the C kernel or the compiled step); "" when it can."""
+    if type(p) not in _PLAIN:
+        return "tensor subclasses (e.g. DTensor) take the foreach path"
+    if p.is_cpu:
+        if p.dtype != torch.float32:
+            return "the fused CPU kernel is float32 only"
+        if load_kernel() is None:
+            return "the fused CPU kernel did not build (no C compiler, or DESCENTLAB_HORST_KERNEL=0)"
+        return ""
+    if p.device.type == "cuda":
+        if p.dtype not in _COMPILED_DTYPES:
+            return "the compiled step takes float32, bf16 and fp16 tensors only"
+        if not _can_compile(p.device):
+            return "torch.compile cannot compile for this device here (no Triton)"
+        return ""
+    return f"no fused path for {p.device.type} tensors"
+
+
 class HORST(Optimizer):
     """HORST as a :class:`torch.optim.Optimizer`; the update is in the module docstring.
 
@@ -204,8 +250,22 @@ class HORST(Optimizer):
             ``"compiled"`` (``torch.compile`` of the step for plain tensors on any device Inductor compiles
             for, CPU included; tensor subclasses such as DTensor and float64 take the foreach path),
             ``"foreach"`` or ``"reference"``.
+        fused, foreach: ``torch.optim.AdamW``'s keywords, so HORST is a drop-in. ``foreach=True`` is
+            ``impl="foreach"``, ``foreach=False`` the single-tensor ``impl="reference"``, ``fused=False``
+            never takes the fused kernel or the compiled step. ``fused=True`` requires every tensor to take a
+            fused path (the C kernel for float32 CPU tensors, the compiled step for CUDA tensors): a tensor
+            that cannot raises ``ConfigError`` here, as AdamW does; one that falls back at a step (e.g. a
+            non-contiguous tensor, a failed compile) warns once and is counted in ``fused_fallbacks``.
+            ``fused=True`` with ``foreach=True`` is an error, as in AdamW.
+
+    Hyper-parameters are checked as ``torch.optim.AdamW`` checks its own, NaN and Inf included, in every
+    group (at construction, in :meth:`add_param_group` and again before each step, before any tensor is
+    touched): a bad value raises :class:`~descentlab.errors.ConfigError`, a ``ValueError``.
 
     State per parameter (names as in AdamW): ``step`` (float32 scalar tensor), ``exp_avg``, ``exp_avg_sq``.
+    Each group counts the elements its NaN guard has reverted in ``nan_reverted`` (saved with the state
+    dict); ``reverted_total`` sums them, ``reverted`` is the last step's count, and the first step with a
+    revert warns once (``RuntimeWarning``).
     """
 
     def __init__(
@@ -222,25 +282,12 @@ class HORST(Optimizer):
         exp_clamp: float | None = 5.0,
         nan_guard: bool = True,
         impl: str = "auto",
+        fused: bool | None = None,
+        foreach: bool | None = None,
     ) -> None:
-        if lr < 0 or eps < 0 or weight_decay < 0 or alpha < 0 or beta < 0:
-            raise ConfigError(
-                f"HORST: lr, eps, weight_decay, alpha and beta must be >= 0 (got lr={lr}, eps={eps}, "
-                f"weight_decay={weight_decay}, alpha={alpha}, beta={beta})"
-            )
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ConfigError(f"HORST: betas must lie in [0, 1), got {betas}")
-        if exp_clamp is not None and exp_clamp <= 0:
-            raise ConfigError(f"HORST: exp_clamp must be > 0 or None, got {exp_clamp}")
-        if impl not in IMPLS:
-            raise ConfigError(f"HORST: impl must be one of {IMPLS}, got {impl!r}")
-        if impl == "fused" and load_kernel() is None:
-            raise ConfigError(
-                "HORST: impl='fused' needs the C++ kernel, which did not build; use impl='auto'"
-            )
         defaults = dict(
             lr=lr,
-            betas=tuple(betas),
+            betas=tuple(betas) if isinstance(betas, list | tuple) else betas,
             eps=eps,
             weight_decay=weight_decay,
             alpha=alpha,
@@ -248,11 +295,48 @@ class HORST(Optimizer):
             mirror=mirror,
             exp_clamp=exp_clamp,
             nan_guard=nan_guard,
-            impl=impl,
+            impl=_impl_of(impl, fused, foreach),
+            fused=bool(fused),
+            nan_reverted=0,
         )
-        super().__init__(params, defaults)
+        check_hyper("HORST", defaults)
         self.reverted = 0
+        self.fused_fallbacks = 0
         self._compile_failed = False
+        self._warned: set[str] = set()
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group (as torch's optimizers do), then check its hyper-parameters and its ``fused`` demand."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        check_hyper("HORST", group)
+        impl = group["impl"]
+        if impl not in IMPLS:
+            raise ConfigError(f"HORST: impl must be one of {IMPLS}, got {impl!r}")
+        if impl == "fused" and load_kernel() is None:
+            raise ConfigError(
+                "HORST: impl='fused' needs the C++ kernel, which did not build; use impl='auto'"
+            )
+        if group["fused"]:
+            for p in group["params"]:
+                why = _unfusable(p)
+                if why:
+                    raise ConfigError(
+                        f"HORST: fused=True cannot be honoured for a {p.dtype} tensor on {p.device}: {why}; "
+                        "drop fused=True (HORST then picks the fastest path itself)"
+                    )
+
+    @property
+    def reverted_total(self) -> int:
+        """Elements reverted by the NaN guard since the optimizer was made (or its state saved)."""
+        return sum(int(g.get("nan_reverted", 0)) for g in self.param_groups)
+
+    def _warn_once(self, key: str, message: str, stacklevel: int = 5) -> None:
+        # stacklevel 5: _warn_once <- step <- torch.no_grad's wrapper <- Optimizer's step hook <- the caller
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
 
     def _init_state(self, p: Tensor) -> dict[str, Any]:
         state = self.state[p]
@@ -267,12 +351,25 @@ class HORST(Optimizer):
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         """Perform one HORST step on every parameter that has a gradient."""
         loss = evaluate_closure(closure)
+        for group in self.param_groups:  # python numbers only: no device read-back; nothing touched yet
+            check_hyper("HORST", group, tensors=False)
         self.reverted = 0
-        pending: list[Tensor] = []  # the compiled path's device counts: read back once per step
+        pending: list[tuple[dict[str, Any], Tensor]] = []  # the compiled path's device counts
         for group in self.param_groups:
-            self._step_group(group, pending)
-        if pending:
-            self.reverted += int(torch.stack([c.cpu() for c in pending]).sum())
+            self.reverted += self._step_group(group, pending)
+        if pending:  # read back once per step
+            counts = torch.stack([c.cpu() for _, c in pending]).tolist()
+            for (group, _), n in zip(pending, counts, strict=True):
+                group["nan_reverted"] = int(group.get("nan_reverted", 0)) + int(n)
+                self.reverted += int(n)
+        if self.reverted:
+            self._warn_once(
+                "nan_guard",
+                f"HORST: the NaN guard reverted {self.reverted} element(s) whose update was not finite (their "
+                "weights and moments keep the previous step's values); this warning is shown once, the count "
+                "is optimizer.reverted_total (per group: 'nan_reverted'). Check the data, lower the lr or "
+                "clip gradients",
+            )
         return loss
 
     def _path(self, impl: str, kernel: Any, p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> str:
@@ -290,8 +387,10 @@ class HORST(Optimizer):
                 )
         return "foreach"
 
-    def _step_group(self, group: dict[str, Any], pending: list[Tensor]) -> None:
+    def _step_group(self, group: dict[str, Any], pending: list[tuple[dict[str, Any], Tensor]]) -> int:
+        """Step one group; returns the elements its NaN guard reverted (the compiled path's go to pending)."""
         hp = HorstHyper.of_group(group)
+        reverted = 0
         impl = group["impl"]
         kernel = load_kernel() if impl in ("auto", "fused") else None
         buckets: dict[tuple, tuple[list, ...]] = {}
@@ -305,7 +404,7 @@ class HORST(Optimizer):
                 new = horst_reference(
                     p, p.grad, state["exp_avg"], state["exp_avg_sq"], step=step, mirror=mirror, **hp._asdict()
                 )
-                self.reverted += new.reverted
+                reverted += new.reverted
                 for dst, src in zip((p, state["exp_avg"], state["exp_avg_sq"]), new[:3], strict=True):
                     dst.copy_(src)
                 continue
@@ -320,9 +419,24 @@ class HORST(Optimizer):
             if path == "compiled" and self._step_compiled(group, lists, hp, mirror, pending):
                 continue
             if path == "kernel":  # _path has checked the tensors
-                self.reverted += kernel.horst_step_(Bucket(*lists), hp, mirror=mirror, check=False)
+                reverted += kernel.horst_step_(Bucket(*lists), hp, mirror=mirror, check=False)
             else:
-                self.reverted += _horst_foreach_(Bucket(*lists), hp, mirror=mirror)
+                if group.get("fused"):
+                    self._fell_back(len(lists[0]))
+                reverted += _horst_foreach_(Bucket(*lists), hp, mirror=mirror)
+        if group.get("fused") and impl == "reference" and params:
+            self._fell_back(len(params))
+        group["nan_reverted"] = int(group.get("nan_reverted", 0)) + reverted
+        return reverted
+
+    def _fell_back(self, n: int) -> None:
+        self.fused_fallbacks += n
+        self._warn_once(
+            "fused",
+            f"HORST: fused=True, but {n} tensor(s) took the foreach path at this step (not contiguous, a "
+            "tensor subclass, or the compile failed); shown once, counted in optimizer.fused_fallbacks",
+            stacklevel=7,  # + _fell_back and _step_group
+        )
 
     def _step_compiled(
         self,
@@ -330,11 +444,11 @@ class HORST(Optimizer):
         lists: tuple[list, ...],
         hp: HorstHyper,
         mirror: bool,
-        pending: list[Tensor],
+        pending: list[tuple[dict[str, Any], Tensor]],
     ) -> bool:
         """Step one bucket with the compiled path; False (nothing modified) if ``auto`` could not compile it."""
         try:
-            pending.append(_horst_compiled.horst_compiled_(Bucket(*lists), hp, mirror=mirror))
+            pending.append((group, _horst_compiled.horst_compiled_(Bucket(*lists), hp, mirror=mirror)))
         except Exception as exc:  # compilation fails before the graph runs: the tensors are untouched
             if group["impl"] == "compiled":
                 raise
