@@ -1,20 +1,25 @@
-"""llm-robustness: config checks, constraints from a profile, head-to-head statistics; the pipeline runs,
-resumes and reports on a tiny LM."""
+"""llm-robustness: config checks, constraints from a profile, head-to-head statistics, the claims on planted
+arrays and on the committed result; the pipeline runs, resumes, re-judges and reports on a tiny LM."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from descentlab.config import resolve_config
 from descentlab.data.causal_lm import CausalLMDataConfig, prepare_causal_lm_data
 from descentlab.errors import AssetMissingError, ConfigError
-from descentlab.experiments import llm_robustness as exp
-from descentlab.report.build import write_report
-from descentlab.train import lm_finetune
+from descentlab.experiments.llm_robustness import claims as llm_claims
+from descentlab.experiments.llm_robustness import config as exp
+from descentlab.experiments.llm_robustness import jobs as lm_finetune
+from descentlab.report.claims import ONE_SEED, PENDING, UNTESTABLE, judge
+
+COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "results" / "llm-robustness"
 
 
 def test_config_rejects_bad_values() -> None:
@@ -57,8 +62,7 @@ def test_constraints_come_from_the_pretrained_profile() -> None:
 
 
 def test_head_to_head_statistics() -> None:
-    from descentlab.report.llm_claims import head_to_head
-    from descentlab.report.stats import BootstrapCI, parity_verdict
+    from descentlab.experiments.llm_robustness.headtohead import head_to_head, outcomes
 
     n = 400
     g = torch.Generator().manual_seed(0)
@@ -66,13 +70,118 @@ def test_head_to_head_statistics() -> None:
     a = b - 0.1  # A wins every example by 0.1 nats
     ev_a = {"nll": {"clean": a.tolist(), "gaussian@1#0": (b + 1).tolist()}, "ref_tokens": [10] * n}
     ev_b = {"nll": {"clean": b.tolist(), "gaussian@1#0": (b + 1).tolist()}, "ref_tokens": [10] * n}
-    clean = head_to_head(ev_a, ev_b, "gaussian", 0.0, draws=1, n_boot=200)
-    assert clean["win_rate"] == 1.0 and clean["wins"] == n
+    clean = head_to_head(ev_a, ev_b, "gaussian", 0.0, draws=1)
+    assert clean["win_rate"] == 1.0 and clean["wins"] == n and clean["outcomes"].shape == (1, n)
     assert clean["delta_nll"] == pytest.approx(-0.01) and clean["delta_ci"][1] < 0
-    tie = head_to_head(ev_a, ev_b, "gaussian", 1.0, draws=1, n_boot=200)
+    tie = head_to_head(ev_a, ev_b, "gaussian", 1.0, draws=1)
     assert tie["win_rate"] == 0.5 and tie["ties"] == n and tie["win_ci"] == [0.5, 0.5]
-    assert parity_verdict(BootstrapCI(0.01, -0.04, 0.06, n, (n,))).outcome == "reproduced"
-    assert parity_verdict(BootstrapCI(0.1, 0.05, 0.15, n, (n,))).outcome == "refuted"
+    assert outcomes(np.array([1.0, 2.0, 3.0]), np.array([2.0, 2.0, 2.0])).tolist() == [1.0, 0.5, 0.0]
+    # a mixed record: the interval is over examples, around the win rate
+    mixed = {"nll": {"clean": [0.0, 2.0] * (n // 2)}, "ref_tokens": [10] * n}
+    m = head_to_head(mixed, {"nll": {"clean": [1.0] * n}, "ref_tokens": [10] * n}, "gaussian", 0.0, draws=1)
+    assert m["win_rate"] == 0.5 and m["win_ci"][0] < 0.5 < m["win_ci"][1]
+
+
+# -- claims on planted arrays ------------------------------------------------------------------------------
+
+S, E = 5, 1000
+CONDITIONS = ["clean", "gaussian-x1.5", "gaussian-x3", "neftune-x3", "neftune@1.5"]
+
+
+def _outcomes(rates: list[float], seed: int) -> np.ndarray:
+    """[seeds, 1 draw, E] judged outcomes with exactly ``rates[s]`` wins per seed, examples shuffled."""
+    rng = np.random.default_rng(seed)
+    rows = [rng.permutation(np.r_[np.ones(round(r * E)), np.zeros(E - round(r * E))]) for r in rates]
+    return np.asarray(rows)[:, None, :]
+
+
+NEAR_HALF = [0.49, 0.51, 0.50, 0.50, 0.50]
+WINNING = [0.78, 0.80, 0.82, 0.79, 0.81]  # win rate 0.80: an effect far beyond the SESOI
+LOSING = [0.20, 0.21, 0.19, 0.20, 0.20]
+
+
+def _planted(erm_growth_at_paper_level: float = 1.001) -> dict[str, np.ndarray]:
+    arrays: dict[str, np.ndarray] = {}
+    for i, c in enumerate(CONDITIONS):
+        arrays[f"level/{c}"] = np.asarray([0.0 if c == "clean" else 1.0])
+        arrays[f"erm_ratio/{c}"] = np.full(S, erm_growth_at_paper_level if c == "neftune@1.5" else 3.0)
+        for j, m in enumerate(("hard", "resilient", "erm-neftune", "erm-reseed")):
+            rates = NEAR_HALF
+            if c != "clean" and m in ("hard", "erm-neftune"):
+                rates = WINNING
+            if c == "clean" and m == "resilient":
+                rates = LOSING
+            arrays[llm_claims.win_key(m, c)] = _outcomes(rates, 10 * i + j)
+    return arrays
+
+
+def _rows(arrays: dict[str, np.ndarray]) -> dict[tuple[str, str, str], str]:
+    return {
+        (r.name, r.method, r.at.split(",")[0].split(" at")[0]): r.verdict
+        for r in judge(llm_claims.CLAIMS, arrays)
+    }
+
+
+def test_claims_declare_one_primary_win_rate_endpoint() -> None:
+    specs = {s.name: s for s in llm_claims.CLAIMS}
+    assert [s.name for s in llm_claims.CLAIMS if s.primary] == ["noisy-win"]
+    assert specs["noisy-win"].kind == "directional" and specs["noisy-win"].sesoi == pytest.approx(0.05)
+    assert specs["null-control"].kind == specs["clean-parity"].kind == "parity"
+    assert specs["paper-gamma-1.5"].size == pytest.approx(0.1993)
+
+
+def test_planted_effects_give_the_expected_verdicts() -> None:
+    rows = _rows(_planted())
+    assert rows[("noisy-win", "hard", "gaussian")] == "reproduced"  # the primary: hard at gaussian x3
+    # resilient is at 50 % under noise: every effect of interest (>= 5 points) is excluded
+    assert rows[("noisy-win-levels", "resilient", "gaussian")] == "refuted"
+    assert rows[("noisy-win-levels", "hard", "neftune")] == "reproduced"
+    assert rows[("clean-parity", "hard", "clean")] == "reproduced"  # 50 % +- 1 point, inside +-5
+    assert rows[("clean-parity", "resilient", "clean")] == "refuted"  # 20 %: wholly outside +-5 points
+    assert rows[("positive-control", "erm-neftune", "gaussian")] == "reproduced"
+    assert {v for (n, _, _), v in rows.items() if n == "null-control"} == {"reproduced"}
+    # NEFTune's 1.5 leaves ERM's perplexity x1.001: the paper's reading is untestable here ...
+    assert {v for (n, _, _), v in rows.items() if n == "paper-gamma-1.5"} == {UNTESTABLE}
+    # ... and is judged as a sized claim where the level moves ERM: hard's 80 % lies beyond 69.93 %
+    moved = _rows(_planted(erm_growth_at_paper_level=2.0))
+    assert moved[("paper-gamma-1.5", "hard", "neftune")] == "reproduced"
+    assert moved[("paper-gamma-1.5", "resilient", "neftune")] == "refuted"
+
+
+def test_one_seed_and_missing_arrays() -> None:
+    one = {k: v[:1] for k, v in _planted().items()}
+    rows = judge(llm_claims.CLAIMS, one)
+    assert {r.verdict for r in rows if r.name != "paper-gamma-1.5"} == {ONE_SEED}
+    assert judge(llm_claims.CLAIMS, {})[0].verdict == PENDING
+    assert {r.verdict for r in judge(llm_claims.CLAIMS, {})} == {PENDING}
+    partial = {k: v for k, v in _planted().items() if not k.startswith("win/erm-reseed/")}
+    by_name = {r.name: r.verdict for r in judge(llm_claims.CLAIMS, partial)}
+    assert by_name["null-control"] == PENDING and by_name["noisy-win"] == "reproduced"
+    # a preset that runs only erm and hard: resilient's rows are absent, hard's are judged
+    quick = {k: v for k, v in _planted().items() if "/resilient/" not in k}
+    assert {r.method for r in judge(llm_claims.CLAIMS, quick) if r.name == "clean-parity"} == {"hard"}
+
+
+def test_committed_result_is_rejudged_from_its_counts() -> None:
+    results = json.loads((COMMITTED / "results.json").read_text())
+    arrays = llm_claims.claim_arrays(COMMITTED)
+    # the rebuilt outcomes carry the committed win rates exactly
+    hard = results["methods"]["hard"]["curves"]["win_rate@gaussian"]
+    grid = results["grid"]["kinds"]["gaussian"]
+    ratio_of = dict(zip(grid["levels"], grid["targets"], strict=True))
+    for x, rate in zip(hard["x"], hard["mean"], strict=True):
+        name = llm_claims.condition_name("gaussian", x, ratio_of.get(x))
+        assert arrays[llm_claims.win_key("hard", name)].mean() == pytest.approx(rate)
+    assert arrays["win/hard/gaussian-x3"].shape == (1, 1, 200)
+    rows = judge(llm_claims.CLAIMS, arrays)
+    assert {r.verdict for r in rows if r.name != "paper-gamma-1.5"} == {ONE_SEED}
+    assert {r.verdict for r in rows if r.name == "paper-gamma-1.5"} == {UNTESTABLE}
+    primary = next(r for r in rows if r.role == "primary")
+    assert primary.method == "hard" and primary.estimate == pytest.approx(0.63 - 0.5)
+    # the committed results.json holds exactly these rows
+    assert results["claims"] == [r.to_dict() for r in rows]
+    # a run with more than one seed or draw cannot be rebuilt from counts: pending
+    assert llm_claims.arrays_from_counts({**results, "protocol": {**results["protocol"], "draws": 2}}) == {}
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +221,7 @@ def tiny_llama_dir(tmp_path_factory):
 
 
 def test_pipeline_runs_resumes_and_rebuilds_its_report(tiny_llama_dir, tmp_path) -> None:
-    from descentlab.experiments import run_experiment
+    from descentlab.experiments import report_run, run_experiment
 
     overrides = [
         f"model.name={tiny_llama_dir}",
@@ -139,7 +248,6 @@ def test_pipeline_runs_resumes_and_rebuilds_its_report(tiny_llama_dir, tmp_path)
         "grid.draws=2",
         "grid.profile_ratio=1.01",
         "eval.layer_examples=2",
-        "eval.n_boot=50",
     ]
     path = run_experiment("llm-robustness", overrides=overrides, out=tmp_path)
     results = json.loads((path / "results.json").read_text())
@@ -165,14 +273,17 @@ def test_pipeline_runs_resumes_and_rebuilds_its_report(tiny_llama_dir, tmp_path)
     assert trace["steps"] == [1, 2, 3] and len(trace["lambda"][0]) == 2
     assert "slacks" in results["methods"]["resilient"]["train"]
     assert results["methods"]["erm-neftune"]["train"]["noisy_training"][0] == "neftune"
-    claims = {(c["method"], c["claim"]) for c in results["claims"]}
-    assert ("hard", "clean-parity") in claims and ("resilient", "paper-1.5") in claims
-    assert ("erm-neftune", "noisy-nll") in claims
-    assert all(c["verdict"] in ("reproduced", "refuted", "inconclusive") for c in results["claims"])
-    # every claim is also judged against the re-seeded ERM (the null), except the null's own
-    assert all(("vs_null" in c) == (c["method"] != "erm-reseed") for c in results["claims"])
-    both = [c for c in results["claims"] if "vs_null" in c]
-    assert all(c["verdict_both"] in (c["verdict"], "inconclusive") for c in both)
+    # the claims: judged by the engine from the outcomes the run saved, one seed per method
+    cells = np.load(path / "arrays" / "claims.npz")
+    assert cells["win/hard/clean"].shape == (1, 1, 6) and cells["win/hard/gaussian-x1.01"].shape == (1, 2, 6)
+    assert cells["win/hard/clean"].mean() == pytest.approx(hard["curves"]["win_rate@gaussian"]["mean"][0])
+    rows = {(c["name"], c["method"], c["at"].split(",")[0]): c for c in results["claims"]}
+    assert rows[("noisy-win", "", "")]["verdict"] == PENDING  # this grid has no x3 level
+    assert rows[("noisy-win-levels", "resilient", "neftune")]["verdict"] == ONE_SEED
+    assert rows[("null-control", "erm-reseed", "clean")]["verdict"] == ONE_SEED
+    assert rows[("positive-control", "erm-neftune", "gaussian")]["verdict"] == ONE_SEED
+    assert {c["verdict"] for c in results["claims"]} <= {ONE_SEED, PENDING, UNTESTABLE}
+    assert not any("claim" in t["title"].lower() for t in results["tables"])
     # the per-example NLLs behind the win rates are kept for re-analysis, one file per method
     saved = json.loads((path / "jobs" / "eval-hard.json").read_text())
     assert len(saved["nll"]["clean"]) == 6
@@ -184,8 +295,9 @@ def test_pipeline_runs_resumes_and_rebuilds_its_report(tiny_llama_dir, tmp_path)
     before = {f.name: f.read_bytes() for f in figures}
     shutil.rmtree(path / "figures")
     (path / "report.md").unlink()
-    write_report(path)
+    report_run(path)  # re-judges the claims from the saved arrays, then rebuilds
     assert (path / "report.md").read_text() == report
+    assert json.loads((path / "results.json").read_text())["claims"] == results["claims"]
     assert {f.name: f.read_bytes() for f in sorted((path / "figures").iterdir())} == before
 
     # resume: every job comes back from the cache, so the results are the same

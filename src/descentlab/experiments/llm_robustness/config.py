@@ -1,59 +1,22 @@
-"""llm-robustness: constrained vs ERM fine-tuning of a causal LM, compared head to head under embedding noise.
+"""llm-robustness's config: the model, data, methods, noise grid and evaluation, and the presets.
 
-The paper fine-tuned Llama 3.1 8B with layer-wise descent constraints and reported a head-to-head
-AlpacaEval win rate of the constrained model against the unconstrained one of 50 % at γ = 0 and 69.93 % at
-γ = 1.5 (METHODS.md §1.6). Here, offline: SmolLM2-135M-Instruct fine-tuned on Austen's novels as
-continuation data; any HF causal-LM id or local folder, and a local Alpaca JSON file (``data.source=alpaca
-data.path=...``), run the same protocol.
-
-Protocol, top to bottom (every step a job of one :class:`~descentlab.train.jobs.JobRunner`, cached in
-``jobs/``, so an interrupted run resumes):
-
-1. Data. Austen: training windows of ``seq_len`` tokens from the four training novels; a validation set
-   (the Austen validation split) for every choice below; held-out examples from Persuasion, a novel never
-   trained on: a passage of ``prompt_tokens`` and its reference continuation of ``continuation_tokens``.
-2. ``reference``: the pretrained model's logit-lens profile p_0..p_L on validation. The constraints are
-   chosen from it (``constraints``): only layers where p descends, α_l = alpha_fraction · (1 - p_l / p_{l-1})
-   (:func:`~descentlab.constrained.descent.profile_constraints`), so the pretrained model meets them and
-   no constraint is infeasible from the start; f_{l-1} detached (``detach_prev``), so no layer's loss gets
-   a negative weight (METHODS.md §4.1).
-3. ``train``: each method fine-tunes from the same pretrained weights on the same batches: ERM, hard
-   constraints, resilient constraints, and the positive control, ERM trained on NEFTune noise
-   (``noisy_training``). λ of every constrained layer is recorded over training.
-4. ``grid``: on validation, ERM's perplexity under each noise kind; the levels where it grows by each of
-   ``grid.ratios`` (x1.5, x3, x10) are found by bisection (:mod:`descentlab.robustness.levels`), plus fixed
-   levels (NEFTune's α = 1.5, the paper's γ on that scale).
-5. ``eval``: every method on the held-out examples, clean and at every level: per-example reference NLL,
-   perplexity, logit-lens profiles (clean and at the profile level).
-6. Results (:mod:`descentlab.report.llm_robustness`): against ERM, per level, the likelihood judge's win
-   rate (lower reference NLL wins, ties split) with a bootstrap CI over examples, the paired per-token ΔNLL
-   with its CI, and one verdict per claim.
-
-The generate-then-judge comparison (``eval.judge=generate``) needs a judge LM stronger than the judged
-ones; the only causal LM that installs offline here is SmolLM2-135M itself, so it stays off by default.
+The study's primary endpoint (declared in :mod:`.claims` before its full run): ``hard`` − ERM head-to-head
+win rate at the gaussian level where ERM's validation perplexity grows ×3 (``grid.ratios`` must contain 3).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from descentlab.constrained.config import DescentConfig
-from descentlab.data import load_causal_lm
-from descentlab.data.causal_lm import CausalLMDataConfig, prepare_causal_lm_data
+from descentlab.data.causal_lm import CausalLMDataConfig
 from descentlab.errors import ConfigError
 from descentlab.optim.config import OptimizerConfig
 from descentlab.readout import CausalLMReadout
-from descentlab.report import llm_claims
 from descentlab.robustness.perturb import EMBEDDING_KINDS
-from descentlab.train.jobs import JobRunner
-from descentlab.train.lm_finetune import grid_levels, job, model_for, validation_examples
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, with_overrides
-from descentlab.train.rundir import RunDir
 
 
 @dataclass
@@ -140,11 +103,10 @@ class GridConfig:
 class EvalConfig:
     batch_size: int = 8
     perplexity_on: str = "all"  # "all" tokens of each example, or the "reference" tokens only
-    judge: str = "likelihood"  # only the likelihood judge runs inside the experiment (module docstring)
+    judge: str = "likelihood"  # only the likelihood judge runs inside the experiment (see the study docs)
     tie_tol: float = 1e-6  # NLLs closer than this (nats) tie
     layer_examples: int = 4  # held-out examples of the logit-lens profiles
     layer_chunk: int = 1024
-    n_boot: int = 2000
 
     def __post_init__(self) -> None:
         if self.judge != "likelihood":
@@ -157,7 +119,7 @@ class EvalConfig:
 
 
 def _base_method() -> MethodConfig:
-    # Fused AdamW is the fast CPU path (METHODS.md §2.5); no weight decay, as in the paper's fine-tunes.
+    # Fused AdamW is the fast CPU path; no weight decay, as in the paper's fine-tunes.
     # α from the pretrained profile (ConstraintChoice): alpha_fraction = 0.5 asks each descending layer to
     # keep half of the pretrained model's relative drop. η_λ = 0.01 (violations are in nats): in a 30-step
     # pilot (2026-12-01) λ stayed below 0.02 and settled; at alpha_fraction = 1 (tight at the pretrained
@@ -186,9 +148,9 @@ SPECS = {
     "resilient": "objective=constrained constraint.resilient=true constraint.alpha_fraction=1.0 "
     "constraint.penalty=0.5",
     "erm-neftune": "",  # ERM on NEFTune noise (see noisy_training): the positive control
-    # ERM again with another data order (see reseed): the null control. Every comparison is paired over
-    # examples, so any two fine-tunes differ "significantly" once the examples are many; how far a mere
-    # re-seed moves the win rate is the yardstick of every other row
+    # ERM again with another data order (see reseed): the null control. Any two fine-tunes differ
+    # consistently over examples, so a comparison paired over examples alone calls a mere re-seed an
+    # effect; the null-control claim shows how far a re-seed moves the win rate
     "erm-reseed": "",
 }
 
@@ -203,8 +165,6 @@ class LlmRobustnessConfig:
     specs: dict[str, str] = field(default_factory=lambda: dict(SPECS))  # label -> `method` overrides
     methods: list[str] = field(default_factory=lambda: list(SPECS))  # the labels to run, in order
     baseline: str = "erm"
-    # a second fine-tune of the baseline (another data order): every claim is judged against it too
-    null: str | None = "erm-reseed"
     # label -> [kind, level]: that label trains with this embedding noise (fresh draw each step). NEFTune's
     # α = 30 on 64-token windows is per-coordinate std 0.09 = 0.67 σ_E: the middle of the test grid
     # (pretrained SmolLM2's perplexity x2.4 there on Austen validation, 2026-12-01).
@@ -259,9 +219,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "grid.iters": 2,
         "grid.val_examples": 8,
         "eval.layer_examples": 2,
-        "eval.n_boot": 500,
     },
-    # <= 45 min on 2 idle cores (this session's schedule; the issue allows 60): 5 methods x 250 steps of
+    # <= 45 min on 2 idle cores (the budget allows 60): 5 methods x 250 steps of
     # 2 x 64 tokens, 200 held-out examples of 24 + 16 tokens, gaussian x1.5 / x3 / x10, NEFTune 1.5 and x3
     "full": {
         "train.max_steps": 250,
@@ -272,97 +231,3 @@ PRESETS: dict[str, dict[str, Any]] = {
         "grid.neftune_ratios": [3.0],
     },
 }
-
-
-def run(cfg: LlmRobustnessConfig, run: RunDir) -> dict:
-    started = time.perf_counter()
-    if cfg.torch_threads > 0:
-        torch.set_num_threads(cfg.torch_threads)
-    # 1. data (with workers, the model loads once inside each worker process)
-    if cfg.workers <= 1:
-        _, tok = model_for(cfg)
-    else:
-        model, tok = load_causal_lm(cfg.model.name)
-        del model
-    train, held, data_protocol = prepare_causal_lm_data(cfg.data, tok)
-    val, train = validation_examples(cfg, tok, train)
-
-    labels, base = list(cfg.methods), cfg.baseline
-    with JobRunner(
-        job, workers=cfg.workers, cache_dir=run.path / "jobs", threads=max(1, cfg.torch_threads)
-    ) as jobs:
-        ref = jobs.submit("reference", "reference", cfg, val, held).result()
-        # 2.-3. ERM first (the grid needs it), then the others; the grid runs as soon as ERM is done
-        order = [base, *[m for m in labels if m != base]]
-        trains = {
-            m: jobs.submit(f"train-{m}", "train", cfg, m, train, ref["val_profile"], run) for m in order[:2]
-        }
-        trains[base].result()
-        grid_f = jobs.submit("grid", "grid", cfg, val, run)
-        for m in order[2:]:
-            trains[m] = jobs.submit(f"train-{m}", "train", cfg, m, train, ref["val_profile"], run)
-        grid = grid_f.result()
-        levels = grid_levels(cfg, grid)
-        g = cfg.grid
-        profile_level = grid["kinds"][g.profile_kind]["levels"][
-            g.ratios_of(g.profile_kind).index(g.profile_ratio)
-        ]
-        profile = [g.profile_kind, profile_level]
-        evals = {m: jobs.submit(f"eval-{m}", "eval", cfg, m, held, levels, profile, run) for m in order}
-        facts = {m: f.result() for m, f in trains.items()}
-        evaluations = {m: evals[m].result() for m in labels}
-
-    body = llm_claims.summarise(
-        evaluations=evaluations,
-        facts=facts,
-        reference=ref,
-        grid=grid,
-        levels=levels,
-        baseline=base,
-        null=cfg.null if cfg.null in labels and cfg.null != base else None,
-        ratios={kind: g.ratios_of(kind) for kind in g.kinds},
-        profile=f"{g.profile_kind}@{profile_level:g}",
-        draws=g.draws,
-        tol=cfg.eval.tie_tol,
-        n_boot=cfg.eval.n_boot,
-    )
-    d = cfg.data
-    protocol = {
-        **data_protocol,
-        "model": cfg.model.name,
-        "n_train_examples": len(train),
-        "n_val": len(val),
-        "n_eval": len(held),
-        "train_steps": cfg.train.max_steps,
-        "batch_size": cfg.train.batch_size,
-        "seq_len": d.seq_len,
-        "seeds": [cfg.seed],
-        "draws": g.draws,
-        "levels": levels,
-        "level_search": "ERM's validation perplexity ratio, bisection on log level "
-        f"(descentlab.robustness.levels) for ratios { {k: g.ratios_of(k) for k in g.kinds} } on "
-        f"{g.val_examples} validation examples",
-        "noise": "added to the input-embedding output, keyed by example content (every model sees the same "
-        "draws). gaussian: std gamma * sigma_E; neftune: uniform, alpha / sqrt(n d) (n real tokens, d width)",
-        "sigma_e": ref["sigma_e"],
-        "noisy_training": {k: v for k, v in cfg.noisy_training.items() if k in labels},
-        "reseed": {k: v for k, v in cfg.reseed.items() if k in labels},
-        "constraints": {
-            "select": cfg.constraints.select,
-            "per method": {
-                m: {k: facts[m].get(k) for k in ("constrained_layers", "alphas")}
-                for m in labels
-                if "constrained_layers" in facts[m]
-            },
-            "detach_prev": cfg.method.constraint.detach_prev,
-            "dual_lr": cfg.method.constraint.dual_lr,
-            "penalty (resilient)": cfg.method.constraint.penalty,
-        },
-        "readout": f"logit lens, {cfg.readout.sample_tokens or 'all'} sampled targets at the read layers "
-        f"(l and l-1 of each constrained l), every target at layer L",
-        "judge": "likelihood: lower NLL of the reference continuation wins, ties split",
-        "workers": cfg.workers,
-        "torch_threads": cfg.torch_threads,
-        "wall_seconds": time.perf_counter() - started,
-    }
-    return {"protocol": protocol, **body}

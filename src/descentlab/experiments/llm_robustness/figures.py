@@ -1,147 +1,16 @@
-"""llm-robustness tables and figures, drawn from ``results.json`` alone (the statistics and claims are in
-:mod:`descentlab.report.llm_claims`)."""
+"""llm-robustness's figures, drawn from ``results.json`` alone: win rate and ΔNLL against the noise level,
+per-layer profiles, λ over training."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from descentlab.experiments.llm_robustness.claims import PAPER_KIND, PAPER_WIN_RATE
 from descentlab.report.figures import new_figure, save_figure
-
-PAPER_WIN_RATE = {0.0: 0.50, 1.5: 0.6993}  # Llama 3.1 8B, AlpacaEval, constrained vs unconstrained
-PAPER_KIND = "neftune"  # the scale the paper's γ = 1.5 is read on here (METHODS.md §4.1 "Noise scale")
-
-
-def _fmt_ci(x: float, ci: Sequence[float], pct: bool) -> str:
-    if pct:
-        return f"{100 * x:.1f} % [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
-    return f"{x:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]"
-
-
-def tables(results: Mapping[str, Any], baseline: str) -> list[dict[str, Any]]:
-    """Grid, perplexity, head to head, claims and fine-tuning tables of a results body."""
-    methods = results["methods"]
-    grid_rows = []
-    for kind, s in results["grid"]["kinds"].items():
-        for target, level, near in zip(s["targets"], s["levels"], s["bracket_ratios"], strict=True):
-            held = methods[baseline]["curves"][f"perplexity@{kind}"]
-            ratio = held["mean"][held["x"].index(level)] / held["mean"][0] if level in held["x"] else None
-            grid_rows.append(
-                [kind, f"x{target:g}", f"{level:.4g}", f"{near:.3g}", "" if ratio is None else f"{ratio:.3g}"]
-            )
-    ppl_rows = []
-    for m, block in methods.items():
-        for name, c in block["curves"].items():
-            if name.startswith("perplexity@"):
-                ppl_rows.append(
-                    [
-                        m,
-                        name.partition("@")[2],
-                        "; ".join(f"{x:g}: {v:.2f}" for x, v in zip(c["x"], c["mean"], strict=True)),
-                    ]
-                )
-    h2h = []
-    for m, block in methods.items():
-        for name, c in block["curves"].items():
-            if not name.startswith("win_rate@"):
-                continue
-            kind = name.partition("@")[2]
-            d = block["curves"][f"delta_nll@{kind}"]
-            for i, x in enumerate(c["x"]):
-                h2h.append(
-                    [
-                        m,
-                        kind,
-                        f"{x:g}",
-                        _fmt_ci(c["mean"][i], [c["ci_low"][i], c["ci_high"][i]], True),
-                        f"{c['wins'][i]} / {c['ties'][i]} / {c['losses'][i]}",
-                        _fmt_ci(d["mean"][i], [d["ci_low"][i], d["ci_high"][i]], False),
-                    ]
-                )
-    claim_rows = []
-    for c in results["claims"]:
-        pct = c["claim"] != "noisy-nll"
-        null = c.get("vs_null")
-        claim_rows.append(
-            [
-                c["method"],
-                c["claim"],
-                c["kind"],
-                f"{c['level']:g}",
-                f"x{c['erm_ratio']:.3g}",
-                c["paper"],
-                _fmt_ci(c["estimate"], c["ci"], pct),
-                c["verdict"],
-                f"{c['min_detectable_effect']:.3g}",
-                "" if null is None else f"{_fmt_ci(null['estimate'], null['ci'], pct)}: {null['verdict']}",
-                c.get("verdict_both", c["verdict"]),
-            ]
-        )
-    train_rows = []
-    for m, block in methods.items():
-        t = block.get("train", {})
-        lam = t.get("multipliers")
-        train_rows.append(
-            [
-                m,
-                t.get("steps"),
-                f"{t.get('seconds_per_step', float('nan')):.2f}",
-                f"{t.get('final_train_loss') or float('nan'):.3f}",
-                "" if lam is None else f"{max(lam):.3f}",
-                "" if lam is None else str(t.get("constrained_layers")),
-                "" if not t.get("noisy_training") else f"{t['noisy_training'][0]} {t['noisy_training'][1]:g}",
-            ]
-        )
-    return [
-        {
-            "title": "Noise levels from ERM's degradation (validation bisection; held-out ratio beside it)",
-            "columns": ["kind", "target", "level", "validation ratio (bracket)", "held-out ratio"],
-            "rows": grid_rows,
-        },
-        {
-            "title": "Held-out perplexity (level: value)",
-            "columns": ["method", "kind", "levels"],
-            "rows": ppl_rows,
-        },
-        {
-            "title": f"Head to head against {baseline}: win rate [95 % CI], W / T / L, per-token delta NLL [95 % CI]",
-            "columns": ["method", "kind", "level", "win rate", "W / T / L", "delta NLL"],
-            "rows": h2h,
-        },
-        {
-            "title": "Claims and verdicts",
-            "columns": [
-                "method",
-                "claim",
-                "kind",
-                "level",
-                "ERM ppl growth",
-                "paper",
-                "ours [95 % CI]",
-                "verdict",
-                "MDE",
-                "against the re-seeded ERM",
-                "verdict (both ERMs)",
-            ],
-            "rows": claim_rows,
-        },
-        {
-            "title": "Fine-tuning",
-            "columns": [
-                "method",
-                "steps",
-                "s / step",
-                "final train loss",
-                "max lambda",
-                "constrained layers",
-                "training noise",
-            ],
-            "rows": train_rows,
-        },
-    ]
 
 
 def _band(ax: Any, c: Mapping[str, Any], label: str, scale: float = 1.0) -> None:
@@ -194,7 +63,7 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
             out.append(
                 {
                     "path": f"figures/{fname}",
-                    "caption": f"{ylabel} against the noise level (95 % bootstrap CIs)",
+                    "caption": f"{ylabel} against the noise level (95 % intervals; one training seed: over examples only)",
                 }
             )
     prof = results.get("profile_condition")
@@ -257,4 +126,4 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
     return out
 
 
-__all__ = ["PAPER_KIND", "PAPER_WIN_RATE", "figures", "tables"]
+__all__ = ["figures"]

@@ -1,23 +1,15 @@
-"""llm-robustness statistics: head to head against the baseline, claims with verdicts, the results body.
+"""llm-robustness head to head: per-example judged outcomes against the baseline, the curves, the claim arrays.
 
-Cells are held-out examples i (and noise draws d) of one (kind, level); every method saw the same noisy
-embeddings there. Against the baseline B (ERM), method M has, per cell,
+Cells are held-out examples i and noise draws d of one condition (kind, level); every model saw the same
+noisy embeddings there. Against the baseline B (ERM), method M has, per cell,
 
-    preference  p_di = 1[r^M < r^B - tol] + 1/2 · 1[|r^M - r^B| <= tol]      (r: reference NLL, nats)
-    ΔNLL        δ_di = (r^M_di - r^B_di) / n_i                               (n_i: reference tokens)
+    outcome  p_di = 1[r^M < r^B - tol] + 1/2 · 1[|r^M - r^B| <= tol]      (r: reference NLL, nats)
+    ΔNLL     δ_di = (r^M_di - r^B_di) / n_i                               (n_i: reference tokens)
 
-The win rate is mean p, its 95 % CI the paired bootstrap of p against 1/2 over (draws x examples)
-(:func:`~descentlab.report.stats.paired_bootstrap`); ΔNLL likewise (negative: M assigns the reference more
-probability). Claims (METHODS.md §1.6, the paper's Llama 3.1 8B on AlpacaEval):
-
-* ``clean-parity``: 50 % at γ = 0; reproduced when the win rate's CI contains 50 %
-  (:func:`~descentlab.report.stats.parity_verdict`);
-* ``paper-1.5``: 69.93 % at γ = 1.5 read on NEFTune's scale (α = 1.5); the win rate minus 1/2 must
-  exceed 0 and not lie entirely short of 0.1993;
-* ``noisy-win`` and ``noisy-nll`` at each level where ERM's perplexity grew x1.5, x3, x10: win rate > 50 %
-  and ΔNLL < 0.
-
-Tables and figures: :mod:`descentlab.report.llm_robustness`.
+The win rate is mean p and ΔNLL mean δ (negative: M gives the reference more probability). Each curve point
+carries the interval of :func:`~descentlab.report.stats.paired_interval` over the cells ``[seeds, draws,
+examples]``; with one training seed it counts examples only, so it describes this pair of fine-tunes, not
+the method. The claims (:mod:`.claims`) are judged from the outcomes saved by :func:`claim_cells`.
 """
 
 from __future__ import annotations
@@ -27,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from descentlab.report.llm_robustness import PAPER_KIND, PAPER_WIN_RATE, tables
+from descentlab.experiments.llm_robustness.claims import condition_name, win_key
+from descentlab.experiments.llm_robustness.tables import tables
 from descentlab.report.results import Curve, MethodResult
-from descentlab.report.stats import paired_bootstrap, parity_verdict, verdict
+from descentlab.report.stats import paired_interval
 
 
 def noise_key(kind: str, level: float, draw: int) -> str:
@@ -37,9 +30,15 @@ def noise_key(kind: str, level: float, draw: int) -> str:
     return "clean" if level == 0 else f"{kind}@{level:g}#{draw}"
 
 
-def _cells(ev: Mapping[str, Any], kind: str, level: float, draws: int) -> np.ndarray:
-    """Reference NLLs ``[draws, N]`` (the clean pass repeated over draws at level 0)."""
-    return np.asarray([ev["nll"][noise_key(kind, level, 0 if level == 0 else d)] for d in range(draws)])
+def _nll(ev: Mapping[str, Any], kind: str, level: float, draws: int) -> np.ndarray:
+    """Reference NLLs ``[draws, N]``; the clean pass is one draw."""
+    n = 1 if level == 0 else draws
+    return np.asarray([ev["nll"][noise_key(kind, level, d)] for d in range(n)], dtype=np.float64)
+
+
+def outcomes(nll_m: np.ndarray, nll_b: np.ndarray, tol: float = 1e-6) -> np.ndarray:
+    """The judged outcome of M against B per cell: 1 (lower NLL), 0, or 1/2 within ``tol`` nats."""
+    return np.where(nll_m < nll_b - tol, 1.0, np.where(nll_m > nll_b + tol, 0.0, 0.5))
 
 
 def head_to_head(
@@ -50,83 +49,63 @@ def head_to_head(
     *,
     draws: int,
     tol: float = 1e-6,
-    n_boot: int = 2000,
 ) -> dict[str, Any]:
-    """Win rate and per-token ΔNLL of M against B at one condition, each with a paired bootstrap CI."""
-    a, b = _cells(ev_m, kind, level, draws), _cells(ev_b, kind, level, draws)
-    n = np.asarray(ev_m["ref_tokens"], dtype=float)[None, :]
-    p = np.where(a < b - tol, 1.0, np.where(a > b + tol, 0.0, 0.5))
-    if level == 0:  # one clean pass: resampling identical draws adds nothing
-        p, a, b = p[:1], a[:1], b[:1]
-    win = paired_bootstrap(p, np.full_like(p, 0.5), n_boot=n_boot)
-    delta = paired_bootstrap(a / n, b / n, n_boot=n_boot)
+    """Win rate and per-token ΔNLL of M against B at one condition, each with its 95 % interval."""
+    a, b = _nll(ev_m, kind, level, draws), _nll(ev_b, kind, level, draws)
+    n = np.asarray(ev_m["ref_tokens"], dtype=np.float64)[None, :]
+    p = outcomes(a, b, tol)
+    win = paired_interval(p[None], np.full_like(p[None], 0.5))
+    delta = paired_interval((a / n)[None], (b / n)[None])
     return {
+        "outcomes": p,
         "win_rate": float(p.mean()),
         "win_ci": [0.5 + win.low, 0.5 + win.high],
-        "win_bootstrap": win,
         "wins": int((p == 1).sum()),
         "ties": int((p == 0.5).sum()),
         "losses": int((p == 0).sum()),
         "delta_nll": delta.mean,
         "delta_ci": [delta.low, delta.high],
-        "delta_bootstrap": delta,
     }
 
 
-def _perplexity(ev: Mapping[str, Any], kind: str, level: float, draws: int) -> float:
-    keys = [noise_key(kind, level, 0 if level == 0 else d) for d in range(draws)]
-    return float(np.mean([ev["perplexity"][k] for k in keys]))
+def perplexity(ev: Mapping[str, Any], kind: str, level: float, draws: int) -> float:
+    """The mean perplexity over the draws of one condition."""
+    n = 1 if level == 0 else draws
+    return float(np.mean([ev["perplexity"][noise_key(kind, level, d)] for d in range(n)]))
 
 
-def _judge(claim: str, r: Mapping[str, Any]) -> tuple[Any, Any]:
-    """(bootstrap CI, verdict) of one claim on one head-to-head record."""
-    if claim == "noisy-nll":
-        return r["delta_bootstrap"], verdict(r["delta_bootstrap"], "less")
-    ci = r["win_bootstrap"]
-    if claim == "clean-parity":
-        return ci, parity_verdict(ci, 0.0)
-    if claim == "paper-1.5":
-        return ci, verdict(ci, "greater", claimed_size=PAPER_WIN_RATE[1.5] - 0.5)
-    return ci, verdict(ci, "greater")
+def conditions(
+    levels: Mapping[str, Sequence[float]], derived: Mapping[str, Mapping[float, float]]
+) -> dict[str, tuple[str, float]]:
+    """Condition name -> (kind, level) for every level evaluated; ``derived[kind]`` maps ratio -> level."""
+    out: dict[str, tuple[str, float]] = {}
+    for kind, xs in levels.items():
+        ratio_of = {level: ratio for ratio, level in derived.get(kind, {}).items()}
+        for x in xs:
+            out.setdefault(condition_name(kind, x, ratio_of.get(x)), (kind, x))
+    return out
 
 
-def _claim_row(
-    method: str,
-    claim: str,
-    kind: str,
-    level: float,
-    erm_ratio: float,
-    paper: str,
-    r: Mapping[str, Any],
-    r_null: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    """One claim of ``method`` against the baseline (record ``r``) and, when given, against the null."""
-    nll = claim == "noisy-nll"
-    ci, v = _judge(claim, r)
-    row = {
-        "method": method,
-        "claim": claim,
-        "kind": kind,
-        "level": level,
-        "erm_ratio": erm_ratio,
-        "paper": paper,
-        "estimate": r["delta_nll" if nll else "win_rate"],
-        "ci": r["delta_ci" if nll else "win_ci"],
-        "verdict": v.outcome,
-        "reason": v.reason,
-        "min_detectable_effect": ci.min_detectable_effect(),
-    }
-    if r_null is not None:
-        _, vn = _judge(claim, r_null)
-        row["vs_null"] = {
-            "estimate": r_null["delta_nll" if nll else "win_rate"],
-            "ci": r_null["delta_ci" if nll else "win_ci"],
-            "verdict": vn.outcome,
-        }
-        # against both fine-tunes of the baseline (two data orders): a claim holds only if it holds for both
-        same = v.outcome == vn.outcome
-        row["verdict_both"] = v.outcome if same else "inconclusive"
-    return row
+def claim_cells(
+    evaluations: Mapping[str, Mapping[str, Any]],
+    *,
+    baseline: str,
+    conds: Mapping[str, tuple[str, float]],
+    draws: int,
+    tol: float = 1e-6,
+) -> dict[str, np.ndarray]:
+    """The arrays :mod:`.claims` reads (one training seed: the seed axis has length 1)."""
+    base = evaluations[baseline]
+    clean = perplexity(base, next(iter(conds.values()))[0], 0.0, draws)
+    out: dict[str, np.ndarray] = {}
+    for name, (kind, x) in conds.items():
+        out[f"level/{name}"] = np.asarray([x])
+        out[f"erm_ratio/{name}"] = np.asarray([perplexity(base, kind, x, draws) / clean])
+        for m, ev in evaluations.items():
+            if m != baseline:
+                p = outcomes(_nll(ev, kind, x, draws), _nll(base, kind, x, draws), tol)
+                out[win_key(m, name)] = p[None]
+    return out
 
 
 def summarise(
@@ -137,35 +116,26 @@ def summarise(
     grid: Mapping[str, Any],
     levels: Mapping[str, Sequence[float]],
     baseline: str,
-    ratios: Mapping[str, Sequence[float]],
     profile: str,
-    null: str | None = None,
     draws: int = 1,
     tol: float = 1e-6,
-    n_boot: int = 2000,
 ) -> dict[str, Any]:
-    """The results body: method blocks (curves with CIs), claims with verdicts, tables, notes.
+    """The results body: method blocks (perplexity, win-rate and ΔNLL curves with intervals), tables, notes.
 
-    ``null`` names a second fine-tune of the baseline (another data order): every claim of every other
-    method is also judged against it (``vs_null``), and ``verdict_both`` keeps a verdict only when both
-    baselines give it. A single pair of runs is paired over examples only, so the CIs do not see
-    training-seed variance; the null's own rows against the baseline show how large that is.
+    The claims are not here: the runner judges them from :func:`claim_cells`' arrays.
     """
     base = evaluations[baseline]
-    null_ev = evaluations.get(null) if null else None
-    derived = {kind: dict(zip(ratios[kind], grid["kinds"][kind]["levels"], strict=True)) for kind in levels}
     methods: dict[str, Any] = {}
-    claims: list[dict[str, Any]] = []
     for m, ev in evaluations.items():
         curves: dict[str, Curve] = {}
         metrics: dict[str, Any] = {"perplexity": ev["perplexity"]["clean"]}
         for kind, xs in levels.items():
-            ppl = [_perplexity(ev, kind, x, draws) for x in xs]
+            ppl = [perplexity(ev, kind, x, draws) for x in xs]
             curves[f"perplexity@{kind}"] = Curve("gamma", list(xs), "perplexity", ppl)
             metrics.update({f"perplexity@{kind}{x:g}": v for x, v in zip(xs, ppl, strict=True) if x > 0})
             if m == baseline:
                 continue
-            h = [head_to_head(ev, base, kind, x, draws=draws, tol=tol, n_boot=n_boot) for x in xs]
+            h = [head_to_head(ev, base, kind, x, draws=draws, tol=tol) for x in xs]
             curves[f"win_rate@{kind}"] = Curve(
                 "gamma",
                 list(xs),
@@ -184,52 +154,30 @@ def summarise(
                 [r["delta_nll"] for r in h],
                 extra={"ci_low": [r["delta_ci"][0] for r in h], "ci_high": [r["delta_ci"][1] for r in h]},
             )
-            by_level = dict(zip(xs, h, strict=True))
-            by_null: dict[float, Any] = {}
-            if null_ev is not None and m != null:
-                by_null = {
-                    x: head_to_head(ev, null_ev, kind, x, draws=draws, tol=tol, n_boot=n_boot) for x in xs
-                }
-
-            def add(
-                claim: str, kind: str, x: float, paper: str, m=m, by_level=by_level, by_null=by_null
-            ) -> None:
-                ratio = _perplexity(base, kind, x, draws) / base["perplexity"]["clean"] if x else 1.0
-                claims.append(_claim_row(m, claim, kind, x, ratio, paper, by_level[x], by_null.get(x)))
-
-            if kind == next(iter(levels)):
-                metrics["win_rate"] = by_level[0.0]["win_rate"]
-                add("clean-parity", kind, 0.0, "50.00 %")
-                claims[-1]["kind"] = "clean"
-            if kind == PAPER_KIND and 1.5 in by_level:
-                metrics["win_rate@neftune1.5"] = by_level[1.5]["win_rate"]
-                add("paper-1.5", kind, 1.5, "69.93 %")
-            for ratio, x in derived[kind].items():
-                add("noisy-win", kind, x, "> 50 %")
-                add("noisy-nll", kind, x, "< 0")
-                claims[-2]["target_ratio"] = claims[-1]["target_ratio"] = ratio
+            metrics.setdefault("win_rate", h[0]["win_rate"])  # the clean point (every kind starts at 0)
         f = facts.get(m, {})
         metrics.update({k: f[k] for k in ("train_seconds", "seconds_per_step", "steps") if k in f})
         metrics["eval_seconds"] = ev.get("eval_seconds")
         methods[m] = MethodResult(
             metrics=metrics, curves=curves, layer_loss=dict(ev["layer_loss"]), extra={"train": dict(f)}
         ).to_dict()
-    body = {
+    body: dict[str, Any] = {
         "methods": methods,
-        "claims": claims,
         "grid": dict(grid),
         "reference": dict(reference),
         "profile_condition": profile,
     }
     body["tables"] = tables(body, baseline)
     body["notes"] = [
-        "Win rate: likelihood judge, ties count half, 50 % is parity; CIs are paired bootstrap over "
-        "(noise draws x held-out examples). The paper's 50 % -> 69.93 % is Llama 3.1 8B judged on AlpacaEval.",
+        "Win rate: likelihood judge, ties count half, 50 % is parity. The curves' 95 % intervals are "
+        "paired_interval over (seeds, noise draws, held-out examples); with one training seed they count "
+        "examples only. The paper's 50 % -> 69.93 % is Llama 3.1 8B judged on AlpacaEval.",
         "delta_nll: (method - ERM) reference NLL per token, nats; negative favours the method.",
         "Levels: gaussian in units of sigma_E; neftune is NEFTune's alpha (noise alpha / sqrt(n d)).",
-        "Per-example NLLs of every method and condition are in jobs/eval-<method>.json.",
+        "Per-example NLLs of every method and condition are in jobs/eval-<method>.json; the judged "
+        "outcomes the claims read are in arrays/claims.npz.",
     ]
     return body
 
 
-__all__ = ["head_to_head", "noise_key", "summarise"]
+__all__ = ["claim_cells", "conditions", "head_to_head", "noise_key", "outcomes", "perplexity", "summarise"]

@@ -1,8 +1,8 @@
 """The jobs of the llm-robustness experiment: fine-tune, find the noise grid, evaluate (one process each).
 
-Each job takes the experiment's config (``descentlab.experiments.llm_robustness.LlmRobustnessConfig``, read
-by attribute) and runs in a worker process of a :class:`~descentlab.train.jobs.JobRunner`; the model is
-loaded once per process and reset to the pretrained weights at the start of every job.
+Each job takes the study's config (:class:`.config.LlmRobustnessConfig`, read by attribute) and runs in a
+worker process of a :class:`~descentlab.train.jobs.JobRunner`; the model is loaded once per process and
+reset to the pretrained weights at the start of every job.
 
 * :func:`reference_job`: the pretrained model's logit-lens profile on validation (where the constraints
   come from) and on the held-out examples;
