@@ -9,7 +9,12 @@ import shutil
 import pytest
 import torch
 
-from descentlab.experiments import implicit_bias as ib
+from descentlab.data import synthetic as syn
+from descentlab.errors import ConfigError
+from descentlab.experiments.implicit_bias import claims as ib_claims
+from descentlab.experiments.implicit_bias import config as ibc
+from descentlab.experiments.implicit_bias import run as ibr
+from descentlab.experiments.implicit_bias import vector_fit as vf
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -22,23 +27,23 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def regression():
-    x, y = ib.make_regression(20, 60, 4, seed=0)
-    return x, y, ib.regression_references(x, y)
+    x, y = syn.make_regression(20, 60, 4, seed=0)
+    return x, y, syn.regression_references(x, y)
 
 
 @pytest.fixture(scope="module")
 def classification():
-    z = ib.make_classification(40, 100, 3, seed=0)
-    return z, ib.optimal_margins(z)
+    z = syn.make_classification(40, 100, 3, seed=0)
+    return z, syn.optimal_margins(z)
 
 
 def _fit_regression(name: str, x, y, steps: int) -> torch.Tensor:
-    cfg = ib.ImplicitBiasConfig()
-    lr = ib.regression_lr(name, x)
-    w, _ = ib.train(
+    cfg = ibc.ImplicitBiasConfig()
+    lr = vf.regression_lr(name, x)
+    w, _ = vf.train(
         torch.zeros(x.shape[1], dtype=torch.float64),
-        lambda v: ib.regression_grad(v, x, y),
-        lambda p: ib.make_optimizer(name, p, lr, cfg, regression=True),
+        lambda v: syn.regression_grad(v, x, y),
+        lambda p: ibr.make_optimizer(name, p, lr, cfg, regression=True),
         steps,
         [],
     )
@@ -55,8 +60,8 @@ def test_references_are_exact(regression, classification):
     z, margins = classification
     teacher = torch.zeros(100, dtype=torch.float64)
     teacher[:3] = 1.0
-    assert margins["l1"] >= ib.normalized_margin(teacher, z, 1) - 1e-12
-    assert margins["linf"] >= ib.normalized_margin(teacher, z, math.inf) - 1e-12
+    assert margins["l1"] >= syn.normalized_margin(teacher, z, 1) - 1e-12
+    assert margins["linf"] >= syn.normalized_margin(teacher, z, math.inf) - 1e-12
 
 
 def test_gd_reaches_the_pseudo_inverse(regression):
@@ -89,17 +94,17 @@ def test_hyperbolic_mirror_descent_is_near_min_l1(regression):
 
 def test_horst_l1_margin_beats_adam(classification):
     z, margins = classification
-    cfg = ib.ImplicitBiasConfig()
+    cfg = ibc.ImplicitBiasConfig()
     out = {}
     for name in ("adam", "horst"):
-        w, _ = ib.train(
+        w, _ = vf.train(
             torch.zeros(z.shape[1], dtype=torch.float64),
-            lambda v: ib.classification_grad(v, z),
-            lambda p, name=name: ib.make_optimizer(name, p, 1e-2, cfg, regression=False),
+            lambda v: syn.classification_grad(v, z),
+            lambda p, name=name: ibr.make_optimizer(name, p, 1e-2, cfg, regression=False),
             5000,
             [],
         )
-        out[name] = (ib.normalized_margin(w, z, 1) / margins["l1"], ib.count_nonzeros(w, 1e-3))
+        out[name] = (syn.normalized_margin(w, z, 1) / margins["l1"], syn.count_nonzeros(w, 1e-3))
     (adam_margin, adam_nnz), (horst_margin, horst_nnz) = out["adam"], out["horst"]
     assert horst_margin >= 0.9
     assert horst_margin >= 1.8 * adam_margin
@@ -127,7 +132,8 @@ TINY = [
     "scales.horst_alphas=[0.3,1]",
     "scales.ham_alphas=[0.03,0.1]",
     "scales.validation_seeds=[100]",
-    "claims.n_boot=200",
+    "theorem.steps=60",
+    "theorem.points=5",
 ]
 
 
@@ -144,46 +150,62 @@ def test_run_writes_tables_and_figure_data(tiny_run):
 
     path, res = tiny_run
     main = ["gd", "adam", "horst", "ham", "sign+mirror_before"]
-    assert list(res["methods"]) == [*main, "adam (scales)", "horst (scales)", "ham (scales)"]
+    theorem = ["ngd+mirror_after (theorem)", "sign+mirror_after (theorem)"]
+    assert list(res["methods"]) == [*main, *theorem, "adam (scales)", "horst (scales)", "ham (scales)"]
     horst = res["methods"]["horst"]
-    assert horst["curves"]["cls_margin"]["x"] == ib.log_grid(60, 4)
+    assert horst["curves"]["cls_margin"]["x"] == vf.log_grid(60, 4)
     assert len(horst["curves"]["cls_margin"]["std"]) == 4  # two seeds: a real spread
     assert [t["title"].split(":")[0] for t in res["tables"]] == [
         "Regression (from w = 0)", "Separable classification", "Heterogeneous column scales",
-        "Validation seeds", "Claims",
+        "Validation seeds",
     ]  # fmt: skip
     assert len(res["tables"][0]["rows"]) == 5
-    # the scale study: alpha chosen from its grid per spread, per-seed values, one claim row each
+    # the scale study: alpha chosen from its grid per spread, per-seed values
     chosen = res["scales"]["chosen_alpha"]
     assert (
         set(chosen) == {"0", "3"} and chosen["3"]["horst"] in (0.3, 1.0) and chosen["3"]["ham"] in (0.03, 0.1)
     )
     assert len(res["scales"]["per_seed"]["3"]["ham"]["l1_margin_ratio"]) == 2
     assert res["methods"]["horst (scales)"]["curves"]["scales_l1_margin"]["x"] == [0.0, 3.0]
-    claims = {c["claim"]: c for c in res["claims"]}
-    assert set(claims) == {"l1-direction", "l1-vs-adam", "sparser-than-adam", "min-l1-regression",
-                           "l1-direction@0", "horst-vs-ham@0", "l1-direction@3", "horst-vs-ham@3"}  # fmt: skip
-    c = claims["horst-vs-ham@3"]
-    assert c["shape"] == [2] and c["verdict"] in ("reproduced", "refuted", "inconclusive")
-    assert c["estimate"] == pytest.approx(sum(c["a"]) / 2 - sum(c["b"]) / 2)
-    assert c["a"] == res["scales"]["per_seed"]["3"]["horst"]["l1_margin_ratio"]
+    # the claims engine's rows, judged from arrays/claims.npz: every declared claim, two seeds each
+    arrays = load_arrays(path / "arrays" / "claims.npz")
+    claims = {(c["name"], c["at"]): c for c in res["claims"]}
+    assert {k[0] for k in claims} == {s.name for s in ib_claims.CLAIMS}
+    primary = claims["theorem-sign-mirror", "end of the decaying-step run"]
+    assert primary["role"] == "primary" and primary["seeds"] == 2
+    assert primary["estimate"] == pytest.approx(arrays["theorem_ratio__sign+mirror_after"][:, -1].mean())
+    assert primary["estimate"] == pytest.approx(
+        res["methods"]["sign+mirror_after (theorem)"]["metrics"]["l1_margin_ratio"]
+    )
+    assert arrays["theorem_ratio__sign+mirror_after"].shape == (2, len(vf.log_grid(60, 5)))
+    c = claims["horst-vs-ham-spread", "3 decades"]
+    per_seed = res["scales"]["per_seed"]["3"]
+    assert c["estimate"] == pytest.approx(
+        sum(per_seed["horst"]["l1_margin_ratio"]) / 2 - sum(per_seed["ham"]["l1_margin_ratio"]) / 2
+    )
+    assert claims["horst-l1-vs-adam", ""]["b_mean"] == pytest.approx(
+        res["methods"]["adam"]["metrics"]["cls_l1_margin_ratio"]
+    )
+    assert all(c["verdict"] in ("reproduced", "refuted", "inconclusive") for c in res["claims"])
     # the figure data is the first seed's: the final classification weights reproduce its margin
-    z = ib.make_classification(10, 20, 2, seed=0)
+    z = syn.make_classification(10, 20, 2, seed=0)
     final = load_arrays(path / "arrays" / "final-weights.npz")
     margins = load_arrays(path / "arrays" / "margins.npz")
     assert list(final) == main and margins["steps"][-1] == 60
     w = torch.from_numpy(final["horst"])
-    assert margins["horst"][-1] == pytest.approx(ib.normalized_margin(w, z, 1) / ib.optimal_margins(z)["l1"])
+    assert margins["horst"][-1] == pytest.approx(
+        syn.normalized_margin(w, z, 1) / syn.optimal_margins(z)["l1"]
+    )
     traj = load_arrays(path / "arrays" / "trajectories.npz")
     assert traj["gd"].shape == (len(traj["steps"]), 20)
-    for name in ("regression-trajectories", "classification-margins", "classification-weights",
-                 "scales-margins", "scales-weights"):  # fmt: skip
+    for name in ("theorem-margins", "regression-trajectories", "classification-margins",
+                 "classification-weights", "scales-margins", "scales-weights"):  # fmt: skip
         assert (path / "figures" / f"{name}.png").stat().st_size > 0
         assert f"figures/{name}.png" in (path / "report.md").read_text()
-    with pytest.raises(ib.ConfigError):
-        ib.ImplicitBiasConfig(methods=["lion"])
-    with pytest.raises(ib.ConfigError, match="disjoint"):
-        ib.ImplicitBiasConfig(seeds=[0, 100])
+    with pytest.raises(ConfigError):
+        ibc.ImplicitBiasConfig(methods=["lion"])
+    with pytest.raises(ConfigError, match="disjoint"):
+        ibc.ImplicitBiasConfig(seeds=[0, 100])
 
 
 def test_report_rebuilds_the_same_figures_and_report(tiny_run, tmp_path):
@@ -208,10 +230,10 @@ def test_horst_and_ham_are_the_optimizers_of_the_config_layer():
     from descentlab.optim.ham import HAM
     from descentlab.optim.horst import HORST
 
-    cfg = ib.ImplicitBiasConfig(horst_alpha=2.0, ham_alpha=3.0)
+    cfg = ibc.ImplicitBiasConfig(horst_alpha=2.0, ham_alpha=3.0)
     w = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
-    horst = ib.make_optimizer("horst", w, 1e-2, cfg, regression=False)
-    ham = ib.make_optimizer("ham", w, 1e-2, cfg, regression=False)
+    horst = ibr.make_optimizer("horst", w, 1e-2, cfg, regression=False)
+    ham = ibr.make_optimizer("ham", w, 1e-2, cfg, regression=False)
     assert isinstance(horst, HORST) and isinstance(ham, HAM)
     (group,) = horst.param_groups
     assert (group["mirror"], group["alpha"], group["weight_decay"], group["lr"]) == (True, 2.0, 0.0, 1e-2)
@@ -224,8 +246,8 @@ def test_registry_and_presets_resolve():
     from descentlab.config import resolve_config
 
     exp = experiments.get("implicit-bias")
-    assert exp.config_cls is ib.ImplicitBiasConfig
+    assert exp.config_cls is ibc.ImplicitBiasConfig
     for preset in ("quick", "full"):
         cfg = resolve_config(exp.config_cls, preset=preset, presets=exp.presets, overrides=[])
-        assert cfg.regression.steps == ib.PRESETS[preset]["regression.steps"]
+        assert cfg.regression.steps == ibc.PRESETS[preset]["regression.steps"]
         assert not set(cfg.seeds) & set(cfg.scales.validation_seeds)

@@ -1,63 +1,119 @@
-"""robust-sparse claims on synthetic per-review correctness with a known answer."""
+"""robust-sparse's claims on synthetic per-review correctness with a known answer, judged by the engine."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from descentlab.report.robust_sparse_claims import clean_cells, evaluate_claims, robust_cells
+from descentlab.experiments.robust_sparse import claims as rs
+from descentlab.report.claims import PENDING, judge
 
-GAMMAS = [0.0, 1.0, 2.0]
-LEVELS = [0.0, 0.5]
+GAMMAS = np.asarray([0.0, 1.0, 2.0])
+LEVELS = (0.0, 0.5)
 
 
-def _cells(rng: np.random.Generator, p_clean: float, p_noisy: float) -> np.ndarray:
-    """Correctness [seed 3, draw 2, γ 3, review 400]: clean draws identical, noisy ones at p_noisy."""
-    out = np.empty((3, 2, 3, 400), dtype=np.uint8)
-    clean = rng.random((3, 400)) < p_clean
+def _cells(rng: np.random.Generator, p_clean: np.ndarray, p_noisy: np.ndarray) -> np.ndarray:
+    """Correctness [seed, draw 2, γ 3, review 400] with per-seed rates: clean draws identical."""
+    seeds = len(p_clean)
+    out = np.empty((seeds, 2, 3, 400), dtype=np.uint8)
+    clean = rng.random((seeds, 400)) < p_clean[:, None]
     out[:, :, 0] = clean[:, None]
-    out[:, :, 1:] = rng.random((3, 2, 2, 400)) < p_noisy
+    out[:, :, 1:] = rng.random((seeds, 2, 2, 400)) < p_noisy[:, None, None, None]
     return out
 
 
-def test_claims_find_a_planted_effect_and_none_where_there_is_none() -> None:
+def _arrays(seeds: int = 6, gain: float = 0.15) -> dict[str, np.ndarray]:
+    """Every method at both levels; constrained methods +``gain`` under noise, erm-adamw prunes worse, the
+    noise-trained control +0.1 under noise; training seeds move every method's rates together."""
     rng = np.random.default_rng(0)
-    correct = {
-        "erm-horst": [_cells(rng, 0.8, 0.6), _cells(rng, 0.7, 0.55)],
-        "constrained-horst": [_cells(rng, 0.8, 0.75), _cells(rng, 0.7, 0.7)],  # +0.15 at γ >= 1
-        "erm-adamw": [_cells(rng, 0.8, 0.6), _cells(rng, 0.6, 0.5)],  # prunes worse: -0.2 against -0.1
+    seed_shift = rng.normal(0, 0.02, seeds)
+    rates = {  # method -> level -> (clean, noisy)
+        rs.ERM_HORST: {0.0: (0.80, 0.55), 0.5: (0.70, 0.50)},
+        rs.CON_HORST: {0.0: (0.80, 0.55 + gain), 0.5: (0.70, 0.50 + gain)},
+        rs.ERM_ADAMW: {0.0: (0.80, 0.55), 0.5: (0.60, 0.45)},  # loses 0.2 clean to pruning, HORST 0.1
+        rs.CON_ADAMW: {0.0: (0.80, 0.55 + gain), 0.5: (0.60, 0.45 + gain)},
+        rs.NOISE_HORST: {0.0: (0.78, 0.65), 0.5: (0.70, 0.60)},
     }
-    claims = {(c["claim"], c["sparsity"]): c for c in evaluate_claims(correct, LEVELS, GAMMAS, n_boot=500)}
-    assert set(claims) == {
-        ("robust", 0.0), ("robust", 0.5), ("robust-and-sparse", 0.0), ("robust-and-sparse", 0.5),
-        ("prunable", 0.5), ("control-pruning", 0.5),
+    out = {
+        f"{m}__s={s:g}": _cells(rng, clean + seed_shift, noisy + seed_shift)
+        for m, per in rates.items()
+        for s, (clean, noisy) in per.items()
+    }
+    return {**out, "gammas": GAMMAS}
+
+
+def _rows(arrays: dict[str, np.ndarray]) -> dict[tuple[str, str], object]:
+    return {(r.name, r.at): r for r in judge(rs.CLAIMS, arrays)}
+
+
+def test_planted_effects_are_reproduced_at_every_level() -> None:
+    rows = _rows(_arrays())
+    assert set(rows) == {
+        ("robust-sparsest", "sparsity 0.5"), ("robust", "sparsity 0"),
+        ("robust-adamw", "sparsity 0"), ("robust-adamw", "sparsity 0.5"),
+        ("robust-and-sparse", "sparsity 0"), ("robust-and-sparse", "sparsity 0.5"),
+        ("prunable", "sparsity 0.5"), ("control-noise", "sparsity 0"), ("control-noise", "sparsity 0.5"),
+        ("control-pruning", "sparsity 0.5"),
     }  # fmt: skip
-    assert claims["robust", 0.0]["verdict"] == claims["robust", 0.5]["verdict"] == "reproduced"
-    assert claims["robust", 0.0]["estimate"] == pytest.approx(0.15, abs=0.03)
-    assert claims["prunable", 0.5]["verdict"] == "reproduced"  # erm-horst loses 0.1, erm-adamw 0.2
-    assert claims["prunable", 0.5]["estimate"] == pytest.approx(0.1, abs=0.04)
-    control = claims["control-pruning", 0.5]
-    assert control["verdict"] == "reproduced" and control["direction"] == "less"
-    assert control["estimate"] == pytest.approx(-0.2, abs=0.04)
-    # the same model against itself: a zero difference is never "reproduced"
-    same = {"erm-horst": correct["erm-horst"], "constrained-horst": correct["erm-horst"]}
-    (dense, pruned) = evaluate_claims(same, LEVELS, GAMMAS, n_boot=500)
-    assert dense["estimate"] == pruned["estimate"] == 0.0 and dense["verdict"] == "inconclusive"
+    primary = rows["robust-sparsest", "sparsity 0.5"]
+    assert primary.role == "primary" and primary.verdict == "reproduced"
+    assert primary.estimate == pytest.approx(0.15, abs=0.03) and primary.seeds == 6
+    assert primary.threshold == rs.SESOI == 0.01
+    prunable = rows["prunable", "sparsity 0.5"]
+    assert prunable.verdict == "reproduced" and prunable.estimate == pytest.approx(0.1, abs=0.03)
+    control = rows["control-pruning", "sparsity 0.5"]
+    assert control.verdict == "reproduced" and control.direction == "less"
+    assert control.estimate == pytest.approx(-0.2, abs=0.03)
+    assert rows["control-noise", "sparsity 0"].verdict == "reproduced"
+
+
+def test_no_effect_is_never_reproduced_and_a_tight_null_is_refuted() -> None:
+    arrays = _arrays(gain=0.0)
+    same = {k: v for k, v in arrays.items()}
+    same[f"{rs.CON_HORST}__s=0.5"] = same[
+        f"{rs.ERM_HORST}__s=0.5"
+    ]  # the same model: a difference of exactly 0
+    rows = _rows(same)
+    assert rows["robust-sparsest", "sparsity 0.5"].estimate == 0.0
+    assert rows["robust-sparsest", "sparsity 0.5"].verdict == "refuted"  # CI [0, 0] excludes the SESOI
+    assert rows["robust", "sparsity 0"].verdict != "reproduced"
+
+
+def test_one_seed_is_not_judged_and_a_missing_method_is_pending() -> None:
+    arrays = _arrays(seeds=1)
+    rows = _rows(arrays)
+    assert rows["robust-sparsest", "sparsity 0.5"].verdict == "one seed: training variance not measured"
+    partial = {k: v for k, v in _arrays().items() if not k.startswith(f"{rs.CON_ADAMW}__")}
+    rows = _rows(partial)
+    assert (
+        rows["robust-adamw", ""].verdict == PENDING and "constrained-adamw" in rows["robust-adamw", ""].reason
+    )
+    assert rows["robust-sparsest", "sparsity 0.5"].verdict == "reproduced"
+    assert {r.verdict for r in judge(rs.CLAIMS, {})} == {PENDING}
 
 
 def test_cells_and_bad_grids() -> None:
     c = np.zeros((1, 2, 3, 5))
     c[0, :, 1:, :2] = 1.0
     c[0, :, 0, 4] = 1.0
-    assert robust_cells(c, GAMMAS).shape == (1, 2, 5) and robust_cells(c, GAMMAS)[0, 0].tolist() == [
-        1,
-        1,
-        0,
-        0,
-        0,
-    ]
-    assert clean_cells(c).tolist() == [[0, 0, 0, 0, 1]]
+    assert rs.robust_cells(c, GAMMAS).shape == (1, 2, 5)
+    assert rs.robust_cells(c, GAMMAS)[0, 0].tolist() == [1, 1, 0, 0, 0]
+    assert rs.clean_cells(c).tolist() == [[0, 0, 0, 0, 1]]
     with pytest.raises(ValueError, match="no level >= 1"):
-        robust_cells(c, [0.0, 0.5, 0.7])
-    with pytest.raises(ValueError, match="must start at 0"):
-        evaluate_claims({"erm-horst": [c]}, [0.5], GAMMAS, n_boot=100)
+        rs.robust_cells(c, [0.0, 0.5, 0.7])
+    assert rs.levels({"a__s=0.7": c, "a__s=0": c, "gammas": GAMMAS}) == [0.0, 0.7]
+
+
+def test_the_committed_run_is_judged_from_its_saved_arrays() -> None:
+    from pathlib import Path
+
+    run_dir = Path(__file__).parents[2] / "docs" / "results" / "robust-sparse"
+    arrays = rs.claim_arrays(run_dir)
+    assert arrays["erm-horst__s=0.7"].shape == (3, 2, 3, 800)
+    rows = _rows(arrays)
+    primary = rows["robust-sparsest", "sparsity 0.7"]
+    # the mean over (seed, draw, review) of the committed cells: constrained-horst − erm-horst at 70 %
+    a = rs.robust_cells(arrays["constrained-horst__s=0.7"], arrays["gammas"])
+    b = rs.robust_cells(arrays["erm-horst__s=0.7"], arrays["gammas"])
+    assert primary.estimate == pytest.approx(float((a - b).mean()), abs=1e-12)
+    assert primary.seeds == 3 and primary.examples == 800

@@ -19,8 +19,6 @@ FIGURES: dict[str, str] = {
     "video-denoising": "descentlab.report.video_denoising",
     "sparse-vit": "descentlab.report.sparse_vit",
     "sparse-lm": "descentlab.report.sparse_lm",
-    "implicit-bias": "descentlab.report.implicit_bias",
-    "robust-sparse": "descentlab.report.robust_sparse",
 }
 
 

@@ -1,6 +1,9 @@
-"""Figures of implicit-bias: weight trajectories, L1-margin paths, sorted final weight magnitudes.
+"""Figures of implicit-bias: Theorem 4.7's margin against the step, weight trajectories, L1-margin paths,
+sorted final weight magnitudes, and the heterogeneous-scale study.
 
-Drawn from the first seed's arrays the run saved under ``arrays/``: ``trajectories.npz`` (``steps`` and one
+Theorem 4.7's figure is drawn from ``claims.npz`` (``theorem_steps`` and one ``[seeds, steps]`` path of the
+L1 margin over the optimum per method: mean ± std over every seed); the others from the first seed's arrays
+the run saved under ``arrays/``: ``trajectories.npz`` (``steps`` and one
 ``[steps, d]`` regression iterate history per method), ``margins.npz`` (``steps`` and one normalised-L1-margin
 path per method), ``final-weights.npz`` (the final classification weights per method), and for the
 heterogeneous-scale study ``scales-margins.npz`` (``decades`` and one ``[spreads, seeds]`` array of L1 margin
@@ -60,6 +63,33 @@ def plot_margins(steps: np.ndarray, paths: Mapping[str, np.ndarray], path: Path)
     ax.set_ylabel("L1 margin / optimal L1 margin")
     ax.legend(fontsize=7, ncol=2, loc="lower right")
     ax.set_title("Normalised L1 margin (first seed; dashed: mirror before steepest)", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
+
+
+def plot_theorem(data: Mapping[str, np.ndarray], path: Path) -> Path | None:
+    """Theorem 4.7's run: L1 margin / optimal against the step, mean ± std over seeds, one line per method."""
+    steps = data.get("theorem_steps")
+    paths = {k.split("__", 1)[1]: v for k, v in data.items() if k.startswith("theorem_ratio__")}
+    if steps is None or not paths:
+        return None
+    fig, ax = new_figure(figsize=(7, 4.2))
+    ax = ax[0][0]
+    for name, ratios in paths.items():
+        mean = np.nanmean(ratios, axis=0)
+        std = np.nanstd(ratios, axis=0, ddof=1) if ratios.shape[0] > 1 else np.zeros_like(mean)
+        ax.plot(steps, mean, label=f"{name} ({ratios.shape[0]} seeds)", lw=1.4)
+        ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(0.9, color="k", lw=0.8, ls=":", label="τ = 0.9")
+    ax.set_xscale("log")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("step (lr_k = lr / sqrt(k))")
+    ax.set_ylabel("L1 margin / optimal L1 margin")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(
+        "Theorem 4.7: L_p steepest descent + hyperbolic mirror step (mean ± std over seeds)", fontsize=9
+    )
     fig.tight_layout()
     return save_figure(fig, path, dpi=110)
 
@@ -129,6 +159,8 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     arrays, folder = Path(run_dir) / "arrays", Path(run_dir) / "figures"
     drawn = []
     for source, name, draw, caption in (
+        ("claims", "theorem-margins", plot_theorem,
+         "Theorem 4.7's objects at a decaying step: L1 margin relative to the linprog optimum against the step."),
         ("trajectories", "regression-trajectories", _stepped(plot_trajectories),
          "Weight trajectories on under-determined regression."),
         ("margins", "classification-margins", _stepped(plot_margins),
@@ -152,5 +184,6 @@ def _stepped(plot: Any) -> Any:
 
 
 __all__ = [
-    "figures", "plot_margins", "plot_scale_margins", "plot_scale_weights", "plot_trajectories", "plot_weights",
+    "figures", "plot_margins", "plot_scale_margins", "plot_scale_weights", "plot_theorem", "plot_trajectories",
+    "plot_weights",
 ]  # fmt: skip

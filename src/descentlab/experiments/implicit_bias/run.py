@@ -1,6 +1,6 @@
-r"""implicit-bias: which norm each optimizer geometry implicitly favours (METHODS.md section 2.2).
+r"""implicit-bias: which norm each optimizer geometry implicitly favours.
 
-Three synthetic float64 problems with exact references (:mod:`descentlab.data.synthetic`):
+Four synthetic float64 runs with exact references (:mod:`descentlab.data.synthetic`):
 
 * under-determined least squares from w = 0 (n < d): GD should reach the pseudo-inverse (min-L2) solution,
   L_inf steepest descent ("sign", dual-norm scaled so it settles) a near-min-L_inf one, greedy coordinate
@@ -9,6 +9,9 @@ Three synthetic float64 problems with exact references (:mod:`descentlab.data.sy
   min_i y_i <x_i, w> / ||w||_p against the optimal L1 and L_inf margins (``linprog``), and the number of
   non-zeros. HORST (mirror after Adam) should approach the optimal L1 margin (Theorem 4.7); Adam sits near
   the L_inf one;
+* Theorem 4.7's own objects on the same classification problem (``theorem.*``): normalised GD (p = 2) and
+  sign descent (p = ∞), each composed with the hyperbolic mirror step, at a decaying step, with the L1
+  margin over the optimum recorded along the way;
 * the same classification with column scales spread over ``scales.decades`` decades (``scales.*``), the
   problem that separates HORST from HAM.
 
@@ -26,18 +29,18 @@ is eta alpha s_j gamma_j: multiplicative growth in proportion to the raw gradien
 gradient step whose coordinates race at the rate each buys margin per unit of L1 norm, which is what the
 L1-optimal separator rewards. The price is a scale: eta alpha max_j |g_j| must stay well below the clamp,
 so HAM's alpha has to be chosen for the problem, and each method's alpha is chosen on separate validation
-seeds before the evaluation seeds run. At 0 decades the exponents differ only through |gamma_j|. Controls
-of the mechanism: normalised GD + mirror (keeps relative gradient sizes), sign + mirror (does not).
-Claims and statistics: :mod:`descentlab.report.implicit_bias_claims`.
+seeds before the evaluation seeds run, from grids of the same size. At 0 decades the exponents differ
+only through |gamma_j|. Controls of the mechanism: normalised GD + mirror (keeps relative gradient sizes),
+sign + mirror (does not).
 
-Every method is a real optimizer from :mod:`descentlab.optim` (:mod:`descentlab.train.vector_fit`); the
-figures are drawn by :mod:`descentlab.report.implicit_bias` from the arrays this run saves under ``arrays/``.
+Every method is a real optimizer from :mod:`descentlab.optim` (``vector_fit.py``). The run saves the
+per-seed values the claims read (``arrays/claims.npz``, see ``claims.py``) and the figure data
+(``figures.py``) under ``arrays/``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -59,116 +62,14 @@ from descentlab.data.synthetic import (
     separator_metrics,
     upper_half,
 )
-from descentlab.errors import ConfigError, NumericalError
-from descentlab.report.implicit_bias_claims import claims_table, evaluate_claims, main_tables, scales_results
+from descentlab.errors import NumericalError
+from descentlab.experiments.implicit_bias.claims import CLAIM_ARRAYS
+from descentlab.experiments.implicit_bias.config import ImplicitBiasConfig
+from descentlab.experiments.implicit_bias.tables import main_tables, scales_results
+from descentlab.experiments.implicit_bias.vector_fit import log_grid, make_geometry, regression_lr, train
 from descentlab.report.results import Curve, MethodResult, Results
 from descentlab.report.stats import column_mean_std, mean_std
 from descentlab.train.rundir import RunDir
-from descentlab.train.vector_fit import GEOMETRIES, log_grid, make_geometry, regression_lr, train
-
-METHODS = GEOMETRIES
-
-
-@dataclass
-class ProblemConfig:
-    """One synthetic problem: ``n`` examples in ``d`` dimensions, a ``support``-sparse planted solution.
-
-    ``lr`` is every method's step size; None (regression only) gives each method its stable step from the
-    Hessian (:func:`regression_lr`).
-    """
-
-    n: int
-    d: int
-    support: int
-    steps: int
-    lr: float | None = None
-
-
-SCALE_METHODS = ("adam", "horst", "ham", "ngd+mirror_after", "sign+mirror_after")
-
-
-@dataclass
-class ScalesConfig:
-    """The heterogeneous-scale classification (module docs): one problem per spread in ``decades``.
-
-    ``horst_alphas`` / ``ham_alphas``: the grids each method's alpha is chosen from, by the mean L1 margin
-    ratio on ``validation_seeds`` (disjoint from the evaluation seeds), per spread; a run that overflows
-    scores -inf. The controls ``ngd+mirror_after`` and ``sign+mirror_after`` keep ``horst_alpha``.
-    ``methods = []`` skips the study.
-    """
-
-    n: int = 40
-    d: int = 100
-    support: int = 3
-    steps: int = 10000
-    lr: float = 1e-2
-    decades: list[float] = field(default_factory=lambda: [0.0, 1.0, 2.0, 3.0, 4.0])
-    methods: list[str] = field(default_factory=lambda: list(SCALE_METHODS))
-    horst_alphas: list[float] = field(default_factory=lambda: [0.01, 0.03, 0.1, 0.3, 1.0, 3.0])
-    ham_alphas: list[float] = field(default_factory=lambda: [0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0])
-    validation_seeds: list[int] = field(default_factory=lambda: [100, 101])
-
-
-@dataclass
-class ClaimsConfig:
-    """``l1_threshold``: the fraction tau of the optimal L1 margin that counts as "approaches it" (fixed
-    before the run; METHODS.md measured 0.94-0.96 for HORST); ``n_boot``: bootstrap replicates."""
-
-    l1_threshold: float = 0.9
-    n_boot: int = 4000
-
-
-@dataclass
-class ImplicitBiasConfig:
-    """Top-level keys; ``seeds`` are the evaluation seeds of every problem (one problem draw per seed)."""
-
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
-    regression: ProblemConfig = field(
-        default_factory=lambda: ProblemConfig(n=20, d=60, support=4, steps=10000)
-    )
-    classification: ProblemConfig = field(
-        default_factory=lambda: ProblemConfig(n=40, d=100, support=3, steps=5000, lr=1e-2)
-    )
-    horst_alpha: float = 1.0
-    # HAM's own default (200) assumes tiny per-weight gradients; here |grad| ~ 1 and lr * 200 * |g| hits the
-    # clamp every step and overflows, so HAM gets HORST's alpha: raw gradient vs Adam update, same strength.
-    ham_alpha: float = 1.0
-    gamma: float = 1e-6  # width of the hyperbolic potential (mirror_before, dual)
-    nnz_rel_tol: float = 1e-3  # |w_i| > tol * max|w| counts as a non-zero
-    curve_points: int = 8
-    scales: ScalesConfig = field(default_factory=ScalesConfig)
-    claims: ClaimsConfig = field(default_factory=ClaimsConfig)
-
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.methods) - set(METHODS))
-        if unknown:
-            raise ConfigError(f"unknown methods {unknown}; choose from {list(METHODS)}")
-        if self.regression.n >= self.regression.d or self.classification.n >= self.classification.d:
-            raise ConfigError("implicit bias needs n < d (under-determined / many separators)")
-        if not self.seeds:
-            raise ConfigError("seeds must list at least one seed")
-        sc = self.scales
-        if sorted(set(sc.methods) - set(SCALE_METHODS)):
-            raise ConfigError(f"scales.methods: choose from {list(SCALE_METHODS)}, got {sc.methods}")
-        if sc.methods and (sc.n >= sc.d or not sc.decades or not sc.validation_seeds):
-            raise ConfigError("scales needs n < d, at least one spread in decades and one validation seed")
-        if set(sc.validation_seeds) & set(self.seeds):
-            raise ConfigError("scales.validation_seeds must be disjoint from the evaluation seeds")
-        if not sc.horst_alphas or not sc.ham_alphas:
-            raise ConfigError("scales.horst_alphas and scales.ham_alphas must list at least one alpha")
-        if self.classification.lr is None:
-            raise ConfigError("classification.lr must be set (e.g. 1e-2): no Hessian fixes its step size")
-
-
-CONFIG = ImplicitBiasConfig  # the nested ProblemConfig / ScalesConfig / ClaimsConfig are parts of it
-
-PRESETS = {
-    "quick": {"seeds": [0], "regression.steps": 8000, "classification.steps": 5000, "scales.steps": 5000,
-              "scales.decades": [0.0, 2.0, 4.0], "scales.validation_seeds": [100]},
-    "full": {"seeds": [0, 1, 2, 3, 4], "regression.steps": 30000, "classification.steps": 20000},
-}  # fmt: skip
-
 
 # ---- methods ------------------------------------------------------------------------------------------
 
@@ -265,6 +166,43 @@ def run_scales(cfg: ImplicitBiasConfig, run: RunDir, chosen: dict[float, dict[st
     return per, lp_share, weights
 
 
+# ---- Theorem 4.7's own objects -------------------------------------------------------------------------
+
+
+def run_theorem(cfg: ImplicitBiasConfig, run: RunDir) -> tuple[list[int], dict[str, np.ndarray]]:
+    """L_p steepest descent composed with the mirror step at the decaying step ``lr / sqrt(k)``
+    (:class:`~descentlab.experiments.implicit_bias.config.TheoremConfig`), per evaluation seed.
+
+    Returns:
+        ``(steps, paths)``: the recorded steps and, per method, the L1 margin over the optimal one
+        ``[seeds, steps]`` (nan for a run that overflowed).
+    """
+    th, cc = cfg.theorem, cfg.classification
+    grid = log_grid(th.steps, th.points)
+    paths: dict[str, list[list[float]]] = {m: [] for m in th.methods}
+    for seed in cfg.seeds:
+        z = make_classification(cc.n, cc.d, cc.support, seed)
+        best = optimal_margins(z)["l1"]
+        for name in th.methods:
+            try:
+                _, snaps = train(
+                    torch.zeros(cc.d, dtype=torch.float64),
+                    lambda v, z=z: classification_grad(v, z),
+                    lambda p, name=name: make_optimizer(
+                        name, p, th.lr, cfg, regression=False, alpha=th.alpha
+                    ),
+                    th.steps,
+                    grid,
+                    lr_at=lambda k: th.lr / math.sqrt(k),
+                )
+                path = [normalized_margin(snaps[k], z, 1) / best for k in grid]
+            except NumericalError:
+                path = [math.nan] * len(grid)
+            paths[name].append(path)
+            run.log(seed=seed, method=f"theorem/{name}", l1_margin_ratio=path[-1])
+    return grid, {m: np.asarray(v, dtype=np.float64) for m, v in paths.items()}
+
+
 # ---- the experiment -----------------------------------------------------------------------------------
 
 
@@ -344,6 +282,23 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
         methods[name] = MethodResult(metrics=metrics, curves=curves)
 
     tables = main_tables(per, cfg.methods)
+    # the per-seed values every claim reads (claims.py)
+    claim_arrays: dict[str, np.ndarray] = {
+        f"{key}__{name}": np.asarray(rec[key], dtype=np.float64)
+        for name, rec in per.items()
+        for key in ("cls_l1_margin_ratio", "cls_nnz", "reg_l1_ratio")
+    }
+    th = cfg.theorem
+    if th.methods:
+        theorem_grid, theorem_paths = run_theorem(cfg, run)
+        claim_arrays["theorem_steps"] = np.asarray(theorem_grid, dtype=np.float64)
+        for name, path in theorem_paths.items():
+            claim_arrays[f"theorem_ratio__{name}"] = path
+            mean, std = column_mean_std(path, impl="numpy")
+            curve = Curve("step", theorem_grid, "L1 margin / optimal (decaying step)", mean, std)
+            methods[f"{name} (theorem)"] = MethodResult(
+                metrics={"l1_margin_ratio": mean[-1]}, curves={"theorem_margin": curve}
+            )
     sc, scale_per, extra = cfg.scales, {}, {}
     if sc.methods:
         chosen, scores = choose_alphas(cfg)
@@ -354,11 +309,12 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
         ratios = {m: [scale_per[k][m]["l1_margin_ratio"] for k in sc.decades] for m in sc.methods}
         run.save_arrays("arrays/scales-margins.npz", decades=np.asarray(sc.decades), **_numpy(ratios))
         run.save_arrays("arrays/scales-weights.npz", **_numpy(weights))
-    claims = evaluate_claims(per, scale_per, tau=cfg.claims.l1_threshold, n_boot=cfg.claims.n_boot)
-    if claims:
-        tables.append(claims_table(claims))
-    extra["claims"] = claims
-    # figure data of the first seed, drawn by report/implicit_bias.py
+        claim_arrays["scales_decades"] = np.asarray(sc.decades, dtype=np.float64)
+        claim_arrays.update(
+            {f"scales_l1_margin_ratio__{m}": np.asarray(r, dtype=np.float64) for m, r in ratios.items()}
+        )
+    run.save_arrays(CLAIM_ARRAYS, **claim_arrays)
+    # figure data of the first seed, drawn by figures.py
     record = sorted(set(reg_grid) | set(traj_grid))
     run.save_arrays("arrays/trajectories.npz", steps=np.asarray(record), **_numpy(trajectories))
     run.save_arrays("arrays/margins.npz", steps=np.asarray(margin_grid), **_numpy(margin_paths))
@@ -382,8 +338,10 @@ def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
             f"column j scaled by 10^(kappa (r_j - 1/2)), kappa in {list(sc.decades)} decades; {sc.steps} steps, "
             f"lr={sc.lr}; HORST alpha from {list(sc.horst_alphas)} and HAM alpha from {list(sc.ham_alphas)}, "
             f"chosen per spread on validation seeds {list(sc.validation_seeds)}; controls at horst_alpha",
-            "claims": f"bootstrap CI over the evaluation seeds ({cfg.claims.n_boot} replicates), "
-            f"tau = {cfg.claims.l1_threshold}; report.implicit_bias_claims",
+            "theorem": f"Theorem 4.7's objects {list(th.methods)} (mirror step alpha={th.alpha}, clamp 5) on the "
+            f"classification problem, decaying step lr_k = {th.lr} / sqrt(k), {th.steps} steps",
+            "claims": "the claims engine over per-seed values (arrays/claims.npz), seeds the unit of "
+            "replication; primary: sign descent + mirror reaches >= 0.9 of the optimal L1 margin",
         },
         methods=methods,
         tables=tables,

@@ -1,6 +1,6 @@
 r"""One parameter vector trained by a named optimizer geometry, its gradient given in closed form.
 
-The geometries of the implicit-bias study (METHODS.md §2.2), each a real optimizer of
+The geometries of the implicit-bias study, each a real optimizer of
 :mod:`descentlab.optim`: the steepest operators of :func:`~descentlab.optim.compose.compose` (gd, sign /
 linf, coordinate, adam, normalised GD), the hyperbolic mirror map composed with them in either order, exact
 hyperbolic mirror descent (``dual``), and HORST / HAM built from an
@@ -80,14 +80,21 @@ def regression_lr(name: str, x: Tensor) -> float:
 
 def train(
     w0: Tensor, grad_fn: Callable[[Tensor], Tensor], make: Callable[[Tensor], torch.optim.Optimizer],
-    steps: int, record: list[int],
+    steps: int, record: list[int], lr_at: Callable[[int], float] | None = None,
 ) -> tuple[Tensor, dict[int, Tensor]]:  # fmt: skip
-    """Run ``steps`` optimizer steps from ``w0``; return the final w and snapshots at the steps in ``record``."""
+    """Run ``steps`` optimizer steps from ``w0``; return the final w and snapshots at the steps in ``record``.
+
+    ``lr_at(k)`` (when given) is the learning rate of step k = 1..steps, set on every param group before
+    the step (a decaying step); otherwise the optimizer keeps the lr it was made with.
+    """
     w = torch.nn.Parameter(w0.clone())
     opt = make(w)
     snaps = {0: w0.clone()} if 0 in record else {}
     with torch.no_grad():
         for k in range(1, steps + 1):
+            if lr_at is not None:
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(k)
             w.grad = grad_fn(w.detach())
             opt.step()
             if k in record:

@@ -10,13 +10,12 @@ import torch
 
 from descentlab.data.text_batches import Prepared
 from descentlab.distributed import sharded_curve, sharded_layer_profile
+from descentlab.experiments.robust_sparse.config import RobustSparseConfig
 from descentlab.robustness import RobustnessCurves
 from descentlab.train.loop import fit, seed_everything
 from descentlab.train.objectives import EmbeddingNoise
 from descentlab.train.recipe import build_recipe
 from descentlab.train.rundir import RunDir
-
-# ``cfg`` below is robust_sparse.RobustSparseConfig (typed Any: an experiment's helpers do not import it)
 
 
 @dataclass
@@ -55,7 +54,9 @@ def decode_job(data: dict[str, Any]) -> JobResult:
     return JobResult(points, data["multipliers"])
 
 
-def sparsity_sweep(cfg: Any, model: torch.nn.Module, batches: list, seed: int) -> list[SweepPoint]:
+def sparsity_sweep(
+    cfg: RobustSparseConfig, model: torch.nn.Module, batches: list, seed: int
+) -> list[SweepPoint]:
     """Prune the trained weights one-shot at every sparsity (each from the trained weights) and evaluate.
 
     The model is left with its trained weights restored.
@@ -93,7 +94,7 @@ def sparsity_sweep(cfg: Any, model: torch.nn.Module, batches: list, seed: int) -
     return points
 
 
-def train_and_sweep(cfg: Any, label: str, seed: int, data: Prepared, run: RunDir) -> JobResult:
+def train_and_sweep(cfg: RobustSparseConfig, label: str, seed: int, data: Prepared, run: RunDir) -> JobResult:
     """One job: a fresh pretrained encoder + head (seeded), trained by method ``label`` (on Gaussian embedding
     noise if ``label`` is in ``cfg.train_noise``), then swept."""
     from descentlab.data import load_encoder_classifier
