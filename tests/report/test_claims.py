@@ -199,3 +199,11 @@ def test_planted_effect_is_reproduced_and_null_is_not(study, spec) -> None:
     assert row.verdict == "reproduced", (study, spec.name, row.reason)
     row, _ = judge_cells(spec, _planted(spec, null=True))
     assert row.verdict != "reproduced", (study, spec.name, row.reason)
+
+
+def test_one_seed_scalar_cells_are_labelled_without_an_interval() -> None:
+    row, tests = judge_cells(_spec("x"), Cells(np.array([3.0]), np.array([2.0]), "m", "r"))
+    assert row.verdict == ONE_SEED and tests is None and row.estimate == 1.0 and row.low is None
+    spec = ClaimSpec("u", "d", _pair("u"), "ppl", kind="untestable", reason="ERM unmoved")
+    row, _ = judge_cells(spec, Cells(np.array([3.0]), np.array([2.0]), "m", "r"))
+    assert row.verdict == UNTESTABLE and "ERM unmoved" in row.reason

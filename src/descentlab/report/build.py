@@ -125,18 +125,14 @@ SMOKE_BANNER = (
 )
 
 
-def _preset(run_dir: Path) -> str | None:
-    config = run_dir / "config.json"
-    return json.loads(config.read_text()).get("preset") if config.is_file() else None
-
-
 def write_report(run_dir: Path | str, *, figures: FigureFunction | None = None) -> Path:
     """(Re)build ``<run_dir>/report.md`` from its ``results.json``; ``figures(results, run_dir)`` draws the
     study's own figures from saved data (the app layer passes the study's ``figures.figures``)."""
     run_dir = Path(run_dir)
     results = load_results(run_dir)
     lines = _section(results, run_dir, "#", figures_fn=figures)
-    preset = _preset(run_dir)
+    config = run_dir / "config.json"  # written by the runner; a folder without it is not a run of ours
+    preset = json.loads(config.read_text()).get("preset") if config.is_file() else "full"
     if preset not in EVIDENCE_PRESETS:
         lines[1:1] = ["", SMOKE_BANNER.format(preset=preset or "default")]
     lines += [

@@ -213,10 +213,20 @@ def _interval_text(iv: PairedInterval) -> str:
 def judge_cells(spec: ClaimSpec, cells: Cells, *, level: float = 0.95) -> tuple[Claim, ClaimTests | None]:
     """One row of ``spec`` on one comparison, with its tests (None when no verdict can be drawn)."""
     row = _row(spec, cells, "", "")
-    iv = paired_interval(cells.a, cells.b, level=level)
+    a, b = np.asarray(cells.a, dtype=np.float64), np.asarray(cells.b, dtype=np.float64)
+    if a.shape[:1] == (1,) and a.size == 1:  # one seed, one number: nothing to form an interval from
+        row.estimate, row.seeds, row.examples = float(a.item() - b.item()), 1, 1
+        row.a_mean, row.b_mean = float(a.item()), float(b.item())
+        untestable = spec.reason if spec.kind == "untestable" else cells.untestable
+        row.verdict = UNTESTABLE if untestable else ONE_SEED
+        row.reason = (
+            f"{untestable}; one seed, one value" if untestable else "one seed, one value: no interval"
+        )
+        return row, None
+    iv = paired_interval(a, b, level=level)
     row.estimate, row.low, row.high, row.level = iv.mean, iv.low, iv.high, level
     row.min_detectable_effect, row.seeds, row.examples = iv.min_detectable_effect(), iv.seeds, iv.examples
-    row.a_mean, row.b_mean = float(np.mean(cells.a)), float(np.mean(cells.b))
+    row.a_mean, row.b_mean = float(a.mean()), float(b.mean())
     text = _interval_text(iv)
     if spec.kind == "untestable" or cells.untestable is not None:
         row.verdict, row.reason = UNTESTABLE, f"{spec.reason or cells.untestable}; {text}"
