@@ -1,44 +1,159 @@
-"""sparse-lm's claim math on synthetic cells with a known answer: the OLS indicator, the paired rows, the checks."""
+"""sparse-lm's claims on synthetic cells with a known answer: a planted gap is reproduced and a null is not,
+the grid slope of the matched comparison, the cells read from a run directory (a missing file pends), and
+the seed-spread check."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 
-from descentlab.report.sparse_lm_claims import (
-    evaluate_claims,
-    ols_indicator,
-    relative_spread,
-    seed_spread_checks,
-)
+from descentlab.experiments.sparse_lm.claims import CLAIMS, claim_arrays, grid_slope
+from descentlab.experiments.sparse_lm.tables import relative_spread, seed_spread_checks
+from descentlab.io import save_arrays
+from descentlab.report.claims import ONE_SEED, PENDING, UNTESTABLE, judge
 
-XS = [0.0, 0.5, 0.9]
+LEVELS = [0.0, 0.5, 0.8, 0.9]
+SEEDS, BLOCKS = 8, 200
 
 
-def test_ols_indicator_recovers_a_known_optimizer_effect_at_equal_dense_loss():
-    rng = np.random.default_rng(0)
-    dense = rng.uniform(3.0, 4.0, 30)
-    groups = ["adamw", "horst", "ham"] * 10
-    effect = {"adamw": 0.0, "horst": -0.05, "ham": 0.02}
-    damage = 0.1 + 0.3 * dense + np.array([effect[g] for g in groups])
-    exact = ols_indicator(damage, dense, groups, reference="adamw")
-    assert exact["coef"]["horst"] == pytest.approx(-0.05, abs=1e-10)
-    assert exact["coef"]["ham"] == pytest.approx(0.02, abs=1e-10) and exact["coef"]["dense"] == pytest.approx(
-        0.3
+def _nll(gaps: list[float], seed: int, seeds: int = SEEDS) -> dict[str, np.ndarray]:
+    """AdamW's ``[seeds, levels, blocks]`` NLLs with a known pruning damage; HORST shifted by ``gaps`` per
+    level; HAM and AdamW-L2 equal to AdamW plus noise."""
+    rng = np.random.default_rng(seed)
+    block = rng.normal(5.0, 0.3, (1, 1, BLOCKS))
+    seed_effect = rng.normal(0, 0.02, (seeds, 1, 1)) * np.array([0.0, 0.2, 1.0, 2.0])[None, :, None]
+    damage = np.array([0.0, 0.06, 0.6, 1.4])[None, :, None]
+    a = block + damage + seed_effect + rng.normal(0, 0.01, (seeds, len(LEVELS), BLOCKS))
+
+    def noisy(shift: np.ndarray) -> np.ndarray:
+        return a + shift + rng.normal(0, 0.01, a.shape) + rng.normal(0, 0.003, (seeds, len(LEVELS), 1))
+
+    return {
+        "nll/adamw": a,
+        "nll/horst": noisy(np.asarray(gaps)[None, :, None]),
+        "nll/ham": noisy(np.zeros((1, len(LEVELS), 1))),
+        "nll/adamw-l2": noisy(np.zeros((1, len(LEVELS), 1))),
+    }
+
+
+def _grid(k: float, seed: int = 0) -> dict[str, np.ndarray]:
+    """Tuning runs whose 90 % validation NLL is ``k`` times their dense one plus a per-method offset."""
+    rng = np.random.default_rng(seed)
+    labels = np.asarray(["adamw"] * 3 + ["horst"] * 4 + ["ham"] * 3)
+    dense = rng.uniform(3.8, 4.1, labels.size)
+    offset = np.select([labels == "horst", labels == "ham"], [-0.2, 0.05], 0.0)
+    val = np.column_stack([dense, dense + 0.06, dense + 0.6, k * dense + 1.0 + offset])
+    return {"grid/val_nll": val, "grid/label": labels}
+
+
+def _arrays(gaps: list[float], *, seeds: int = SEEDS, k: float = 1.2) -> dict[str, np.ndarray]:
+    out = {
+        "levels": np.asarray(LEVELS),
+        "claim_low": np.float64(0.5),
+        "claim_high": np.float64(0.9),
+        **_nll(gaps, 0, seeds),
+        **_grid(k),
+    }
+    rng = np.random.default_rng(1)
+    for stat, base in (("frac_below", 0.02), ("kurtosis", 2.0)):
+        out[f"{stat}/adamw"] = base + rng.normal(0, 0.001 * base, (seeds, 16))
+        out[f"{stat}/horst"] = 3 * base + rng.normal(0, 0.001 * base, (seeds, 16))
+    return out
+
+
+def _rows(arrays):
+    return {r.name: r for r in judge(CLAIMS, arrays)}
+
+
+def test_declared_claims_one_primary_with_thresholds():
+    primary = [s for s in CLAIMS if s.primary]
+    assert [s.name for s in primary] == ["horst-adamw"]
+    assert primary[0].direction == "less" and primary[0].sesoi == 0.05
+    assert next(s for s in CLAIMS if s.name == "dense-matched").kind == "parity"
+    assert all(s.threshold for s in CLAIMS)
+
+
+def test_a_planted_gap_is_reproduced_and_a_null_is_not():
+    rows = _rows(_arrays([0.0, -0.01, -0.1, -0.2]))
+    primary = rows["horst-adamw"]
+    assert primary.verdict == "reproduced" and primary.estimate == pytest.approx(-0.2, abs=0.01)
+    assert primary.seeds == SEEDS and primary.examples == BLOCKS and primary.at == "sparsity 90 %"
+    assert rows["horst-adamw-80"].holm_verdict == "reproduced"
+    assert rows["gap-widens"].estimate == pytest.approx(-0.19, abs=0.01)
+    assert rows["gap-widens"].holm_verdict == "reproduced"
+    assert rows["horst-ham"].holm_verdict == rows["horst-l2"].holm_verdict == "reproduced"
+    assert rows["damage-50"].estimate == pytest.approx(-0.01, abs=0.003)
+    assert rows["dense-matched"].verdict == "reproduced"  # no dense difference planted: equivalence
+    assert rows["control"].holm_verdict == "reproduced"
+    assert rows["horst-peaked"].holm_verdict == "reproduced"
+    # the null: no perplexity gap planted, none reproduced (the weight shape keeps its planted 3x); HORST
+    # 0.1 worse at 90 %: refuted
+    null = _rows(_arrays([0.0, 0.0, 0.0, 0.0]))
+    ppl = [r for r in null.values() if r.metric.startswith(("test log-perplexity", "pruning damage"))]
+    assert len(ppl) == 9 and all(
+        r.verdict != "reproduced" for r in ppl if r.name not in ("control", "dense-matched")
     )
-    noisy = ols_indicator(damage + rng.normal(0, 0.01, 30), dense, groups, reference="adamw")
-    lo, hi = noisy["ci"]["horst"]
-    assert lo < -0.05 < hi and hi < 0 and noisy["dof"] == 26
-    # a naive difference of group means is confounded when HORST's runs are the better-trained ones
-    skewed = dense + np.array([-0.5 if g == "horst" else 0.0 for g in groups])
-    damage2 = 0.1 + 0.3 * skewed + np.array([effect[g] for g in groups])
-    naive = damage2[np.array(groups) == "horst"].mean() - damage2[np.array(groups) == "adamw"].mean()
-    assert naive < -0.15
-    assert ols_indicator(damage2, skewed, groups, reference="adamw")["coef"]["horst"] == pytest.approx(-0.05)
-    with pytest.raises(ValueError, match="full-rank"):
-        ols_indicator([0.1, 0.2, 0.3], [1.0, 2.0, 3.0], ["adamw", "horst", "horst"], reference="adamw")
+    assert _rows(_arrays([0.0, 0.0, 0.05, 0.1]))["horst-adamw"].verdict == "refuted"
+
+
+def test_matched_ols_removes_a_dense_difference_by_the_grid_slope():
+    vals = _grid(1.7)
+    assert grid_slope(vals["grid/val_nll"], vals["grid/label"], 3) == pytest.approx(1.7)
+    # HORST's dense model 0.1 worse and, by the slope, 0.17 worse at 90 %: the raw gap is all slope
+    arrays = _arrays([0.1, 0.1, 0.1, 0.17], k=1.7)
+    rows = _rows(arrays)
+    assert rows["horst-adamw"].estimate == pytest.approx(0.17, abs=0.01)
+    assert (
+        rows["matched-ols"].estimate == pytest.approx(0.0, abs=0.01) and "k = 1.7" in rows["matched-ols"].at
+    )
+    assert rows["dense-matched"].verdict == "refuted"  # 0.1 apart: not matched within 0.03
+    # too few tuning runs to fit a slope: the row says why
+    few = {**arrays, "grid/val_nll": arrays["grid/val_nll"][:2], "grid/label": arrays["grid/label"][:2]}
+    assert _rows(few)["matched-ols"].verdict == UNTESTABLE
+
+
+def test_missing_cells_pend_and_one_seed_is_not_judged():
+    arrays = _arrays([0.0, 0.0, -0.1, -0.2])
+    no_ham = {k: v for k, v in arrays.items() if k != "nll/ham"}
+    rows = _rows(no_ham)
+    assert rows["horst-ham"].verdict == PENDING and rows["horst-adamw"].verdict == "reproduced"
+    no_80 = {**arrays, "levels": np.asarray([0.0, 0.5, 0.7, 0.9])}
+    assert _rows(no_80)["horst-adamw-80"].verdict == PENDING
+    one = _rows(_arrays([0.0, 0.0, -0.1, -0.2], seeds=1))
+    assert one["horst-adamw"].verdict == ONE_SEED
+
+
+def test_claim_arrays_reads_the_saved_nlls_of_a_run(tmp_path):
+    nll = _nll([0.0, -0.01, -0.1, -0.2], 0, seeds=3)
+    files = {}
+    for label, cells in nll.items():
+        name = label.split("/")[1]
+        files[name] = [f"arrays/nll-{name}-seed{s}.npz" for s in range(3)]
+        for s, f in enumerate(files[name]):
+            save_arrays(tmp_path / f, test=cells[s], val=cells[s])
+    grid = _grid(1.2)
+    runs = [
+        {"seed": 0, "label": str(lab), "val_nll": [float(x) for x in v]}
+        for v, lab in zip(grid["grid/val_nll"], grid["grid/label"], strict=True)
+    ]
+    runs.append({"seed": 1, "label": "adamw", "val_nll": [9.0] * 4})  # an evaluation seed: not a tuning run
+    results = {"config": {"sparsities": LEVELS[1:], "claim_low": 0.5, "claim_high": 0.9, "seeds": [0, 1, 2]},
+               "arrays": {"nll": files}, "runs": runs}  # fmt: skip
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    arrays = claim_arrays(tmp_path)
+    assert arrays["nll/horst"].shape == (3, 4, BLOCKS) and arrays["grid/val_nll"].shape == (10, 4)
+    assert np.array_equal(arrays["nll/adamw"], nll["nll/adamw"]) and arrays["claim_high"] == 0.9
+    rows = _rows(arrays)
+    assert rows["horst-adamw"].estimate == pytest.approx(
+        float((nll["nll/horst"] - nll["nll/adamw"])[:, 3].mean())
+    )
+    assert rows["horst-peaked"].verdict == PENDING  # no arrays/shape.npz: the committed run's case
+    (tmp_path / files["ham"][1]).unlink()
+    assert _rows(claim_arrays(tmp_path))["horst-ham"].verdict == PENDING
+    assert claim_arrays(tmp_path / "nowhere") == {}
 
 
 def test_seed_spread_is_max_minus_min_over_mean_of_the_dense_validation_ppl():
@@ -48,38 +163,3 @@ def test_seed_spread_is_max_minus_min_over_mean_of_the_dense_validation_ppl():
     assert seed_spread_checks({"adamw": jobs[:2]}, 0.03)[0]["verdict"] == "met"
     assert seed_spread_checks({"adamw": jobs[:1]}, 0.03)[0]["verdict"] == "untested (one seed)"
     assert relative_spread([5.0]) == 0.0
-
-
-def _cells(gap_lo: float, gap_hi: float, seed: int):
-    """AdamW cells with a known pruning damage, and HORST shifted by ``gap_lo`` at 50 %, ``gap_hi`` at 90 %."""
-    rng = np.random.default_rng(seed)
-    base = rng.normal(5.0, 0.3, (3, 1, 200))
-    a = np.concatenate([base, base + 0.05, base + 0.3], axis=1) + rng.normal(0, 0.01, (3, 3, 200))
-    h = a + np.array([0.0, gap_lo, gap_hi])[None, :, None] + rng.normal(0, 0.01, (3, 3, 200))
-    return {"adamw": a, "horst": h, "ham": a + 0.02}
-
-
-def test_paired_rows_find_a_planted_gap_and_its_widening():
-    rows = evaluate_claims(_cells(-0.01, -0.08, 0), XS, lo=0.5, hi=0.9, n_boot=300)
-    by = {(r["claim"], r["sparsity"]): r for r in rows}
-    assert by["control", 0.9]["verdict"] == "reproduced" and by["control", 0.9]["estimate"] == pytest.approx(
-        0.25, abs=0.01
-    )
-    assert by["horst-beats-adamw", 0.9]["verdict"] == "reproduced"
-    assert by["horst-beats-adamw", 0.9]["estimate"] == pytest.approx(-0.08, abs=0.005)
-    assert by["horst-beats-adamw", 0.0]["verdict"] == "inconclusive"  # no planted difference when dense
-    assert by["gap-widens", 0.9]["estimate"] == pytest.approx(-0.07, abs=0.005)
-    assert by["gap-widens", 0.9]["verdict"] == "reproduced" and by["damage", 0.9]["verdict"] == "reproduced"
-    assert by["horst-beats-ham", 0.9]["verdict"] == "reproduced" and by["horst-beats-ham", 0.9]["shape"] == [
-        3,
-        200,
-    ]
-    # the other way round: HORST worse after pruning, the same rows are refuted
-    worse = {
-        (r["claim"], r["sparsity"]): r
-        for r in evaluate_claims(_cells(0.01, 0.08, 1), XS, lo=0.5, hi=0.9, n_boot=300)
-    }
-    assert (
-        worse["horst-beats-adamw", 0.9]["verdict"] == "refuted"
-        and worse["gap-widens", 0.9]["verdict"] == "refuted"
-    )

@@ -17,8 +17,6 @@ from typing import Any
 FIGURES: dict[str, str] = {
     "text-robustness": "descentlab.report.text_robustness",
     "video-denoising": "descentlab.report.video_denoising",
-    "sparse-vit": "descentlab.report.sparse_vit",
-    "sparse-lm": "descentlab.report.sparse_lm",
 }
 
 

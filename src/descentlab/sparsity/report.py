@@ -1,4 +1,5 @@
-"""Exact-zero counts of the prunable weights: per tensor, per transformer block, and global.
+"""Exact-zero counts of the prunable weights: per tensor, per transformer block, and global; the shape of
+the weights (how peaked at 0); the record of a tuning grid.
 
 The report counts ``weight == 0`` in the tensors themselves (never a mask), so it measures what a
 checkpoint really holds. It reads either a model (tensors chosen by a :class:`~.masks.Selection`) or a
@@ -8,15 +9,24 @@ plain state dict such as one loaded from a safetensors file (tensors chosen by n
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from descentlab.sparsity.masks import Selection, select_prunable
 
-__all__ = ["SparsityReport", "TensorCount", "sparsity_report"]
+__all__ = [
+    "SparsityReport",
+    "TensorCount",
+    "excess_kurtosis",
+    "selection_record",
+    "sparsity_report",
+    "tensor_shape_stats",
+]
 
 
 @dataclass
@@ -134,3 +144,64 @@ def sparsity_report(
         zeros_total += zeros
     report.total = TensorCount(numel_total, zeros_total)
     return report
+
+
+# --- the shape of the prunable weights, and the record of a tuning grid (shared by the sparse studies) ---
+
+
+def excess_kurtosis(w: np.ndarray | torch.Tensor) -> float:
+    """``E[(w - μ)^4] / E[(w - μ)^2]^2 - 3`` over all entries, in float64 (0 for a Gaussian, 3 for a Laplace;
+    NaN for a constant tensor)."""
+    centred = torch.as_tensor(w).detach().double().flatten()
+    centred = centred - centred.mean()
+    return float((centred**4).mean() / (centred**2).mean() ** 2 - 3.0)
+
+
+def _frac_kurtosis(w: torch.Tensor, threshold: float) -> tuple[float, float]:
+    w = w.detach().double().flatten()
+    return float((w.abs() < threshold).double().mean()), excess_kurtosis(w)
+
+
+def tensor_shape_stats(tensors: Sequence[torch.Tensor], threshold: float) -> dict[str, Any]:
+    """How peaked at 0 the weights are, per tensor (``frac_below``, ``kurtosis``: lists, one entry per tensor)
+    and over all of them at once (``global_frac_below``, ``global_kurtosis``): the fraction of entries with
+    ``|w| < threshold`` and the excess kurtosis (:func:`excess_kurtosis`)."""
+    per = [_frac_kurtosis(w, threshold) for w in tensors]
+    frac, kurt = _frac_kurtosis(torch.cat([w.detach().flatten() for w in tensors]), threshold)
+    return {
+        "frac_below": [f for f, _ in per],
+        "kurtosis": [k for _, k in per],
+        "global_frac_below": frac,
+        "global_kurtosis": kurt,
+    }
+
+
+def selection_record(
+    grids: Mapping[str, Sequence[Mapping[str, Any]]], chosen: Mapping[str, int]
+) -> tuple[dict[str, Any], list[str]]:
+    """The record of an (lr, α) tuning grid per method: every candidate ``{lr, alpha, val}``, the chosen one,
+    and which of its values lie at an edge of a grid of more than one value (then a note says so: the grid
+    should be widened).
+
+    Args:
+        grids: method -> its candidates' results, each with ``lr``, ``alpha`` and ``val`` (the criterion).
+        chosen: method -> the index of the chosen candidate.
+    """
+    record, notes = {}, []
+    for label, runs in grids.items():
+        best = runs[chosen[label]]
+        edges = []
+        for key in ("lr", "alpha"):
+            values = sorted({r[key] for r in runs})
+            if len(values) > 1 and best[key] in (values[0], values[-1]):
+                edges.append(key)
+                notes.append(
+                    f"{label}: the chosen {key} = {best[key]:g} is at an edge of its grid {values}; the optimum "
+                    "may lie outside it (widen the grid)."
+                )
+        record[label] = {
+            "grid": [{"lr": r["lr"], "alpha": r["alpha"], "val": r["val"]} for r in runs],
+            "chosen": {"lr": best["lr"], "alpha": best["alpha"], "val": best["val"]},
+            "at_edge": edges,
+        }
+    return record, notes

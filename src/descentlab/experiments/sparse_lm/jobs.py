@@ -1,4 +1,4 @@
-"""sparse-lm's jobs: train one GPT-2, then prune it one-shot at every level and score validation and test blocks.
+"""sparse-lm's job: train one GPT-2, then prune it one-shot at every level and score validation and test blocks.
 
 A job's result is JSON (the job cache); the per-block test and validation NLLs it measured go to
 ``arrays/nll-<tag>.npz`` (``test``, ``val``: ``[levels, blocks]`` float64, level 0 = dense) and, for the first
@@ -18,18 +18,16 @@ import torch
 
 from descentlab.data.lm_blocks import LMBlocks, lm_blocks, load_local_corpus
 from descentlab.errors import AssetMissingError, NumericalError
+from descentlab.experiments.sparse_lm.config import SparseLMConfig
 from descentlab.io import save_arrays
 from descentlab.models.gpt2 import build_gpt2, num_params
 from descentlab.models.lm_eval import block_nlls
-from descentlab.report.sparse_vit_claims import tensor_shape_stats
 from descentlab.sparsity.masks import select_prunable
 from descentlab.sparsity.pruning import prune_magnitude
+from descentlab.sparsity.report import tensor_shape_stats
 from descentlab.train.loop import fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe
 from descentlab.train.rundir import RunDir
-
-# ``cfg`` below is a ``sparse_lm.SparseLMConfig`` (not imported: a helper never imports an experiment module)
-SparseLMConfig = Any
 
 HISTOGRAM_SAMPLE = 1 << 21  # block weights kept for the histogram; a larger model saves a uniform sample
 
@@ -121,7 +119,7 @@ def train_and_prune(
 
     ``val_nll`` / ``test_nll``: the mean NLL per level (log-perplexity); ``tune_score``: the tuning
     criterion (validation only, :func:`tune_score`); ``shape``:
-    :func:`~descentlab.report.sparse_vit_claims.tensor_shape_stats` of the trained (dense) block matrices.
+    :func:`~descentlab.sparsity.report.tensor_shape_stats` of the trained (dense) block matrices.
     A run that diverges (:class:`NumericalError` from ``fit``) returns its settings with ``diverged`` (the
     reason) and infinite NLLs, so a tuning grid goes on without it.
     """

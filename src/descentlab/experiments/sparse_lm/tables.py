@@ -1,39 +1,72 @@
-"""Tables and figures of sparse-lm: perplexity against sparsity, pruning damage, paired gaps, weight histograms.
-
-:func:`summarise` turns the jobs of a run into the ``results.json`` body (method blocks, tables, the claims
-of :mod:`descentlab.report.sparse_lm_claims`); the figures are drawn by :func:`figures` from
-``results.json`` and the weight samples each first-seed job saved under ``arrays/`` (their paths are
-listed in ``results["arrays"]["weights"]``, by method).
+"""sparse-lm's results body: a block per method (test perplexity against sparsity, with seed-level intervals),
+the grid, perplexity, damage, sparsity, seed-spread and weight-shape tables, and the tuning record. The
+claims are not here: the claims engine judges them from the saved per-block NLLs (``claims.py``).
 
 A method's test curve at sparsity p: ``mean`` = ``exp(mean_{s,b} n[s, p, b])``, the perplexity of the mean
-NLL over seeds x test blocks, with the 95 % CI ``exp`` of the bootstrap CI of that mean (seeds and blocks
-resampled); ``std`` is the std over seeds of the per-seed perplexities ``exp(mean_b n[s, p, b])``.
+NLL over seeds x test blocks, with the 95 % interval ``exp`` of the seed-level interval of that mean
+(:func:`~descentlab.report.stats.paired_interval`); ``std`` is the std over seeds of the per-seed
+perplexities ``exp(mean_b n[s, p, b])``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from descentlab.io import load_arrays
-from descentlab.report.figures import new_figure, save_figure
 from descentlab.report.results import Curve, MethodResult
-from descentlab.report.sparse_lm_claims import (
-    claim_notes,
-    claims_table,
-    evaluate_claims,
-    ols_table,
-    seed_spread_checks,
-)
-from descentlab.report.sparse_vit_claims import selection_record
-from descentlab.report.stats import column_mean_std, mean_std, paired_bootstrap
+from descentlab.report.stats import column_mean_std, mean_std, paired_interval
+from descentlab.sparsity.report import selection_record
 
+Job = Mapping[str, Any]  # one training run's result (jobs.train_and_prune)
 Sweeps = Mapping[str, Sequence[Mapping[str, Any]]]  # method -> one prune sweep per seed
 Methods = Mapping[str, Mapping[str, Any]]  # results.json "methods"
+
+
+def relative_spread(values: Sequence[float]) -> float:
+    """``(max - min) / mean``: 0 for one value."""
+    v = np.asarray(values, dtype=np.float64)
+    return float((v.max() - v.min()) / v.mean())
+
+
+def seed_spread_checks(finals: Mapping[str, Sequence[Job]], limit: float) -> list[dict[str, Any]]:
+    """Per method: the relative spread of the dense validation perplexity over seeds, against ``limit``."""
+    rows = []
+    for label, jobs in finals.items():
+        ppl = [math.exp(j["val_nll"][0]) for j in jobs]
+        spread = relative_spread(ppl)
+        rows.append(
+            {
+                "claim": "seed-spread",
+                "method": label,
+                "dense_val_ppl": ppl,
+                "spread": spread,
+                "limit": limit,
+                "verdict": "untested (one seed)" if len(ppl) < 2 else "met" if spread <= limit else "not met",
+                "reason": f"(max - min) / mean over {len(ppl)} seeds = {100 * spread:.2f} % "
+                f"(limit {100 * limit:g} %)",
+            }
+        )
+    return rows
+
+
+def checks_table(checks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The seed-spread check of every method as one table."""
+    return {
+        "title": "Seed-spread check: (max - min) / mean of the dense validation perplexity over seeds",
+        "columns": ["method", "dense val ppl per seed", "spread", "verdict"],
+        "rows": [
+            [
+                c["method"],
+                " / ".join(f"{p:.2f}" for p in c["dense_val_ppl"]),
+                f"{100 * c['spread']:.2f} % (limit {100 * c['limit']:g} %)",
+                c["verdict"],
+            ]
+            for c in checks
+        ],
+    }
 
 
 def perplexity_table(methods: Methods, labels: Sequence[str], split: str = "Test") -> dict:
@@ -89,13 +122,13 @@ def sparsity_table(sweeps: Sweeps, labels: Sequence[str]) -> dict:
     }
 
 
-def method_block(jobs: Sequence[Mapping[str, Any]], cells: Any, n_boot: int) -> MethodResult:
+def method_block(jobs: Sequence[Mapping[str, Any]], cells: Any) -> MethodResult:
     """One method's results.json block from its final runs and their ``[seeds, levels, blocks]`` test NLLs."""
     c = np.asarray(cells, dtype=np.float64)
     xs = jobs[0]["x"]
     per_seed = [[math.exp(v) for v in j["test_nll"]] for j in jobs]
     _, std = column_mean_std(per_seed)
-    cis = [paired_bootstrap(c[:, i], np.zeros_like(c[:, i]), n_boot=n_boot) for i in range(len(xs))]
+    cis = [paired_interval(c[:, i], np.zeros_like(c[:, i])) for i in range(len(xs))]
     mean = [math.exp(ci.mean) for ci in cis]
     curve = Curve("sparsity", xs, "perplexity", mean, std)
     curve.extra = {
@@ -146,17 +179,15 @@ def summarise(
     picks: Mapping[str, int],
     smol: Mapping[str, Any] | None,
     *,
-    claim_low: float,
-    claim_high: float,
     seed_spread: float,
     small_weight: float,
-    n_boot: int,
     smollm2: bool = True,
     criterion: str = "mean validation log-ppl over the pruning levels",
     eligible: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, Any]:
-    """The results.json body of a run: ``methods``, ``tables``, ``notes``, ``claims``, ``checks``,
-    ``selection`` and ``runs`` (every trained run's settings and per-level mean NLLs, the OLS sample).
+    """The results.json body of a run: ``methods``, ``tables``, ``notes``, ``checks``, ``selection`` and
+    ``runs`` (every trained run's settings and per-level mean NLLs; the tuning runs among them are the
+    sample of the ``matched-ols`` claim's slope).
 
     ``final``: label -> per-seed jobs at the chosen settings; ``cells``: label -> their ``[seeds, levels,
     blocks]`` test NLLs; ``runs``: every distinct job (tuning grid included); ``grids`` / ``picks``: the
@@ -165,14 +196,9 @@ def summarise(
     dense-perplexity tolerance let compete (None: all; the grid table marks the others).
     """
     labels = list(final)
-    blocks = {k: method_block(final[k], cells[k], n_boot) for k in labels}
+    blocks = {k: method_block(final[k], cells[k]) for k in labels}
     xs = final[labels[0]][0]["x"]
     checks = seed_spread_checks(final, seed_spread)
-    shapes = {k: [j["shape"] for j in jobs] for k, jobs in final.items()}
-    claims = evaluate_claims(
-        {k: np.asarray(v) for k, v in cells.items()}, xs, lo=claim_low, hi=claim_high, n_boot=n_boot,
-        runs=runs, shapes=shapes,
-    )  # fmt: skip
     selection, edge_notes = selection_record(
         {k: [{"lr": r["lr"], "alpha": r["alpha"], "val": math.exp(r["tune_score"])} for r in g] for k, g in grids.items()},
         picks,
@@ -194,11 +220,9 @@ def summarise(
             }
         )  # fmt: skip
     tables += [perplexity_table(out, labels), damage_table(out, labels), sparsity_table(final, labels)]
-    tables.append(claims_table(claims, checks))
-    if (ols := ols_table(claims)) is not None:
-        tables.append(ols)
-    tables.append(shape_table(final, small_weight))
-    notes = [*claim_notes(claims, checks), *edge_notes]
+    tables += [checks_table(checks), shape_table(final, small_weight)]
+    notes = [f"seed-spread of {c['method']}: {c['reason']}: {c['verdict']}." for c in checks]
+    notes += edge_notes
     if smol is not None:
         at = dict(zip(smol["x"], smol["perplexity"], strict=True))
         blocks["smollm2-135m (pretrained)"] = MethodResult(
@@ -232,103 +256,7 @@ def summarise(
         "methods": blocks,
         "tables": tables,
         "notes": notes,
-        "claims": claims,
         "checks": checks,
         "selection": selection,
         "runs": [{k: r[k] for k in keep} for r in runs],
     }
-
-
-def plot_perplexity(methods: Methods, path: Path) -> Path:
-    """Perplexity vs sparsity, log scale: the trained methods, and one panel per pretrained model."""
-    trained = [m for m, block in methods.items() if "layerwise" in block["curves"]]
-    pretrained = [m for m, block in methods.items() if "smollm2" in block["curves"]]
-    fig, axes = new_figure(1, 1 + len(pretrained), figsize=(5 + 4 * len(pretrained), 3.6))
-    ax = axes[0][0]
-    for name in trained:
-        c = methods[name]["curves"]["layerwise"]
-        lo = c.get("ci_low") or [m - s for m, s in zip(c["mean"], c["std"], strict=True)]
-        hi = c.get("ci_high") or [m + s for m, s in zip(c["mean"], c["std"], strict=True)]
-        ax.plot(c["x"], c["mean"], marker="o", ms=3, label=name)
-        ax.fill_between(c["x"], lo, hi, alpha=0.2)
-    ylabel = "test perplexity (95 % CI)" if c.get("ci_low") else "perplexity (± std)"
-    ax.set(yscale="log", xlabel="sparsity (layer-wise)", ylabel=ylabel, title="small GPT-2")
-    ax.legend(fontsize=8)
-    for ax, name in zip(axes[0][1:], pretrained, strict=True):
-        c = methods[name]["curves"]["smollm2"]
-        ax.plot(c["x"], c["mean"], marker="o", ms=3, color="k")
-        ax.set(yscale="log", xlabel="sparsity (layer-wise)", title=name)
-    for ax in axes[0]:
-        ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    return save_figure(fig, path, dpi=120)
-
-
-def plot_weight_histograms(samples: Mapping[str, Mapping[str, np.ndarray]], path: Path) -> Path:
-    """Histograms of the trained block-matrix weights per method (log counts, central 99.9 %).
-
-    ``samples[method]`` holds ``weights`` (all of them, or a uniform sample of a large model) and ``total``
-    (how many there are); a sample's counts are scaled by ``total / len(weights)`` to estimate the full ones.
-    """
-    fig, ax = new_figure(panel_size=(5.5, 3.6))
-    ax = ax[0][0]
-    # the 99.9 % quantile by partition, not a sort: GPT-2 small has 85 M block weights
-    lim = max(_abs_quantile_999(s["weights"]) for s in samples.values())
-    for name, s in samples.items():
-        w = s["weights"]
-        scale = np.full(w.shape, float(s["total"]) / w.size, dtype=np.float64)
-        # the outermost 0.1 % fall outside the range and are left out, rather than piled into the edge bins
-        ax.hist(w, bins=201, range=(-lim, lim), weights=scale, histtype="step", label=name)
-    ax.set(yscale="log", xlabel="weight value", ylabel="count")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return save_figure(fig, path, dpi=120)
-
-
-def _abs_quantile_999(w: np.ndarray) -> float:
-    """The ceil(0.999 n)-th smallest |w|: the 99.9 % quantile of the magnitudes, without interpolation."""
-    k = max(1, math.ceil(0.999 * w.size)) - 1
-    return float(np.partition(np.abs(w), k)[k])
-
-
-def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
-    """The perplexity-vs-sparsity figure and the weight histograms, redrawn from the run directory."""
-    run_dir = Path(run_dir)
-    out = []
-    methods = results.get("methods", {})
-    if any("layerwise" in b.get("curves", {}) for b in methods.values()):
-        plot_perplexity(methods, run_dir / "figures" / "perplexity-vs-sparsity.png")
-        out.append(
-            {
-                "path": "figures/perplexity-vs-sparsity.png",
-                "caption": "Test perplexity after one-shot layer-wise magnitude pruning (no fine-tuning), "
-                "95 % bootstrap CI over seeds x test blocks; log scale",
-            }
-        )
-    files = results.get("arrays", {}).get("weights", {})
-    if files:
-        samples = {name: load_arrays(run_dir / rel) for name, rel in files.items()}
-        plot_weight_histograms(samples, run_dir / "figures" / "weight-histograms.png")
-        seed = results.get("protocol", {}).get("seeds", ["?"])[0]
-        sampled = any(s["weights"].size < int(s["total"]) for s in samples.values())
-        out.append(
-            {
-                "path": "figures/weight-histograms.png",
-                "caption": f"Block-matrix weights after training (seed {seed})"
-                + ("; counts estimated from a uniform sample" if sampled else ""),
-            }
-        )
-    return out
-
-
-__all__ = [
-    "damage_table",
-    "figures",
-    "method_block",
-    "perplexity_table",
-    "plot_perplexity",
-    "plot_weight_histograms",
-    "shape_table",
-    "sparsity_table",
-    "summarise",
-]

@@ -1,0 +1,203 @@
+"""sparse-lm's config: the study's settings and presets (the claims it judges are in ``claims.py``).
+
+Methods are one base :class:`~descentlab.train.recipe.MethodConfig` (AdamW, decay on matrices only, warm-up
+then cosine), ``specs`` (label -> override spec of it) and ``methods`` (the labels to train), e.g.
+``specs.horst-a30="optimizer.name=horst optimizer.alpha=30" methods=[adamw,horst-a30]``. The claims name
+``adamw``, ``horst``, ``ham``, ``adamw-l2`` (AdamW with strong weight decay, the "L2 shrink" baseline) and
+``horst-a30`` (a large α, for the weight shape).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from descentlab.errors import ConfigError
+from descentlab.models.gpt2 import GPT2LMConfig
+from descentlab.optim.config import OptimizerConfig
+from descentlab.train.loop import TrainConfig
+from descentlab.train.recipe import MethodConfig, methods_from_specs
+
+SPECS: dict[str, str] = {
+    "adamw": "",
+    "horst": "optimizer.name=horst optimizer.alpha=10.0 optimizer.beta=0.0",
+    "ham": "optimizer.name=ham optimizer.alpha=200.0 optimizer.beta=1e-3",
+    "adamw-l2": "optimizer.weight_decay=0.5",
+    # a large mirror strength: the weight-shape claims also read it when it is among ``methods``
+    "horst-a30": "optimizer.name=horst optimizer.alpha=30.0 optimizer.beta=0.0",
+}
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # it names checkpoint folders and job cache files
+
+
+def _base_method() -> MethodConfig:
+    optimizer = OptimizerConfig(
+        name="adamw", lr=3e-3, weight_decay=0.1, decay="matrices", schedule="warmup_cosine", warmup_frac=0.05
+    )
+    return MethodConfig(objective="erm", optimizer=optimizer)
+
+
+@dataclass
+class SparseLMConfig:
+    """Settings of the sparse-lm experiment; every method gets the same budget and schedule.
+
+    Attributes:
+        corpus: ``"austen"`` or a local file / folder of ``.txt``/``.jsonl``/``.parquet`` text.
+        corpus_max_chars: characters kept per split (None: all); a prefix, so smaller runs are nested.
+        tokenizer: ``"bpe"`` (byte-level BPE trained on the training split), ``"gpt2"`` or a tokenizer path.
+        bpe_vocab: vocabulary size of the trained BPE.
+        model: shape of the GPT-2 (``model.n_positions`` is the block length).
+        method: the base method: ERM with AdamW at peak lr 3e-3, weight decay 0.1 on matrices only (biases
+            and norms get none), 5 % linear warm-up then cosine decay to 0.
+        specs: label -> override spec of ``method`` (:func:`~descentlab.train.recipe.with_overrides`);
+            ``adamw-l2`` is AdamW with weight decay 0.5 (the L2-shrink baseline).
+        methods: the labels of ``specs`` to train, in this order.
+        sparsities: one-shot layer-wise pruning levels; they must hold ``claim_low`` and ``claim_high``.
+        max_train_blocks: cap on training blocks (None: the whole training split).
+        eval_blocks: validation blocks (tuning and the seed-spread check), evenly spaced over the split.
+        test_blocks: test blocks, evenly spaced over the split (None: all): the bootstrap's block axis.
+        eval_batch_size: blocks per evaluation forward pass.
+        tune: choose lr / α on the validation split (seed ``seeds[0]``) before the final runs.
+        tune_lr: the lr candidates (of ``lr_from``'s method, or of every method without ``lr_from``).
+        tune_alpha: label -> α candidates (a label without them keeps its own α).
+        lr_from: with ``tune``, the label whose lr is tuned first; the others take it and tune α only.
+        lr_first: with ``tune`` and no ``lr_from``: each method tunes its lr at its own α first, then its α
+            at that lr (a coordinate search; the choice is the best of all the candidates it ran). False:
+            the joint lr x α grid.
+        tune_on: the tuning criterion: the validation log-ppl at this sparsity (0: dense; one of
+            ``sparsities``), or with null the mean over the pruned levels, which can reward a worse dense model.
+        tune_dense_within: with ``tune``, only candidates whose dense validation perplexity is within this
+            fraction of their grid's best compete (e.g. 0.03: 3 %); null: every candidate
+            (:func:`~descentlab.experiments.sparse_lm.jobs.pick_candidate`).
+        claim_low, claim_high: the sparsities of the claims (``claims.py``): high is the primary endpoint's
+            (HORST against AdamW), low the reference of the gap-widens, damage and control claims.
+        seed_spread: the limit of the seed-spread check: (max - min) / mean of the dense validation
+            perplexity over seeds, per method.
+        small_weight: the histogram claim's threshold (fraction of block weights with |w| below it).
+        smollm2: also prune the pretrained SmolLM2 (skipped with a note when the asset is missing).
+        smollm2_blocks: test blocks (of ``model.n_positions`` SmolLM2 tokens) for the SmolLM2 row.
+        seeds: one training run per method and seed (seed = init + data order).
+        workers: training jobs run in parallel processes (each job is seeded on its own, so the numbers
+            do not depend on this beyond float summation order).
+        threads: torch threads per job (None: torch's default with one worker, 1 with several).
+        train: loop settings; the budget is ``train.max_steps`` (or ``train.epochs``).
+    """
+
+    corpus: str = "austen"
+    corpus_max_chars: int | None = None
+    tokenizer: str = "bpe"
+    bpe_vocab: int = 2048
+    model: GPT2LMConfig = field(
+        default_factory=lambda: GPT2LMConfig(n_layer=4, n_embd=128, n_head=4, n_positions=64)
+    )
+    method: MethodConfig = field(default_factory=_base_method)
+    specs: dict[str, str] = field(default_factory=lambda: dict(SPECS))
+    methods: list[str] = field(default_factory=lambda: ["adamw", "horst", "ham"])
+    sparsities: list[float] = field(default_factory=lambda: [0.5, 0.6, 0.7, 0.8, 0.9])
+    max_train_blocks: int | None = None
+    eval_blocks: int = 512
+    test_blocks: int | None = 512
+    eval_batch_size: int = 64
+    tune: bool = False
+    tune_lr: list[float] = field(default_factory=lambda: [1.5e-3, 3e-3, 6e-3])
+    tune_alpha: dict[str, list[float]] = field(
+        default_factory=lambda: {"horst": [1.0, 3.0, 10.0, 30.0], "ham": [50.0, 200.0, 1000.0]}
+    )
+    lr_from: str | None = "adamw"
+    lr_first: bool = False
+    tune_on: float | None = None
+    tune_dense_within: float | None = None
+    claim_low: float = 0.5
+    claim_high: float = 0.9
+    seed_spread: float = 0.03
+    small_weight: float = 1e-3
+    smollm2: bool = True
+    smollm2_blocks: int = 16
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    workers: int = 1
+    threads: int | None = None
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(max_steps=3000, batch_size=16, grad_clip=1.0, log_every=100)
+    )
+
+    def __post_init__(self) -> None:
+        if not self.methods:
+            raise ConfigError(f"methods must name at least one of the specs {sorted(self.specs)}")
+        for key, names in (("methods", self.methods), ("tune_alpha", list(self.tune_alpha))):
+            unknown = sorted(set(names) - set(self.specs))
+            if unknown:
+                raise ConfigError(
+                    f"{key} names unknown methods {unknown}; the specs define {sorted(self.specs)}"
+                )
+        methods_from_specs(self.method, self.specs)  # validates every spec, naming it
+        bad = [label for label in self.specs if not _LABEL.fullmatch(label)]
+        if bad:
+            raise ConfigError(f"method labels {bad} must match {_LABEL.pattern}: they name folders")
+        if not self.sparsities or any(not 0.0 < s < 1.0 for s in self.sparsities):
+            raise ConfigError(f"sparsities must lie in (0, 1), got {self.sparsities}; e.g. [0.5,0.7,0.9]")
+        for key in ("claim_low", "claim_high"):
+            if getattr(self, key) not in self.sparsities:
+                raise ConfigError(f"{key}={getattr(self, key)} is not in sparsities {self.sparsities}")
+        if self.tune_on is not None and self.tune_on not in (0.0, *self.sparsities):
+            raise ConfigError(f"tune_on={self.tune_on} must be 0 (dense), one of sparsities or null")
+        if self.tune_dense_within is not None and not self.tune_dense_within > 0:
+            raise ConfigError(f"tune_dense_within={self.tune_dense_within} must be > 0 (e.g. 0.03) or null")
+        if self.claim_low >= self.claim_high:
+            raise ConfigError(f"claim_low={self.claim_low} must be below claim_high={self.claim_high}")
+        if not self.seeds or self.eval_blocks < 1 or self.workers < 1:
+            raise ConfigError("need at least one seed, eval_blocks >= 1 and workers >= 1")
+        if self.test_blocks is not None and self.test_blocks < 1:
+            raise ConfigError(f"test_blocks must be >= 1 or null, got {self.test_blocks}")
+        if self.lr_first and self.lr_from is not None:
+            raise ConfigError(
+                f"lr_first=true tunes every method's own lr: it needs lr_from=null, not {self.lr_from!r}"
+            )
+        if self.lr_from is not None and self.tune and self.lr_from not in self.methods:
+            raise ConfigError(f"lr_from={self.lr_from!r} must be one of methods {self.methods} (or null)")
+        if self.tune and (not self.tune_lr or any(lr <= 0 for lr in self.tune_lr)):
+            raise ConfigError(f"tune_lr must list positive learning rates, got {self.tune_lr}")
+        if not (0 < self.seed_spread < 1 and self.small_weight > 0):
+            raise ConfigError("seed_spread must lie in (0, 1) and small_weight be > 0")
+
+    def method_configs(self) -> dict[str, MethodConfig]:
+        """The methods to train, by label, in ``methods`` order."""
+        return methods_from_specs(self.method, {label: self.specs[label] for label in self.methods})
+
+
+CONFIG = SparseLMConfig
+
+PRESETS: dict[str, dict] = {
+    # a couple of minutes on 2 idle cores: a 2-layer width-96 model, 400 steps, two seeds, no tuning
+    "quick": {
+        "model.n_layer": 2,
+        "model.n_embd": 96,
+        "train.max_steps": 400,
+        "seeds": [0, 1],
+        "eval_blocks": 128,
+        "test_blocks": 128,
+        "sparsities": [0.5, 0.7, 0.9],
+        "smollm2": False,
+        "workers": 2,
+        "threads": 1,
+    },
+    # 4x128 GPT-2, 3 seeds, the L2-shrink baseline; each method tunes its lr (at alpha 3 / 200), then its
+    # alpha at that lr, on seed 0, by the 90 % validation ppl among candidates within 3 % of its best dense
+    # one; bf16 autocast (1.6x faster, same dense ppl in a pilot); 24 jobs, about 55 min on 2 idle cores
+    "full": {
+        "methods": ["adamw", "horst", "ham", "adamw-l2"],
+        "specs.horst": "optimizer.name=horst optimizer.alpha=3.0 optimizer.beta=0.0",
+        "tune": True,
+        "lr_from": None,
+        "lr_first": True,
+        "tune_lr": [2e-3, 4e-3, 8e-3],
+        "tune_alpha.horst": [1.0, 3.0, 10.0],
+        "tune_alpha.ham": [50.0, 200.0, 1000.0],
+        "tune_on": 0.9,
+        "tune_dense_within": 0.03,
+        "train.max_steps": 3000,
+        "train.mixed_precision": "bf16",
+        "smollm2_blocks": 8,
+        "workers": 2,
+        "threads": 1,
+        "train.progress": False,
+    },
+}

@@ -1,0 +1,184 @@
+"""sparse-vit's config: the study's settings and presets (the claims it judges are in ``claims.py``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+from descentlab.errors import ConfigError
+from descentlab.models.vit import ViTSpec
+from descentlab.optim.config import OptimizerConfig
+from descentlab.sparsity import ACDCConfig
+from descentlab.train.loop import TrainConfig
+from descentlab.train.recipe import MethodConfig, methods_from_specs
+
+NAME = "sparse-vit"
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a label names job files and checkpoint folders
+PAPER_LIKE = ("adamw", "horst")  # the methods of the paper-like arm
+
+
+@dataclass
+class SparseViTConfig:
+    """The sparse-vit study.
+
+    Attributes:
+        method: what every method shares (objective, optimizer settings).
+        acdc: the AC/DC settings every sparse run shares (``acdc.prune``: which weights); ``acdc.sparsity``
+            is set per job from ``sparsities``; a method's spec may edit it (``acdc.reset_moments=true``).
+        specs: label -> override spec of ``method`` (``with_overrides`` syntax), one per known method.
+        methods: labels of ``specs`` to train, in that order.
+        dense: label of the method also trained dense (AC/DC off) as the reference; null: none.
+        tune_lr, tune_alpha: the validation grid (lr x α per label; a label without α candidates keeps its
+            own α); used when ``tune`` is true. A chosen value at an edge of its grid is flagged in a note.
+        lr_from: with tuning, the label whose lr is tuned (over ``tune_lr``) first; every other method takes
+            its chosen lr and tunes α only (null: every method tunes lr x α).
+        claim_sparsity: the sparsity of the primary endpoint (HORST against AdamW), of HORST against HAM and
+            of the weight-shape claims (one of ``sparsities``).
+        small_weight: the weight-shape claim's threshold: the fraction of prunable weights with |w| below it.
+        paper_like_sparsity, paper_like_seeds: the paper-like arm: AdamW and HORST (their chosen settings)
+            with AC/DC over the block Linears only (``acdc.prune=blocks``) at this sparsity, one run per
+            seed; no seeds: no such arm (its claim is then pending).
+        workers, threads: (spawned) job processes, and torch threads in each (0: torch's default).
+    """
+
+    dataset: str = "fashion_mnist"
+    n_train: int = 20000
+    n_val: int = 2000
+    n_test: int = 5000
+    split_seed: int = 1234  # the validation split is fixed across training seeds
+    vit: ViTSpec = field(default_factory=ViTSpec)
+    method: MethodConfig = field(
+        default_factory=lambda: MethodConfig(
+            optimizer=OptimizerConfig(name="adamw", lr=1e-3, weight_decay=0.05, decay="all")
+        )
+    )
+    acdc: ACDCConfig = field(default_factory=lambda: ACDCConfig(unit="epochs"))
+    specs: dict[str, str] = field(
+        default_factory=lambda: {
+            "adamw": "",
+            "horst": "optimizer.name=horst optimizer.alpha=1.0 optimizer.beta=0.0",
+            "ham": "optimizer.name=ham optimizer.alpha=200.0 optimizer.beta=0.001",
+        }
+    )
+    methods: list[str] = field(default_factory=lambda: ["adamw", "horst", "ham"])
+    dense: str | None = "adamw"
+    sparsities: list[float] = field(default_factory=lambda: [0.7, 0.8, 0.9])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    tune: bool = False
+    tune_sparsity: float = 0.9
+    tune_lr: list[float] = field(default_factory=lambda: [1e-3, 3e-3])
+    tune_alpha: dict[str, list[float]] = field(
+        default_factory=lambda: {"horst": [1.0, 10.0], "ham": [50.0, 200.0]}
+    )
+    lr_from: str | None = None
+    claim_sparsity: float = 0.9
+    small_weight: float = 1e-3
+    paper_like_sparsity: float = 0.9
+    paper_like_seeds: list[int] = field(default_factory=list)
+    histogram_bins: int = 80
+    workers: int = 1
+    threads: int = 1
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(
+            epochs=8, batch_size=64, grad_clip=1.0, log_every=50, progress=False
+        )
+    )
+
+    def __post_init__(self) -> None:
+        if min(self.n_train, self.n_val, self.n_test) < 1:
+            raise ConfigError("n_train, n_val and n_test must be >= 1")
+        bad = [s for s in [*self.sparsities, self.tune_sparsity] if not 0.0 < s < 1.0]
+        if bad or not self.sparsities:
+            raise ConfigError(f"sparsities must lie in (0, 1), got {bad}; e.g. sparsities=[0.7,0.8,0.9]")
+        if not self.seeds:
+            raise ConfigError("seeds must list at least one seed")
+        labels = [label for label in self.specs if not _LABEL.fullmatch(label)]
+        if labels:
+            raise ConfigError(f"method labels {labels} must match {_LABEL.pattern}; e.g. horst-a10")
+        if not self.methods:
+            raise ConfigError(f"methods must name at least one of the specs {sorted(self.specs)}")
+        for key, names in (("methods", self.methods), ("tune_alpha", list(self.tune_alpha))):
+            unknown = sorted(set(names) - set(self.specs))
+            if unknown:
+                raise ConfigError(
+                    f"{key} names unknown methods {unknown}; the specs define {sorted(self.specs)}"
+                )
+        if self.dense is not None and self.dense not in self.specs:
+            raise ConfigError(f"dense={self.dense!r} is not a method; choose one of {sorted(self.specs)}")
+        if self.tune and self.lr_from is not None and self.lr_from not in self.methods:
+            raise ConfigError(f"lr_from={self.lr_from!r} must be one of methods {self.methods} (or null)")
+        if self.claim_sparsity not in self.sparsities:
+            raise ConfigError(f"claim_sparsity={self.claim_sparsity} is not in sparsities {self.sparsities}")
+        if not self.small_weight > 0:
+            raise ConfigError(f"small_weight must be > 0, got {self.small_weight}")
+        if not 0.0 < self.paper_like_sparsity < 1.0:
+            raise ConfigError(f"paper_like_sparsity must lie in (0, 1), got {self.paper_like_sparsity}")
+        if self.paper_like_seeds and not set(PAPER_LIKE) <= set(self.methods):
+            raise ConfigError(
+                f"paper_like_seeds needs methods to hold {list(PAPER_LIKE)}, got {self.methods}"
+            )
+        # a bad override spec or AC/DC schedule (phases vs the run) fails here, before any run directory
+        total, per_epoch = self.train.total_steps(self.n_train), -(-self.n_train // self.train.batch_size)
+        for method in self.compared(list(self.specs)).values():
+            if method.acdc is not None:
+                method.acdc.phases(total, per_epoch)
+
+    def compared(self, labels: list[str] | None = None) -> dict[str, MethodConfig]:
+        """The methods ``labels`` (default: ``methods``) as MethodConfigs, with the shared AC/DC."""
+        labels = labels or self.methods
+        base = replace(self.method, acdc=self.method.acdc or self.acdc)
+        return methods_from_specs(base, {label: self.specs[label] for label in labels})
+
+
+PRESETS = {
+    "quick": {
+        "n_train": 4000,
+        "n_val": 500,
+        "n_test": 2000,
+        "vit.hidden_size": 64,
+        "vit.num_layers": 2,
+        "sparsities": [0.9],
+        "seeds": [0],
+        "train.epochs": 5,
+        "method.optimizer.lr": 2e-3,
+        "specs.horst": "optimizer.name=horst optimizer.alpha=10.0 optimizer.beta=0.0",
+        "specs.ham": "optimizer.name=ham optimizer.alpha=200.0 optimizer.beta=0.001",
+        "threads": 1,
+        "workers": 1,
+    },
+    # ~45 min on 2 idle cores. Every Linear/Conv weight prunable, extreme levels: with the block Linears only,
+    # or below 98 %, AC/DC costs AdamW < 3 points here (docs/sparse-vit.md, "Regime")
+    "full": {
+        "n_train": 55000,
+        "n_val": 5000,
+        "n_test": 10000,
+        "vit.hidden_size": 64,
+        "vit.num_layers": 3,
+        "sparsities": [0.98, 0.99, 0.995],
+        "claim_sparsity": 0.99,
+        "tune_sparsity": 0.99,
+        "seeds": [0, 1, 2],
+        "train.max_steps": 6000,
+        "method.optimizer.lr": 2e-3,
+        "method.optimizer.schedule": "warmup_cosine",
+        "method.optimizer.warmup_frac": 0.05,
+        # AC/DC in steps, the reference fractions of 6,000 steps: dense 600, 13 alternating phases of 300,
+        # decompressed 600, compressed 900 to the end
+        "acdc.prune": "all",
+        "acdc.unit": "steps",
+        "acdc.warmup": 600,
+        "acdc.phase": 300,
+        "acdc.last_decompressed": 600,
+        "acdc.final": 900,
+        "acdc.min_phase_steps": 300,
+        "tune": True,
+        "lr_from": "adamw",
+        "tune_lr": [1e-3, 2e-3, 4e-3],
+        "tune_alpha": {"horst": [0.3, 1.0, 3.0, 10.0, 30.0], "ham": [200.0, 1000.0, 5000.0]},
+        "threads": 1,
+        "workers": 2,
+    },
+}
+
+
+CONFIG = SparseViTConfig
