@@ -242,3 +242,30 @@ def test_a_dense_run_mirrors_the_set_its_sparse_twins_prune(monkeypatch, tmp_pat
         svit.train_job(cfg, None, dense, 0, "t", False)
     assert "vit.embeddings.patch_embeddings.projection.weight" in seen["mirrored"]
     assert "classifier.weight" in seen["mirrored"] and not any("bias" in n for n in seen["mirrored"])
+
+
+def test_the_paper_like_arm_prunes_the_block_linears_only(tmp_path) -> None:
+    """paper_like_seeds: AdamW and HORST again with AC/DC over the block Linears only, one run per seed;
+    its claim is judged on those seeds (the main arm prunes every Linear / Conv weight)."""
+    base = [o for o in MICRO if not o.startswith(("sparsities", "tune", "lr_from"))]
+    extra = [
+        "sparsities=[0.9]",
+        "methods=[adamw,horst]",
+        "dense=null",
+        "acdc.prune=all",
+        "paper_like_seeds=[0,1]",
+    ]
+    try:
+        path = run_experiment("sparse-vit", overrides=[*base, *extra], out=tmp_path)
+    except AssetMissingError as exc:
+        pytest.skip(f"no image dataset installed: {exc}")
+    results = json.loads((path / "results.json").read_text())
+    (row,) = [c for c in results["claims"] if c["name"] == "paper-like"]
+    assert row["seeds"] == 2 and row["verdict"] in ("reproduced", "refuted", "inconclusive")
+    assert row["at"] == "block Linears, sparsity 90 %"
+    assert load_arrays(path / "arrays" / "claims.npz")["correct/horst/paper-like"].shape == (2, 128)
+    blocks = load_file(
+        str(next((path / "checkpoints").glob("horst-blocks-s90*seed1/step-*/model.safetensors")))
+    )
+    every = load_file(str(next((path / "checkpoints").glob("horst-s90*seed0/step-*/model.safetensors"))))
+    assert int((blocks["classifier.weight"] == 0).sum()) == 0 < int((every["classifier.weight"] == 0).sum())
