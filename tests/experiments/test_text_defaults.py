@@ -1,11 +1,11 @@
 """text-robustness's default constraint cannot be gamed: no loss weight is negative, f_0 carries none, and
-training with it does not raise f_0 above ERM's (METHODS.md §4.1), where the old setting did."""
+training with it does not raise f_0 above ERM's, where the old setting did."""
 
 from __future__ import annotations
 
 import torch
 
-from descentlab.experiments import text_robustness as tr
+from descentlab.experiments.text_robustness import config as tr
 from descentlab.readout import layer_losses
 from descentlab.train.recipe import build_recipe, with_overrides
 from tiny_models import tiny_bert

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 FIGURES: dict[str, str] = {
-    "text-robustness": "descentlab.report.text_robustness",
     "video-denoising": "descentlab.report.video_denoising",
 }
 

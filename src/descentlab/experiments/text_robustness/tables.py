@@ -1,4 +1,5 @@
-"""text-robustness results: method blocks, the paired-gap / shift / selection / λ tables, notes, figures.
+"""text-robustness's descriptive results: method blocks, the paired-gap / shift / selection / λ tables, notes
+and the protocol. The claims and their verdicts are not here (:mod:`.claims`; the report renders them).
 
 Pure functions of the measured arrays. Spreads are population std (ddof = 0) in numpy, as this experiment
 has always reported them. The paired gap of a method m against ERM at noise level γ is
@@ -6,36 +7,22 @@ has always reported them. The paired gap of a method m against ERM at noise leve
     δ[s, d, γ] = acc_m[s, d, γ] - acc_erm[s, d, γ],   reported as mean ± std over the (seed s, draw d) pairs;
 
 pairs share the training seed and the noise realisation (noise is keyed by content), so the spread is that
-of the *difference*, much smaller than that of either curve. :func:`figures` draws it from the accuracies
-``run()`` saved in ``arrays/accuracy.npz``.
-
-
-Accuracy against ε, when the run evaluated the local-DP kinds: :mod:`.text_robustness_ldp`.
+of the *difference*, much smaller than that of either curve.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from descentlab.io import load_arrays
-from descentlab.report.figures import new_figure, save_figure
+from descentlab.experiments.text_robustness.claims import CONTROL, ERM
 from descentlab.report.results import Curve, MethodResult
-from descentlab.report.stats import column_mean_std, mean_std
+from descentlab.report.stats import column_mean_std, mean_std, paired_interval
 from descentlab.report.tables import multiplier_tables
 from descentlab.robustness import RobustnessCurves
-
-ERM = "erm"
-ACCURACY_ARRAYS = "arrays/accuracy.npz"  # relative to the run directory
-_SEP = "__"  # array name = "<method>__<kind>"
-
-
-def _std0(values: Any) -> list[float]:
-    return column_mean_std(values, ddof=0, impl="numpy")[1]
 
 
 def is_monotone(values: Sequence[float]) -> bool:
@@ -76,14 +63,6 @@ def method_block(
         layer_loss={k: mean for k, (mean, _) in layer_loss.items()},
         extra=extra,
     )
-
-
-def accuracy_arrays(curves: Mapping[str, RobustnessCurves]) -> dict[str, np.ndarray]:
-    """The arrays :func:`figures` needs: the γ grid and each method's accuracies ``[seed, draw, γ]``."""
-    gammas = next(iter(curves.values())).gammas
-    out = {"gammas": np.asarray(gammas, dtype=np.float64)}
-    out.update({f"{m}{_SEP}{kind}": v for m, c in curves.items() for kind, v in c.values.items()})
-    return out
 
 
 def paired_gaps(values: Mapping[str, Mapping[str, np.ndarray]]) -> dict[tuple[str, str], np.ndarray]:
@@ -172,54 +151,15 @@ def notes(methods: Mapping[str, MethodResult], n_seeds: int) -> list[str]:
     return out
 
 
-def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
-    """The paired gap against ERM per noise kind (one panel each), with a ±1 std band over (seed, draw),
-    and, when the run evaluated the ε kinds, :func:`ldp_figure`.
-
-    Drawn from ``arrays/accuracy.npz`` (and ``arrays/ldp.npz``); nothing when the run saved no arrays or has
-    no ERM to pair with.
-    """
-    from descentlab.report.text_claims import figures as claim_figures
-    from descentlab.report.text_robustness_ldp import ldp_figure
-
-    return (
-        claim_figures(results, run_dir) + _paired_gap_figure(results, run_dir) + ldp_figure(results, run_dir)
-    )
-
-
-def _paired_gap_figure(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / ACCURACY_ARRAYS
-    if not path.is_file():
-        return []
-    arrays = load_arrays(path)
-    gammas = arrays.pop("gammas")
-    values: dict[str, dict[str, np.ndarray]] = {}
-    for name, v in arrays.items():
-        method, kind = name.split(_SEP, 1)
-        values.setdefault(method, {})[kind] = v
-    gaps = paired_gaps(values)
-    if not gaps:
-        return []
-    kinds = list(dict.fromkeys(kind for _, kind in gaps))
-    fig, axes = new_figure(1, len(kinds), sharey=True)
-    for ax, kind in zip(axes[0], kinds, strict=True):
-        for (method, k), diff in gaps.items():
-            if k != kind:
-                continue
-            mean, std = (np.asarray(a) for a in column_mean_std(diff, ddof=0, impl="numpy"))
-            ax.plot(gammas, mean, marker="o", ms=3, label=method)
-            ax.fill_between(gammas, mean - std, mean + std, alpha=0.2)
-        ax.axhline(0.0, color="grey", lw=0.8)
-        ax.set_title(kind)
-        ax.set_xlabel("gamma")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("accuracy minus ERM's")
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(str(results.get("experiment", "")))
-    fig.tight_layout()
-    save_figure(fig, Path(run_dir) / "figures" / "paired-gap.png")
-    caption = "Accuracy minus ERM's against γ (paired: same seeds, same noise), mean ± std over (seed, draw)"
-    return [{"path": "figures/paired-gap.png", "caption": caption}]
+def layer_loss_ci(losses: np.ndarray) -> list[list[float]]:
+    """Per layer ``[low, high]`` of the seed-level 95 % interval of the mean clean loss (``losses``:
+    ``[seed, L+1, example]``)."""
+    out = []
+    for layer in range(losses.shape[1]):
+        x = np.asarray(losses[:, layer], dtype=np.float64)
+        iv = paired_interval(x, np.zeros_like(x))
+        out.append([iv.low, iv.high])
+    return out
 
 
 def protocol(
@@ -252,13 +192,14 @@ def protocol(
         "layer_loss": "test mean of the per-example cross-entropy read out at layers 0..L through the "
         "model's own pooling and head, clean; mean over seeds",
         "controls": {
-            "erm-readout": "trained through the per-layer readout with λ frozen at 0 (frozen_zero)",
+            CONTROL: "trained through the per-layer readout with λ frozen at 0 (frozen_zero)",
             "deep-supervision": "fixed equal weights (1/L) Σ_l f_l, no multipliers",
             "erm-noise": f"ERM on gaussian embedding noise, γ_train = {cfg.train_noise} (positive control)",
         },
         "selection": {m: f"{why}; {rule}" for m, why in selection.items()},
-        "claims": f"paired bootstrap 95 % CI over (seed, draw, example), {cfg.n_boot} replicates; clean "
-        f"parity margin {cfg.margin}; graceful: mean over γ >= 1",
+        "claims": "declared in the study's claims module, judged with the seed-level interval; primary "
+        f"endpoint: constrained − {CONTROL} (the matched λ ≡ 0 control) accuracy under Gaussian noise, mean "
+        "over γ >= 1",
         "shift_sets": list(d.shift)
         or "none: no second offline text set with the fresh/rotten label space installs (METHODS.md Part 3)",
     }

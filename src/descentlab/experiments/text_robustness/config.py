@@ -1,0 +1,155 @@
+"""text-robustness's config: the methods (one base ``MethodConfig`` edited by a spec per label), the data,
+the noise evaluation, the training budget and the validation selection; and the presets.
+
+Every method trains on the same split, with the same optimizer, budget and seeds. The
+:class:`~descentlab.constrained.config.DescentConfig` of each constrained method is chosen among a small grid
+of candidates (override specs) on the *validation* split (first seed only), never on test.
+
+What is judged, and the primary endpoint, are declared in :mod:`.claims`, not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from descentlab.constrained.config import DescentConfig
+from descentlab.data.text_batches import TextDataConfig
+from descentlab.errors import ConfigError
+from descentlab.experiments.text_robustness.claims import CONTROL, ERM
+from descentlab.optim.config import OptimizerConfig
+from descentlab.robustness import NoiseEvalConfig
+from descentlab.train.loop import TrainConfig
+from descentlab.train.recipe import MethodConfig, with_overrides
+from descentlab.train.tuning import Selection, candidate_methods
+
+# each method is the base `method` edited by its spec (dotted MethodConfig keys). Controls: "erm-readout"
+# trains through the per-layer readout path with λ frozen at 0 (`frozen_zero`), so it differs from the
+# constrained method only by its multipliers (the matched control of the primary endpoint);
+# "deep-supervision" has the per-layer signal with fixed equal weights, no multipliers; "erm-noise" is ERM
+# on Gaussian embedding noise (`train_noise`), the positive control of robustness.
+SPECS = {
+    ERM: "",
+    CONTROL: "objective=constrained",
+    "deep-supervision": "objective=deep-supervision",
+    "constrained": "objective=constrained",
+    "resilient": "objective=constrained constraint.resilient=true",
+    "erm-noise": "",
+}
+
+
+def base_method() -> MethodConfig:
+    """AdamW decaying every tensor, and a constraint that cannot be gamed:
+
+    * ``detach_prev``: ĝ_l = f_l - (1-α_l) sg(f_{l-1}), so every loss weight is >= 0 (w_l = λ_l, w_L = 1 + λ_L)
+      and no constraint is met by making an earlier layer worse;
+    * ``constrain_first=False``: in BERT-family encoders the layer-0 readout is (nearly) input-independent
+      ([CLS]: exactly; mean pooling: a bag of static token embeddings), so f_0 is no target to descend from;
+    * small α and no λ ceiling (the infeasible case is visible in λ, not an exception).
+    """
+    return MethodConfig(
+        optimizer=OptimizerConfig(name="adamw", lr=5e-5, weight_decay=0.01, decay="all"),
+        constraint=DescentConfig(  # penalty: resilient methods only (u = λ/a at the fixed point)
+            alpha=0.03, dual_lr=0.1, detach_prev=True, constrain_first=False, max_multiplier=None, penalty=1.0
+        ),
+    )
+
+
+@dataclass
+class TextRobustnessConfig:
+    model: str = "minilm"  # offline MiniLM-L6; or any HF encoder id / local dir
+    # "mean": attention-masked mean over tokens + linear head (all-MiniLM's pre-training pooling); "cls": the
+    # family's own head ([CLS] through BERT's pooler). Training, the per-layer readout and every prediction
+    # (ERM's too) go through the same rule: it is the model's forward.
+    pooling: str = "mean"
+    method: MethodConfig = field(default_factory=base_method)
+    specs: dict[str, str] = field(default_factory=lambda: dict(SPECS))  # label -> override spec of `method`
+    methods: list[str] = field(default_factory=lambda: list(SPECS))  # the labels run, in this order
+    frozen_zero: list[str] = field(default_factory=lambda: [CONTROL])  # constrained labels, λ ≡ 0
+    # label -> γ_train: trained on gaussian embedding noise at that level (fresh noise every step)
+    train_noise: dict[str, float] = field(default_factory=lambda: {"erm-noise": 1.0})
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    data: TextDataConfig = field(default_factory=lambda: TextDataConfig(n_train=3000, n_eval=1000))
+    selection: Selection = field(default_factory=Selection)
+    evaluation: NoiseEvalConfig = field(
+        default_factory=lambda: NoiseEvalConfig(
+            kinds=["gaussian", "uniform", "discrete", "substitute"],
+            gammas=[0.0, 1.0, 2.0],
+            draws=2,
+            profile_gamma=0.0,
+        )
+    )
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(epochs=2, batch_size=32, log_every=5, group_by_length=50)
+    )
+    workers: int = 1  # >1: train/evaluate (method, seed) jobs in that many 1-thread processes
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in self.specs]
+        if unknown or not self.methods:
+            raise ConfigError(f"methods must be a non-empty subset of {list(self.specs)}, got {self.methods}")
+        if self.pooling not in ("cls", "mean"):
+            raise ConfigError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        if not self.seeds:
+            raise ConfigError("seeds must list at least one training seed")
+        if self.selection.criterion not in ("robust", "clean"):
+            raise ConfigError(
+                f"selection.criterion must be robust or clean, got {self.selection.criterion!r}"
+            )
+        bad_noise = {k: v for k, v in self.train_noise.items() if not v > 0}
+        if bad_noise:
+            raise ConfigError(f"train_noise levels must be > 0, got {bad_noise}")
+        # every spec and candidate is checked before anything runs, run or not
+        resolved = {label: with_overrides(self.method, spec) for label, spec in self.specs.items()}
+        for label in self.frozen_zero:
+            if label in resolved and not resolved[label].constrained:
+                raise ConfigError(
+                    f"frozen_zero: {label!r} must be a constrained method (objective=constrained)"
+                )
+        for label in self.selection.candidates:
+            if label not in resolved or not resolved[label].constrained:
+                raise ConfigError(f"selection.candidates.{label}: only constrained methods have candidates")
+        for label, leader in self.selection.follow.items():
+            if leader not in resolved or label not in resolved or not resolved[label].constrained:
+                raise ConfigError(f"selection.follow.{label}={leader!r}: both must be constrained methods")
+        for label, method in resolved.items():
+            for cand in candidate_methods(label, method, self.selection):
+                if cand.constrained and cand.constraint.alpha_from not in (None, ERM):
+                    raise ConfigError(
+                        f"{label}: constraint.alpha_from must be null or 'erm', got {cand.constraint.alpha_from!r}"
+                    )
+                if cand.constrained and cand.constraint.alpha_from == ERM and ERM not in self.methods:
+                    raise ConfigError(f"{label}: alpha_from=erm needs erm among the methods")
+
+    def resolved_methods(self) -> dict[str, MethodConfig]:
+        """The MethodConfig of every label in ``methods``, in order."""
+        return {label: with_overrides(self.method, self.specs[label]) for label in self.methods}
+
+
+CONFIG = TextRobustnessConfig
+
+# The settings the full study chose on validation (docs/results/text-robustness.md): the quick preset and
+# `make demo` use them directly, without a selection round.
+CHOSEN = ""  # chosen over "alpha_from=erm" in the full run of 1 December 2026
+
+PRESETS = {
+    # `make demo`: six methods, one seed, every noise kind; a few minutes on 2 cores
+    "quick": {
+        "seeds": [0],
+        "method.optimizer.lr": 1e-4,
+        "data.n_train": 600,
+        "data.n_eval": 200,
+        "train.epochs": 1,
+        "train.batch_size": 16,
+        "evaluation.draws": 2,
+        "selection.candidates": {"constrained": [CHOSEN]},
+        "workers": 2,
+    },
+    # 3,000 / 1,000 / 1,000 reviews, 2 epochs, 3 seeds, 2 draws, four kinds; the constraint chosen on
+    # validation among `selection.candidates` (the defaults); <= 60 min on 2 idle cores
+    "full": {
+        "workers": 2,
+        "train.progress": False,
+    },
+}

@@ -1,0 +1,93 @@
+"""text-robustness's (method, seed) job: train one model (or resume it from the run's checkpoint), then
+evaluate it on the validation split (selection numbers only) or on test (the full evaluation)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from descentlab.data import load_encoder_classifier
+from descentlab.data.text_batches import Prepared
+from descentlab.experiments.text_robustness.config import TextRobustnessConfig
+from descentlab.robustness import RobustnessCurves
+from descentlab.robustness.text_eval import evaluate_classifier, validation_scores
+from descentlab.train.loop import fit, seed_everything
+from descentlab.train.objectives import EmbeddingNoise
+from descentlab.train.recipe import MethodConfig, build_frozen_recipe, build_recipe
+from descentlab.train.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class Job:
+    """Train (or resume from the run's checkpoint) one model, then evaluate it on ``split``."""
+
+    label: str
+    method: MethodConfig
+    seed: int
+    tag: str  # the checkpoint folder; a job's cache key is "<tag>-<split>"
+    split: str  # "validation": selection numbers only; "test": the full evaluation
+
+
+def train_model(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) -> tuple[Any, Any, dict]:
+    """Fresh pretrained encoder + head (head initialised from the seed), trained by the job's method.
+
+    ``fit`` resumes from the newest checkpoint under the job's tag, so a finished fit only reloads. Returns
+    the model, its constraint (or None) and the λ trace ``{"steps", "lambda"}`` (kept beside the checkpoint).
+    """
+    seed_everything(job.seed)
+    model, _ = load_encoder_classifier(cfg.model, num_labels=data.num_labels, pooling=cfg.pooling)
+    train_cfg = replace(cfg.train, seed=job.seed)
+    total = train_cfg.total_steps(len(data.train))
+    if job.label in cfg.frozen_zero:
+        layers = model.config.num_hidden_layers
+        recipe = build_frozen_recipe(job.method, model, [0.0] * layers, total_steps=total)
+    else:
+        recipe = build_recipe(job.method, model, total_steps=total)
+    kwargs = recipe.fit_kwargs()
+    if job.label in cfg.train_noise:
+        kwargs["objective"] = EmbeddingNoise(recipe.objective, cfg.train_noise[job.label], seed=job.seed)
+    trace: dict[str, list] = {"steps": [], "lambda": []}
+    constraint = recipe.constraint
+
+    def record(step: int, _model: Any, _logs: Any) -> None:
+        if constraint is not None and (step % train_cfg.log_every == 0 or step == total):
+            trace["steps"].append(step)
+            trace["lambda"].append(constraint.multipliers.tolist())
+
+    fit(
+        model,
+        data.train,
+        cfg=train_cfg,
+        collate_fn=data.collate,
+        run=run,
+        tag=job.tag,
+        callbacks=[record],
+        **kwargs,
+    )
+    path = run.path / "lambda" / f"{job.tag}.json"
+    if trace["steps"]:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(trace))
+    elif path.is_file():
+        trace = json.loads(path.read_text())
+    return model.eval(), constraint, trace
+
+
+def run_job(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) -> dict[str, Any]:
+    """One job end to end; returns JSON-able numbers (the JobRunner caches them under ``jobs/``)."""
+    model, constraint, trace = train_model(cfg, job, data, run)
+    if job.split == "validation":
+        return validation_scores(model, data.val, cfg.evaluation, job.seed, cfg.selection.draws)
+    out = evaluate_classifier(model, data.test, data.val, data.shift, cfg.evaluation, job.seed)
+    run.log(tag=f"eval-{job.tag}", clean_accuracy=out["extra"]["accuracy"])
+    out["multipliers"] = constraint.multipliers.tolist() if constraint is not None else None
+    out["lambda_trace"] = trace
+    return out
+
+
+def decode_output(out: dict[str, Any]) -> dict[str, Any]:
+    for key in ("curves", "ldp_curves"):
+        if out.get(key) is not None:
+            out = {**out, key: RobustnessCurves.from_dict(out[key])}
+    return out

@@ -1,0 +1,156 @@
+"""text-robustness's claims on synthetic per-review arrays with a known answer: the engine finds a planted
+effect against the matched control, finds none where there is none, marks the monotone claim untestable when
+ERM already descends, and says "pending re-run" when the arrays are missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from descentlab.experiments.text_robustness import arrays as saved
+from descentlab.experiments.text_robustness.claims import CLAIMS, CONTROL, claim_arrays, rise
+from descentlab.io import save_arrays
+from descentlab.report.claims import ONE_SEED, PENDING, UNTESTABLE, judge
+
+GAMMAS = [0.0, 1.0, 2.0]
+KINDS = ["gaussian", "uniform"]
+SEEDS, REVIEWS, LAYERS = 5, 400, 6
+
+
+def _correct(rng: np.random.Generator, p_clean: float, p_noisy: float, seeds: int = SEEDS) -> np.ndarray:
+    """Correctness [seed, draw 2, γ 3, review]: each seed's model shifted by N(0, 0.01); γ = 0 draws equal."""
+    out = np.empty((seeds, 2, len(GAMMAS), REVIEWS), dtype=np.float32)
+    for s in range(seeds):
+        shift = rng.normal(0.0, 0.01)
+        out[s, :, 0] = rng.random(REVIEWS) < p_clean + shift
+        out[s, :, 1:] = rng.random((2, len(GAMMAS) - 1, REVIEWS)) < p_noisy + shift
+    return out
+
+
+def _losses(rng: np.random.Generator, spike: float = 0.0, seeds: int = SEEDS) -> np.ndarray:
+    """Per-review loss [seed, L+1, review]: a descending profile, plus ``spike`` at layer 4."""
+    profile = np.linspace(0.7, 0.4, LAYERS + 1)
+    profile[4] += spike
+    return (profile[None, :, None] + rng.normal(0.0, 0.05, (seeds, LAYERS + 1, REVIEWS))).astype(np.float32)
+
+
+def _arrays(noisy: dict[str, float], *, erm_spike: float = 0.0, seeds: int = SEEDS) -> dict[str, np.ndarray]:
+    """claim_arrays' layout for the methods in ``noisy`` (accuracy at γ >= 1; clean accuracy 0.8)."""
+    rng = np.random.default_rng(0)
+    out: dict[str, np.ndarray] = {"gammas": np.asarray(GAMMAS)}
+    for m, p in noisy.items():
+        for kind in KINDS:
+            out[f"correct:{m}__{kind}"] = _correct(rng, 0.8, p, seeds)
+        out[f"loss:{m}"] = _losses(rng, erm_spike if m == "erm" else 0.0, seeds)
+    return out
+
+
+ALL = ["erm", CONTROL, "deep-supervision", "constrained", "resilient", "erm-noise"]
+
+
+def _rows(arrays: dict[str, np.ndarray]) -> dict[tuple[str, str, str, str], object]:
+    return {(c.name, c.method, c.reference, c.at): c for c in judge(CLAIMS, arrays)}
+
+
+def test_a_planted_gain_against_the_matched_control_is_reproduced() -> None:
+    noisy = dict.fromkeys(ALL, 0.6) | {"constrained": 0.68, "erm-noise": 0.7}
+    rows = _rows(_arrays(noisy))
+    primary = rows["graceful-gaussian", "constrained", CONTROL, "gaussian, γ >= 1"]
+    assert primary.role == "primary" and primary.verdict == "reproduced" and primary.holm_verdict is None
+    assert primary.estimate == pytest.approx(0.08, abs=0.02)
+    assert primary.seeds == SEEDS and primary.examples == REVIEWS
+    assert primary.estimate > 2 * primary.min_detectable_effect
+    assert rows["graceful", "constrained", CONTROL, "uniform, γ >= 1"].verdict == "reproduced"
+    # the resilient method gains nothing: not reproduced; the positive control gains 0.1: reproduced
+    assert rows["graceful", "resilient", CONTROL, "gaussian, γ >= 1"].verdict != "reproduced"
+    for kind in KINDS:
+        assert rows["positive-control", "erm-noise", "erm", f"{kind}, γ >= 1"].label == "reproduced"
+    # the primary is one comparison and is not repeated among the secondary rows
+    assert ("graceful", "constrained", CONTROL, "gaussian, γ >= 1") not in rows
+    assert all(c.holm_verdict is not None for c in rows.values() if c.role == "secondary")
+
+
+def test_no_effect_is_not_reproduced_and_a_clear_loss_is_refuted() -> None:
+    rows = _rows(_arrays(dict.fromkeys(ALL, 0.6)))
+    assert rows["graceful-gaussian", "constrained", CONTROL, "gaussian, γ >= 1"].verdict != "reproduced"
+    assert rows["positive-control", "erm-noise", "erm", "gaussian, γ >= 1"].verdict != "reproduced"
+    # a constrained model 0.1 worse than the control under noise: every gain of interest is excluded
+    rows = _rows(_arrays(dict.fromkeys(ALL, 0.6) | {"constrained": 0.5}))
+    assert rows["graceful-gaussian", "constrained", CONTROL, "gaussian, γ >= 1"].verdict == "refuted"
+    assert rows["beats-deep-supervision", "constrained", "deep-supervision", "gaussian, γ >= 1"].verdict == (
+        "refuted"
+    )
+
+
+def test_clean_parity_is_an_equivalence_claim() -> None:
+    arrays = _arrays(dict.fromkeys(ALL, 0.6))
+    control = arrays[f"correct:{CONTROL}__gaussian"]
+    # the same clean predictions but for one review won in seed 0 and one lost in seed 1: equivalent
+    near = control.copy()
+    near[0, :, 0, np.flatnonzero(control[0, 0, 0] == 0)[0]] = 1.0
+    near[1, :, 0, np.flatnonzero(control[1, 0, 0] == 1)[0]] = 0.0
+    arrays["correct:constrained__gaussian"] = near
+    rows = _rows(arrays)
+    parity = rows["clean-parity", "constrained", CONTROL, "clean"]
+    assert parity.estimate == 0.0 and parity.verdict == "reproduced" and parity.high < 0.003
+    # 5 points lower on clean reviews: wholly outside the 0.3-point margin
+    worse = control.copy()
+    worse[:, :, 0, :20] = 0.0
+    worse[:, :, 0, 20:40] = 0.0
+    arrays["correct:constrained__gaussian"] = worse
+    arrays[f"correct:{CONTROL}__gaussian"][:, :, 0, :40] = 1.0
+    rows = _rows(arrays)
+    assert rows["clean-parity", "constrained", CONTROL, "clean"].verdict == "refuted"
+    # independent models differing by sampling noise alone are not shown equivalent at 0.3 points
+    assert rows["clean-parity", "resilient", "erm", "clean"].verdict == "inconclusive"
+
+
+def test_monotone_is_untestable_when_erm_already_descends() -> None:
+    rows = _rows(_arrays(dict.fromkeys(ALL, 0.6)))
+    row = rows["monotone", "constrained", "erm", "clean per-layer test loss"]
+    assert row.verdict == UNTESTABLE and "already rises by only" in row.reason
+    # ERM spikes at layer 4 (+0.1 nats), the constrained model descends: reproduced
+    rows = _rows(_arrays(dict.fromkeys(ALL, 0.6), erm_spike=0.1))
+    row = rows["monotone", "constrained", "erm", "clean per-layer test loss"]
+    assert row.verdict == "reproduced" and row.estimate == pytest.approx(-0.05, abs=0.01)
+    assert row.seeds == SEEDS and row.examples == REVIEWS
+    assert rise(np.array([0.7, 0.71, 0.5, 0.52])) == pytest.approx(0.03)
+
+
+def test_missing_arrays_give_pending_rows() -> None:
+    rows = judge(CLAIMS, {})
+    assert {c.verdict for c in rows} == {PENDING}
+    # every claim but the local-DP one (the run evaluated no ε kind) has its pending row
+    assert sorted(c.name for c in rows) == sorted(s.name for s in CLAIMS if s.name != "ldp")
+    # a run without the λ ≡ 0 control arm: the primary endpoint is pending, and says why
+    without = {k: v for k, v in _arrays(dict.fromkeys(ALL, 0.6)).items() if CONTROL not in k}
+    primary = next(c for c in judge(CLAIMS, without) if c.role == "primary")
+    assert primary.verdict == PENDING and CONTROL in primary.reason
+
+
+def test_one_seed_is_never_judged() -> None:
+    rows = _rows(_arrays(dict.fromkeys(ALL, 0.6) | {"constrained": 0.75}, seeds=1))
+    assert rows["graceful-gaussian", "constrained", CONTROL, "gaussian, γ >= 1"].verdict == ONE_SEED
+
+
+def test_claim_arrays_reads_the_files_the_run_saves(tmp_path) -> None:
+    synthetic = _arrays(dict.fromkeys(ALL, 0.6) | {"constrained": 0.7})
+    correct = {m: {k: synthetic[f"correct:{m}__{k}"] for k in KINDS} for m in ALL}
+    save_arrays(tmp_path / saved.EXAMPLES, **saved.example_arrays(correct, GAMMAS))
+    save_arrays(tmp_path / saved.LAYER_LOSS, **{m: synthetic[f"loss:{m}"] for m in ALL})
+    read = claim_arrays(tmp_path)
+    assert set(read) == set(synthetic)
+    assert [c.to_dict() for c in judge(CLAIMS, read)] == [c.to_dict() for c in judge(CLAIMS, synthetic)]
+    assert not any(c.name == "ldp" for c in judge(CLAIMS, read))
+    # with the local-DP arrays, one row per constrained method and ε kind against the matched control
+    eps = np.zeros((SEEDS, 2, 2, REVIEWS), dtype=np.float32)
+    save_arrays(
+        tmp_path / saved.LDP,
+        epsilons=np.asarray([3.0, 30.0]),
+        **{f"{m}__metric_ldp": eps + (m == "constrained") for m in ("erm", CONTROL, "constrained")},
+    )
+    ldp = [c for c in judge(CLAIMS, claim_arrays(tmp_path)) if c.name == "ldp"]
+    assert [(c.method, c.reference, c.at, c.verdict) for c in ldp] == [
+        ("constrained", CONTROL, "metric_ldp, mean over the ε grid", "reproduced")
+    ]
+    assert claim_arrays(tmp_path / "no-such-run") == {}
