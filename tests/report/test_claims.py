@@ -3,6 +3,8 @@ rows, re-judging, and a planted effect for every claim that every study declares
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -175,8 +177,11 @@ def test_every_study_with_claims_declares_one_primary() -> None:
 def _planted(spec: ClaimSpec, null: bool) -> Cells:
     """Cells with a planted effect of 3x the design's MDE on the claimed side (parity: a difference of 0 at
     an MDE of a third of the margin), or the null (no effect; parity: 3 margins off)."""
-    rng = np.random.default_rng(abs(hash(spec.name)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(spec.name.encode()))
     a0, b = _design(rng, seeds=10)
+    a0 = (
+        a0 - (a0 - b).mean()
+    )  # noise with a mean difference of exactly 0: the null is never "reproduced" by chance
     scale = 1.0
     iv = paired_interval(a0, b)
     if spec.kind == "parity":
@@ -207,3 +212,30 @@ def test_one_seed_scalar_cells_are_labelled_without_an_interval() -> None:
     spec = ClaimSpec("u", "d", _pair("u"), "ppl", kind="untestable", reason="ERM unmoved")
     row, _ = judge_cells(spec, Cells(np.array([3.0]), np.array([2.0]), "m", "r"))
     assert row.verdict == UNTESTABLE and "ERM unmoved" in row.reason
+
+
+def test_controls_are_judged_outside_the_holm_family() -> None:
+    marginal = _per_seed(1.0, sd=1.0)
+    arrays = {"main_a": _per_seed(5.0), "main_b": np.zeros(8)}
+    specs = [_spec("main", primary=True)]
+    for i in range(4):
+        arrays[f"s{i}_a"], arrays[f"s{i}_b"] = marginal, np.zeros(8)
+        specs.append(_spec(f"s{i}", control=i == 0))
+    rows = {r.name: r for r in judge(specs, arrays)}
+    assert (
+        rows["s0"].role == "control" and rows["s0"].holm_verdict is None and rows["s0"].label == "reproduced"
+    )
+    # three secondaries in the family, not four: 3p ~ 0.06 still fails, but the control kept its verdict
+    assert [rows[f"s{i}"].holm_verdict for i in (1, 2, 3)] == ["inconclusive"] * 3
+    with pytest.raises(ValueError, match="control"):
+        _spec("bad", primary=True, control=True)
+
+
+def test_no_comparison_is_pending_and_a_non_finite_cell_is_not_judged() -> None:
+    empty = ClaimSpec("none", "no arms", lambda arrays: [], "ppl", sesoi=0.1)
+    arrays = {"main_a": _per_seed(5.0), "main_b": np.zeros(8)}
+    rows = judge([_spec("main", primary=True), empty], arrays)
+    assert rows[1].verdict == PENDING and "no comparison" in rows[1].reason
+    bad = np.array([1.0, np.inf, 2.0])
+    row, tests = judge_cells(_spec("x"), Cells(bad, np.zeros(3), "m", "r"))
+    assert row.verdict == UNTESTABLE and "not finite" in row.reason and tests is None

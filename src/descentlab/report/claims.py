@@ -35,6 +35,7 @@ from descentlab.report.stats import (
 ONE_SEED = "one seed: training variance not measured"
 PENDING = "pending re-run"
 UNTESTABLE = "untestable here"
+ROLE_ORDER = ("primary", "secondary", "control")
 VERDICTS = ("reproduced", "refuted", "inconclusive", UNTESTABLE, ONE_SEED, PENDING)
 
 
@@ -85,6 +86,8 @@ class ClaimSpec:
         paper: the paper's number, as the paper states it (None when the paper gives none).
         source: where the paper states it (table, figure, section).
         primary: the study's one primary endpoint.
+        control: a positive control or a simple baseline: it checks that the run can see an effect, it is
+            not a claim of the paper, so it is judged unadjusted and outside the secondary rows' Holm family.
     """
 
     name: str
@@ -100,6 +103,7 @@ class ClaimSpec:
     paper: str | None = None
     source: str | None = None
     primary: bool = False
+    control: bool = False
 
     def __post_init__(self) -> None:
         needs = {"directional": "sesoi", "sized": "size", "parity": "margin", "untestable": "reason"}
@@ -112,6 +116,12 @@ class ClaimSpec:
             raise ValueError(f"claim {self.name!r} of kind {self.kind} needs {needs[self.kind]} (> 0)")
         if self.primary and self.kind == "untestable":
             raise ValueError(f"claim {self.name!r}: a primary endpoint must be testable")
+        if self.primary and self.control:
+            raise ValueError(f"claim {self.name!r}: a control cannot be the primary endpoint")
+
+    @property
+    def role(self) -> str:
+        return "primary" if self.primary else "control" if self.control else "secondary"
 
     @property
     def threshold(self) -> float | None:
@@ -125,7 +135,7 @@ class Claim:
 
     name: str
     description: str
-    role: str  # "primary" | "secondary"
+    role: str  # "primary" | "secondary" | "control"
     kind: str
     direction: str
     threshold: float | None
@@ -189,7 +199,7 @@ def _row(spec: ClaimSpec, cells: Cells | None, verdict: str, reason: str) -> Cla
     return Claim(
         name=spec.name,
         description=spec.description,
-        role="primary" if spec.primary else "secondary",
+        role=spec.role,
         kind=spec.kind,
         direction=spec.direction,
         threshold=spec.threshold,
@@ -222,6 +232,9 @@ def judge_cells(spec: ClaimSpec, cells: Cells, *, level: float = 0.95) -> tuple[
         row.reason = (
             f"{untestable}; one seed, one value" if untestable else "one seed, one value: no interval"
         )
+        return row, None
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        row.verdict, row.reason = UNTESTABLE, "a cell value is not finite (a run diverged); nothing to judge"
         return row, None
     iv = paired_interval(a, b, level=level)
     row.estimate, row.low, row.high, row.level = iv.mean, iv.low, iv.high, level
@@ -260,8 +273,8 @@ def judge(
     """Every row of every claim, with Holm-adjusted verdicts on the secondary rows.
 
     Holm runs over the secondary rows that carry tests, once for the reproduce tests and once for the
-    refute tests; ``holm_verdict`` is the verdict read from the adjusted p-values. The primary row keeps
-    its unadjusted verdict (``holm_verdict`` None).
+    refute tests; ``holm_verdict`` is the verdict read from the adjusted p-values. The primary row and
+    the controls keep their unadjusted verdicts (``holm_verdict`` None).
     """
     check_specs(specs)
     alpha = 1 - level
@@ -275,6 +288,9 @@ def judge(
                 _row(spec, None, PENDING, f"the run did not save {exc}; re-run the study to judge it")
             )
             continue
+        if not comparisons:  # the run has none of the arms this claim compares
+            rows.append(_row(spec, None, PENDING, "the run has no comparison for it; run the arms it names"))
+            continue
         if spec.primary and len(comparisons) != 1:
             raise ValueError(
                 f"the primary endpoint {spec.name!r} must be one comparison, got {len(comparisons)}"
@@ -282,7 +298,7 @@ def judge(
         for cells in comparisons:
             row, tests = judge_cells(spec, cells, level=level)
             rows.append(row)
-            if tests is not None and not spec.primary:
+            if tests is not None and spec.role == "secondary":
                 tested.append((row, tests))
     if tested:
         rep = holm([t.p_reproduce for _, t in tested])
@@ -301,10 +317,12 @@ def _fmt(x: float | None, spec: str = "+.4f") -> str:
 
 def claims_table(claims: Sequence[Claim]) -> dict[str, Any]:
     """One table of every row, the primary first: ``{"title", "columns", "rows"}``."""
-    ordered = sorted(claims, key=lambda c: c.role != "primary")
+    ordered = sorted(claims, key=lambda c: ROLE_ORDER.index(c.role))
     rows = [
         [
-            f"**{c.name}** (primary)" if c.role == "primary" else c.name,
+            f"**{c.name}** (primary)"
+            if c.role == "primary"
+            else c.name + (" (control)" if c.role == "control" else ""),
             c.at,
             f"{c.method} − {c.reference}" if c.reference else c.method,
             f"{c.kind}"
@@ -314,7 +332,7 @@ def claims_table(claims: Sequence[Claim]) -> dict[str, Any]:
             _fmt(c.min_detectable_effect, ".3g"),
             "" if c.seeds is None else str(c.seeds),
             c.verdict,
-            "" if c.role == "primary" else (c.holm_verdict or ""),
+            c.holm_verdict or "",
             c.paper or "",
         ]
         for c in ordered
@@ -341,7 +359,7 @@ def claims_table(claims: Sequence[Claim]) -> dict[str, Any]:
 def claim_notes(claims: Sequence[Claim]) -> list[str]:
     """One sentence per row."""
     notes = []
-    for c in sorted(claims, key=lambda c: c.role != "primary"):
+    for c in sorted(claims, key=lambda c: ROLE_ORDER.index(c.role)):
         where = f" at {c.at}" if c.at else ""
         pair = f" ({c.method} − {c.reference})" if c.reference else ""
         holm_note = f"; Holm-adjusted: {c.holm_verdict}" if c.role == "secondary" else ""
