@@ -220,6 +220,7 @@ CLAIMS: list[ClaimSpec] = [
     ),
     ClaimSpec(
         name="positive-control",
+        control=True,
         description="control: ERM trained on NEFTune noise beats ERM under noise (the protocol can see a "
         "robustness gain)",
         cells=positive_cells,
@@ -229,6 +230,7 @@ CLAIMS: list[ClaimSpec] = [
     ),
     ClaimSpec(
         name="null-control",
+        control=True,
         description="control: ERM re-seeded (another data order) is at parity with ERM, clean and under noise",
         cells=null_cells,
         metric=WIN_METRIC,

@@ -166,6 +166,7 @@ CLAIMS: list[ClaimSpec] = [
     ),
     ClaimSpec(
         name="control-noise",
+        control=True,
         description="positive control of robustness: ERM trained on Gaussian embedding noise (γ_train = 1) is "
         "more accurate under noise than ERM; a run that cannot see this cannot see the primary",
         cells=robust_pair(NOISE_HORST, ERM_HORST, "all"),
@@ -174,6 +175,7 @@ CLAIMS: list[ClaimSpec] = [
     ),
     ClaimSpec(
         name="control-pruning",
+        control=True,
         description="positive control of pruning: pruning AdamW's model to the highest sparsity costs clean "
         "accuracy, the loss that 'prunable' would recover",
         cells=control_pruning_cells,

@@ -240,6 +240,7 @@ CLAIMS: list[ClaimSpec] = [
     ),
     ClaimSpec(
         name="control",
+        control=True,
         description="positive control: pruning AdamW's model to 90 % costs more log-perplexity than to 50 %",
         cells=control,
         metric="test log-perplexity (nats per token)",

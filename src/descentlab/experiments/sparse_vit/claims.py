@@ -159,6 +159,7 @@ CLAIMS: list[ClaimSpec] = [
     ),
     ClaimSpec(
         name="regime",
+        control=True,
         description="positive control: AC/DC costs AdamW at least 3 points against its dense model, so a "
         "better sparse optimizer has something to recover",
         cells=regime,
