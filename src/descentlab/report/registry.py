@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 FIGURES: dict[str, str] = {
-    "video-denoising": "descentlab.report.video_denoising",
 }
 
 

@@ -1,10 +1,13 @@
-"""The budget curve of the video-denoising study: is a constrained model's gain over ERM a budget effect?
+"""Has ERM converged, and is a constrained model's gain over ERM a budget effect?
 
-ERM and the constrained labels retrain with the setting each chose on validation (first seed) at longer
-step budgets S, each on its own cosine schedule over S steps. At every budget, each non-ERM label is compared
-with ERM *of the same budget* by the claims of :mod:`descentlab.report.video_claims` (paired bootstrap over
-test sequences; one seed, so the CI covers sequences only). A gain that shrinks to nothing as S grows was
-a budget effect: the constrained objective reached sooner what ERM reaches later.
+* The budget check: ERM's chosen setting (first seed) retrained for ``budget_check`` times the steps, its
+  cosine schedule stretched to match; the relative gain in validation RMSE says whether longer training
+  still helps.
+* The budget curve: ERM and the constrained labels retrain with the setting each chose on validation
+  (first seed) at longer step budgets S, each on its own cosine schedule over S steps. Each budget's
+  constrained model is judged against ERM *of the same budget* (:mod:`.claims`, ``budget-*``). A gain that
+  shrinks to nothing as S grows was a budget effect: the constrained objective reached sooner what ERM
+  reaches later.
 """
 
 from __future__ import annotations
@@ -12,24 +15,52 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from descentlab.report.video_claims import evaluate_claims
-
 BudgetKey = tuple[str, str, int]  # (architecture, label, steps)
 
 
-def budget_curve(
-    jobs: Mapping[BudgetKey, Mapping[str, Any]],
-    errors: Mapping[BudgetKey, np.ndarray],
+def budget_checks(
+    budget: Mapping[str, Mapping[str, Any]],
+    per_seed: Mapping[str, Sequence[Mapping[str, Any]]],
     gammas: Sequence[float],
-    *,
-    margin: float,
-    n_boot: int,
-) -> dict[str, Any]:
-    """``rows``: per (architecture, label, steps) the validation RMSE and the test RMSE at every γ; ``claims``:
-    :func:`~descentlab.report.video_claims.evaluate_claims` at each budget, every row tagged with its
-    ``steps``. ``jobs`` and ``errors`` (``[1, G, L+1, N]`` per-sequence MSE) share their keys."""
+) -> dict[str, dict[str, Any]]:
+    """Per architecture: ERM's validation and test RMSE (γ = 1) at the base budget and at the longer one, and
+    the relative gain ``(base - long) / base`` of the longer budget (positive: longer training still helps).
+
+    ``budget``: architecture -> the budget-check job of its ERM (``steps``, ``base_steps`` and its
+    evaluation), compared with the same seed's run at the base budget.
+    """
+    out = {}
+    for arch, job in budget.items():
+        base = per_seed[f"{arch}-erm"][0]
+        one = list(gammas).index(1.0)
+        out[arch] = {
+            "base_steps": job["base_steps"],
+            "steps": job["steps"],
+            "base_val_rmse": base["val_rmse"],
+            "val_rmse": job["val_rmse"],
+            "val_gain": (base["val_rmse"] - job["val_rmse"]) / base["val_rmse"],
+            "val_curve": job["val_curve"],
+            "base_test_rmse": base["rmse"][one],
+            "test_rmse": job["rmse"][one],
+        }
+    return out
+
+
+def budget_table(checks: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    return {
+        "title": "Budget check: ERM (chosen setting, first seed) retrained with a longer cosine schedule",
+        "columns": ["architecture", "steps", "val RMSE", "longer: steps", "longer: val RMSE", "gain"],
+        "rows": [
+            [a.upper(), c["base_steps"], f"{c['base_val_rmse']:.4f}", c["steps"], f"{c['val_rmse']:.4f}",
+             f"{100 * c['val_gain']:.2f} %"]
+            for a, c in checks.items()
+        ],
+    }  # fmt: skip
+
+
+def budget_curve(jobs: Mapping[BudgetKey, Mapping[str, Any]]) -> dict[str, Any]:
+    """``rows``: per (architecture, label, steps) the validation RMSE and the test RMSE at every γ, ERM first
+    within a budget."""
     rows = [
         {
             "architecture": a,
@@ -40,17 +71,12 @@ def budget_curve(
         }
         for (a, lab, s), job in sorted(jobs.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1] != "erm"))
     ]
-    claims = []
-    for steps in sorted({s for _, _, s in errors}):
-        at = {f"{a}-{lab}": e for (a, lab, s), e in errors.items() if s == steps}
-        claims += [{**c, "steps": steps} for c in evaluate_claims(at, gammas, margin=margin, n_boot=n_boot)]
-    return {"rows": rows, "claims": claims}
+    return {"rows": rows}
 
 
-def budget_tables(curve: Mapping[str, Any], gammas: Sequence[float]) -> list[dict[str, Any]]:
-    """Two report tables of a :func:`budget_curve`: the RMSE of every (architecture, method, steps), and every
-    claim at every budget with its CI, verdict and minimum detectable effect."""
-    rmse = {
+def budget_curve_table(curve: Mapping[str, Any], gammas: Sequence[float]) -> dict[str, Any]:
+    """The RMSE of every (architecture, method, steps) of a :func:`budget_curve`."""
+    return {
         "title": "Budget curve: validation and test RMSE of the chosen settings (seed 0) at each step budget",
         "columns": ["architecture", "method", "steps", "val RMSE", *[f"test gamma={g:g}" for g in gammas]],
         "rows": [
@@ -59,13 +85,3 @@ def budget_tables(curve: Mapping[str, Any], gammas: Sequence[float]) -> list[dic
             for r in curve["rows"]
         ],
     }  # fmt: skip
-    claims = {
-        "title": "Budget curve: each claim against ERM of the same budget (paired bootstrap over test sequences)",
-        "columns": ["method", "steps", "claim", "estimate [95 % CI]", "verdict", "MDE"],
-        "rows": [
-            [c["method"], c["steps"], c["claim"], f"{c['estimate']:+.4g} [{c['ci'][0]:+.4g}, {c['ci'][1]:+.4g}]",
-             c["verdict"], f"{c['min_detectable_effect']:.3g}"]
-            for c in curve["claims"]
-        ],
-    }  # fmt: skip
-    return [rmse, claims]

@@ -1,11 +1,6 @@
-"""Tables and figures of the video-denoising experiment, drawn from ``results.json`` and saved arrays only.
+"""The figures of the video-denoising study, drawn from ``results.json`` and saved arrays only.
 
-Method names are ``<architecture>-<label>`` (``ut-erm``, ``dust-constrained``...). Tables:
-
-* RMSE against γ, mean ± std over seeds, with the noisy input's RMSE as the first row;
-* the paired difference RMSE(method) - RMSE(ERM) of the same architecture and seed (negative = better).
-
-Figures (:func:`figures`): RMSE relative to ERM, per-layer test MSE on a log scale, test RMSE with the
+Method names are ``<architecture>-<label>`` (``ut-erm``, ``dust-constrained``...). Figures (:func:`figures`): RMSE relative to ERM, per-layer test MSE on a log scale, test RMSE with the
 classical baselines, validation curves, and sample frames (clean, noisy, every method and baseline) read
 from ``sample-frames.npz`` in the run directory.
 """
@@ -18,21 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from descentlab.experiments.video_denoising.summary import Methods, arch_of, label_of
 from descentlab.io import load_arrays
 from descentlab.report.figures import new_figure, save_figure
-from descentlab.report.stats import column_mean_std
 
 SAMPLE_FRAMES = "sample-frames.npz"
-
-Methods = Mapping[str, Mapping[str, Any]]
-
-
-def _arch(method: str) -> str:
-    return method.split("-", 1)[0]
-
-
-def _label(method: str) -> str:
-    return method.split("-", 1)[1]
 
 
 def _style(ax: Any, title: str, xlabel: str, ylabel: str, *, legend_size: int, **grid: Any) -> None:
@@ -50,60 +35,18 @@ def _save(fig: Any, path: Path, caption: str, *, dpi: int = 120) -> dict[str, st
     return {"path": f"figures/{path.name}", "caption": caption}
 
 
-def rmse_table(methods: Methods, noisy_rmse: Sequence[float], gammas: Sequence[float]) -> dict[str, Any]:
-    """Test RMSE against γ, mean ± std over seeds; first row: the noisy input."""
-    rows = [["noisy input", *[f"{v:.4f}" for v in noisy_rmse]]]
-    for method, block in methods.items():
-        c = block["curves"]["gaussian"]
-        rows.append([method, *[f"{a:.4f} ± {s:.4f}" for a, s in zip(c["mean"], c["std"], strict=True)]])
-    return {
-        "title": "Test RMSE vs gamma (mean ± std over seeds)",
-        "columns": ["method", *map(str, gammas)],
-        "rows": rows,
-    }
-
-
-def paired_table(per_seed_rmse: Mapping[str, Sequence[Sequence[float]]], gammas: Sequence[float]) -> dict:
-    """RMSE(method) - RMSE(ERM) of the same architecture and seed, mean ± std over seeds, and the wins.
-
-    Args:
-        per_seed_rmse: method -> ``[seeds][gammas]`` RMSE, every method over the same seeds in the same order.
-        gammas: the noise levels of the columns.
-    """
-    rows = []
-    for method, evs in per_seed_rmse.items():
-        base = per_seed_rmse.get(f"{_arch(method)}-erm")
-        if base is None or _label(method) == "erm":
-            continue
-        diffs = [[a - b for a, b in zip(e, r, strict=True)] for e, r in zip(evs, base, strict=True)]
-        mean, std = column_mean_std(diffs, ddof=1, impl="torch")
-        wins = [sum(d[i] < 0 for d in diffs) for i in range(len(gammas))]
-        rows.append(
-            [
-                method,
-                *[f"{m:+.4f} ± {s:.4f} ({w}/{len(diffs)})" for m, s, w in zip(mean, std, wins, strict=True)],
-            ]
-        )
-    return {
-        "title": "Paired RMSE difference to ERM of the same architecture and seed (negative = lower RMSE; "
-        "in brackets: seeds where it beats ERM)",
-        "columns": ["method", *map(str, gammas)],
-        "rows": rows,
-    }
-
-
 def plot_relative(methods: Methods, architectures: Sequence[str], path: Path) -> dict[str, str]:
     """RMSE / RMSE of ERM against γ, one panel per architecture, one line per method label."""
     fig, axes = new_figure(1, len(architectures), panel_size=(4.4, 3.4))
     for ax, arch in zip(axes[0], architectures, strict=True):
         base = methods.get(f"{arch}-erm")
         for method, block in methods.items():
-            if base is None or _arch(method) != arch:
+            if base is None or arch_of(method) != arch:
                 continue
             b, c = base["curves"]["gaussian"]["mean"], block["curves"]["gaussian"]
             ratio = [m / r for m, r in zip(c["mean"], b, strict=True)]
             band = [s / r for s, r in zip(c["std"], b, strict=True)]
-            ax.plot(c["x"], ratio, marker="o", ms=3, label=_label(method))
+            ax.plot(c["x"], ratio, marker="o", ms=3, label=label_of(method))
             ax.fill_between(
                 c["x"],
                 [r - s for r, s in zip(ratio, band, strict=True)],
@@ -124,7 +67,7 @@ def plot_layer_profiles(methods: Methods, architectures: Sequence[str], path: Pa
     """Per-layer test MSE on a log scale, one panel per architecture; solid: γ = 1, dashed: the largest γ."""
     fig, axes = new_figure(1, len(architectures), panel_size=(4.4, 3.4))
     for ax, arch in zip(axes[0], architectures, strict=True):
-        for k, (method, block) in enumerate(m for m in methods.items() if _arch(m[0]) == arch):
+        for k, (method, block) in enumerate(m for m in methods.items() if arch_of(m[0]) == arch):
             for j, (condition, values) in enumerate(block["layer_loss"].items()):
                 ax.semilogy(
                     range(len(values)),
@@ -133,7 +76,7 @@ def plot_layer_profiles(methods: Methods, architectures: Sequence[str], path: Pa
                     ms=3,
                     color=f"C{k}",
                     ls=["-", "--"][j % 2],
-                    label=f"{_label(method)} {condition}",
+                    label=f"{label_of(method)} {condition}",
                 )
         _style(ax, arch.upper(), "layer", "test MSE (log)", legend_size=7, which="both")
     return _save(
@@ -159,8 +102,8 @@ def plot_samples(
     denoised = dict(zip(names, frames["denoised"], strict=True))
     t = clean.shape[0] // 2
     h, w = frames["denoised"].shape[-2:]
-    baselines = [n for n in names if _arch(n) not in architectures]
-    width = max(sum(_arch(n) == a for n in names) for a in architectures)
+    baselines = [n for n in names if arch_of(n) not in architectures]
+    width = max(sum(arch_of(n) == a for n in names) for a in architectures)
     rows = [(arch, i) for arch in architectures for i in range(len(gammas))]
     cols = 2 + len(baselines) + width
     fig, axes = new_figure(len(rows), cols, figsize=(1.9 * cols * w / h, 1.9 * len(rows)))
@@ -179,7 +122,7 @@ def plot_samples(
             ax.axis("off")
         show(axes[r][0], target, "clean")
         show(axes[r][1], noisy[i][t, :h, :w], f"noisy gamma={gammas[i]:g} ({rmse(noisy[i][t, :h, :w]):.3f})")
-        shown = baselines + [n for n in names if _arch(n) == arch]
+        shown = baselines + [n for n in names if arch_of(n) == arch]
         for c, name in enumerate(shown):
             img = denoised[name][i][t]
             show(axes[r][2 + c], img, f"{name.replace('-', ' ', 1)} ({rmse(img):.3f})")
@@ -204,13 +147,17 @@ def plot_val_curves(
     for ax, arch in zip(axes[0], architectures, strict=True):
         for method, block in methods.items():
             curves = block.get("val_curves") or []
-            if _arch(method) != arch or not curves:
+            if arch_of(method) != arch or not curves:
                 continue
             steps = curves[0]["step"]
             mean = np.mean([c["rmse"] for c in curves], axis=0)
-            erm = _label(method) == "erm"
+            erm = label_of(method) == "erm"
             ax.plot(
-                steps[1:], mean[1:], lw=2.2 if erm else 1.0, color="k" if erm else None, label=_label(method)
+                steps[1:],
+                mean[1:],
+                lw=2.2 if erm else 1.0,
+                color="k" if erm else None,
+                label=label_of(method),
             )
         if arch in (budget or {}):
             check = budget[arch]
@@ -232,9 +179,9 @@ def plot_rmse_with_baselines(
     fig, axes = new_figure(1, len(architectures), panel_size=(4.4, 3.4))
     for ax, arch in zip(axes[0], architectures, strict=True):
         for method, block in methods.items():
-            if _arch(method) == arch:
+            if arch_of(method) == arch:
                 c = block["curves"]["gaussian"]
-                ax.plot(c["x"], c["mean"], marker="o", ms=3, label=_label(method))
+                ax.plot(c["x"], c["mean"], marker="o", ms=3, label=label_of(method))
         for k, (name, b) in enumerate(baselines.items()):
             x = methods[next(iter(methods))]["curves"]["gaussian"]["x"]
             ax.plot(x, b["rmse_mean"], ls="--", color=f"C{7 + k % 3}", marker="s", ms=3, label=name)
@@ -283,7 +230,7 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
     methods = results.get("methods", {})
     if not methods:
         return []
-    present = {_arch(m) for m in methods}
+    present = {arch_of(m) for m in methods}
     architectures = [
         a for a in results.get("config", {}).get("architectures", sorted(present)) if a in present
     ]
@@ -306,17 +253,3 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
     if samples.is_file():
         drawn.append(plot_samples(load_arrays(samples), architectures, folder / "sample-frames.png"))
     return drawn
-
-
-__all__ = [
-    "SAMPLE_FRAMES",
-    "figures",
-    "paired_table",
-    "plot_budget_curve",
-    "plot_layer_profiles",
-    "plot_relative",
-    "plot_rmse_with_baselines",
-    "plot_samples",
-    "plot_val_curves",
-    "rmse_table",
-]
