@@ -13,12 +13,20 @@ over the N next-token targets that are not -100 (the model's own loss is the sam
 when it differs the model's own head code is replayed instead (:func:`~descentlab.readout.structure.replay_head`).
 
 Cost. Naively the L+1 layers give (L+1)·N·V logits at once, and autograd keeps them for the backward pass.
-Here the rows of layers 0..L-1 are stacked (layer L apart) and cut into chunks of ``chunk_size`` tokens; each chunk's
-logits exist only inside a checkpointed function, so peak memory holds one chunk's logits and the backward
-recomputes them (one extra head matmul per token). ``sample_tokens`` reads the intermediate layers on a
-uniform random subset of the N targets, drawn without replacement and shared by layers 0..L-1: each f_l is
-then an unbiased estimate of its full-batch value, and the shared subset keeps ĝ_l = f_l - (1-α) f_{l-1}
-low-variance. Layer L always uses every token, so the objective is exact.
+Here each layer is read by :func:`~descentlab.linear_cross_entropy.linear_cross_entropy` when the head is a
+plain ``nn.Linear``: the rows with a target are picked by index from the layer's own hidden state
+``chunk_size`` at a time, the tail and head run on that chunk, and neither the rows nor the logits are
+kept. Layer L (a mean, the objective) gets its gradients in the forward pass (three head matmuls per
+token); layers 0..L-1, whose weights in the Lagrangian come later, keep one logsumexp per row and recompute
+their logits once in the backward pass (four). A model whose own head code must be replayed takes the
+unfused path: rows stacked, chunks checkpointed (``checkpoint``), as :func:`chunked_token_ce` does.
+``sample_tokens`` reads the intermediate layers on a uniform random subset of the N targets, drawn without
+replacement and shared by layers 0..L-1: each f_l is then an unbiased estimate of its full-batch value,
+and the shared subset keeps ĝ_l = f_l - (1-α) f_{l-1} low-variance. Layer L always uses every token, so
+the objective is exact.
+
+The structure (final transform) and the head check run once per model, on a separate forward of one row
+and two positions without gradients, so the first training step's peak memory is that of every later one.
 """
 
 from __future__ import annotations
@@ -30,12 +38,15 @@ import torch
 from torch import Tensor, nn
 
 from descentlab.errors import ConfigError, DataError, ModelError
+from descentlab.linear_cross_entropy import linear_cross_entropy
 from descentlab.losses import IGNORE_INDEX, chunked_token_nll, head_token_nll
 from descentlab.readout.base import Batch, InnerCall, Readout, accepts, hidden_states_of, model_inputs
 from descentlab.readout.structure import (
     BackbonePlan,
     backbone_forward,
     backbone_of,
+    minimal_inputs,
+    probing,
     replay_head,
 )
 
@@ -69,7 +80,12 @@ class CausalLMReadout(Readout):
         chunk_size: tokens per CE chunk (None: all logits at once, the slow reference).
         sample_tokens: None reads every layer on all N targets; an int k (or a fraction in (0, 1)) reads
             layers 0..L-1 on k uniformly drawn targets shared by those layers (an unbiased estimate).
-        checkpoint: recompute chunk logits in the backward pass (memory O(chunk·V) instead of O(L·N·V)).
+        checkpoint: on the unfused path, recompute chunk logits in the backward pass (memory O(chunk·V)
+            instead of O(L·N·V)). The fused path never keeps logits.
+        fused: read each layer with :func:`~descentlab.linear_cross_entropy.linear_cross_entropy` when the
+            LM head is a plain ``nn.Linear`` that reproduces the model's logits (and ``chunk_size`` is set);
+            False: stack the rows and run :func:`chunked_token_ce` through the head (the slow twin, also
+            the path of a model whose own head code must be replayed).
         layers: read out only these of layers 0..L-1 (layer L always); the others come back as NaN (no
             gradient). For constraints on a subset of layers (l and l-1 of each constrained l), this cuts the
             head cost of the readout in proportion. None reads every layer.
@@ -86,6 +102,7 @@ class CausalLMReadout(Readout):
         checkpoint: bool = True,
         layers: list[int] | None = None,
         generator: torch.Generator | None = None,
+        fused: bool = True,
     ) -> None:
         if layers is not None and (not all(isinstance(i, int) and i >= 0 for i in layers)):
             raise ConfigError(
@@ -105,6 +122,7 @@ class CausalLMReadout(Readout):
         self.sample_tokens = sample_tokens
         self.checkpoint = checkpoint
         self.generator = generator
+        self.fused = fused
 
     def supports(self, model: nn.Module) -> bool:
         cls = type(model).__name__
@@ -159,29 +177,28 @@ class CausalLMReadout(Readout):
 
         return logits_fn
 
-    def _head(
+    def _head_is_ours(
         self,
         model: nn.Module,
         base: nn.Module,
-        out: object,
+        base_inputs: dict[str, Tensor],
         call_model: InnerCall,
-        inputs: dict[str, Tensor],
+        head_inputs: dict[str, Tensor],
         trace: BackbonePlan,
-    ) -> Callable[[BackbonePlan | None], Callable[[Tensor], Tensor]]:
-        """Our head if it reproduces the model's logits on the last state (checked once per model), else
-        the model's own head replayed."""
+    ) -> bool:
+        """Whether our head reproduces the model's own logits (checked once per model, on a separate forward
+        of one row and two positions without gradients, so the training step holds no extra logits)."""
         ok = _HEAD_CHECKED.get(model)
         if ok is None:
-            probe = out.last_hidden_state[:, -2:].reshape(-1, out.last_hidden_state.shape[-1])
-            with torch.no_grad():
-                ours = self._logits_fn(model, base, None)(probe)
-                theirs = replay_head(call_model, base, out, inputs, trace).logits
-                theirs = theirs[:, -2:].reshape(-1, theirs.shape[-1]).to(ours.dtype)
-            ok = bool(torch.allclose(ours, theirs, rtol=1e-4, atol=1e-5))
+            with probing(base):
+                small = base(**minimal_inputs(base_inputs), output_hidden_states=True, return_dict=True)
+                last = small.last_hidden_state
+                ours = self._logits_fn(model, base, None)(last.reshape(-1, last.shape[-1]))
+                theirs = replay_head(call_model, base, small, minimal_inputs(head_inputs), trace).logits
+                theirs = theirs.reshape(-1, theirs.shape[-1]).to(ours.dtype)
+            ok = ours.shape == theirs.shape and bool(torch.allclose(ours, theirs, rtol=1e-4, atol=1e-5))
             _HEAD_CHECKED[model] = ok
-        if ok:
-            return lambda plan: self._logits_fn(model, base, plan)
-        return lambda plan: self._replayed_logits_fn(model, base, plan, out, call_model, inputs, trace)
+        return ok
 
     def _sample(self, n: int, device: torch.device) -> Tensor | None:
         if self.sample_tokens is None:
@@ -204,10 +221,10 @@ class CausalLMReadout(Readout):
         if accepts(base, "use_cache"):
             inputs["use_cache"] = False  # a KV cache is useless here and costs memory
 
-        def run():
-            return base(**inputs, output_hidden_states=True, return_dict=True)
+        def run(small: dict | None = None):
+            return base(**(inputs if small is None else small), output_hidden_states=True, return_dict=True)
 
-        plan, out = backbone_forward(base, run)
+        plan, out = backbone_forward(base, run, lambda tokens: run(minimal_inputs(inputs, tokens)))
         states = hidden_states_of(out, getattr(model.config, "num_hidden_layers", None), model)
         targets = next_token_targets(batch).to(states[0].device)
         valid = targets != IGNORE_INDEX
@@ -217,32 +234,126 @@ class CausalLMReadout(Readout):
                 "no target token in the batch (all labels are -100); per-layer LM losses need targets"
             )
         y = targets[valid]
-        head = self._head(model, base, out, call_model, model_inputs(model, batch), plan)
-
+        head_inputs = model_inputs(model, batch)
+        ours = self._head_is_ours(model, base, inputs, call_model, head_inputs, plan)
         sample = self._sample(n, y.device)
-        y_inner = y if sample is None else y[sample]
+        num_inner = len(states) - 1
+        read = list(range(num_inner)) if self.layers is None else [i for i in self.layers if i < num_inner]
+        linear = model.get_output_embeddings()
+        if self.fused and self.chunk_size is not None and ours and type(linear) is nn.Linear:
+            last, means = self._fused(model, base, plan, out, states, valid, y, sample, read)
+        else:
+            trace = plan
+
+            def head(tail: BackbonePlan | None) -> Callable[[Tensor], Tensor]:
+                if ours:
+                    return self._logits_fn(model, base, tail)
+                return self._replayed_logits_fn(model, base, tail, out, call_model, head_inputs, trace)
+
+            last, means = self._unfused(out, states, valid, y, sample, read, head, plan)
+        if not read:
+            return torch.cat([last.new_full((num_inner,), float("nan")), last[None]])
+        if len(read) == num_inner:
+            return torch.cat([means, last[None]])
+        f = last.new_full((num_inner,), float("nan"))
+        f = f.index_copy(0, torch.tensor(read, device=f.device), means.to(f.dtype))
+        return torch.cat([f, last[None]])
+
+    def _unfused(
+        self,
+        out: object,
+        states: tuple[Tensor, ...],
+        valid: Tensor,
+        y: Tensor,
+        sample: Tensor | None,
+        read: list[int],
+        head: Callable[[BackbonePlan | None], Callable[[Tensor], Tensor]],
+        plan: BackbonePlan,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The slow twin: rows gathered and stacked, then :func:`chunked_token_ce` through ``head``."""
 
         def rows(h: Tensor, subset: Tensor | None) -> Tensor:
             picked = h[:, :-1][valid]
             return picked if subset is None else picked[subset]
 
-        # Layers 0..L-1: one chunked pass over their stacked rows (same targets for every layer), through
-        # the traced tail (the final norm) and the head.
-        num_inner = len(states) - 1
-        read = list(range(num_inner)) if self.layers is None else [i for i in self.layers if i < num_inner]
         # Layer L: every token of the backbone's own last_hidden_state, already through the tail.
         ce_last = chunked_token_ce(
             rows(out.last_hidden_state, None), y, head(None), self.chunk_size, self.checkpoint
         )
         if not read:
-            return torch.cat([ce_last.new_full((num_inner,), float("nan")), ce_last.mean()[None]])
+            return ce_last.mean(), None
+        # Layers 0..L-1: one chunked pass over their stacked rows (same targets for every layer), through
+        # the traced tail (the final norm) and the head.
+        y_inner = y if sample is None else y[sample]
         x_inner = torch.cat([rows(states[i], sample) for i in read])
         ce_inner = chunked_token_ce(
             x_inner, y_inner.repeat(len(read)), head(plan), self.chunk_size, self.checkpoint
         )
-        means = ce_inner.view(len(read), -1).mean(1)
-        if len(read) == num_inner:
-            return torch.cat([means, ce_last.mean()[None]])
-        f = ce_last.new_full((num_inner,), float("nan"))
-        f = f.index_copy(0, torch.tensor(read, device=f.device), means)
-        return torch.cat([f, ce_last.mean()[None]])
+        return ce_last.mean(), ce_inner.view(len(read), -1).mean(1)
+
+    def _fused(
+        self,
+        model: nn.Module,
+        base: nn.Module,
+        plan: BackbonePlan,
+        out: object,
+        states: tuple[Tensor, ...],
+        valid: Tensor,
+        y: Tensor,
+        sample: Tensor | None,
+        read: list[int],
+    ) -> tuple[Tensor, Tensor | None]:
+        """Each layer through :func:`linear_cross_entropy`: rows picked by index from the layer's own hidden
+        state, the tail applied chunk by chunk inside it; no rows stacked, no logits kept."""
+        linear = model.get_output_embeddings()
+        scale, softcap = _postprocessing(model)
+        batch, length = valid.shape[0], valid.shape[1] + 1
+        positions = torch.arange(batch * length, device=valid.device).view(batch, length)[:, :-1]
+        idx = positions[valid]  # rows of a flattened [B·T, H] state that have a target
+        common = {
+            "bias": linear.bias,
+            "chunk_size": self.chunk_size,
+            "scale": scale,
+            "softcap": softcap,
+        }
+        # Layer L: the objective, a mean, so its gradients are formed in the forward pass.
+        last = linear_cross_entropy(out.last_hidden_state, linear.weight, y, rows=idx, **common)
+        if not read:
+            return last, None
+        # Layers 0..L-1: per-row losses (each layer's weight in the Lagrangian comes later), on the shared
+        # token subsample when there is one.
+        y_inner = y if sample is None else y[sample]
+        idx_inner = idx if sample is None else idx[sample]
+        tail_modules = [base.get_submodule(name) for name in plan.tail]
+        tail_params = [p for m in tail_modules for p in m.parameters() if p.requires_grad]
+
+        def tail(x: Tensor) -> Tensor:
+            return plan.apply_tail(base, x)
+
+        means = [
+            linear_cross_entropy(
+                states[i],
+                linear.weight,
+                y_inner,
+                rows=idx_inner,
+                transform=tail if tail_modules else None,
+                transform_params=tail_params,
+                reduction="none",
+                **common,
+            ).mean()
+            for i in read
+        ]
+        return last, torch.stack(means)
+
+
+def _postprocessing(model: nn.Module) -> tuple[float | None, float | None]:
+    """(the logit multiplier, the soft-cap) that the model applies after its LM head."""
+    scale = getattr(model, "logit_scale", None)
+    divide = getattr(model.config, "logits_scaling", None)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    factor = 1.0
+    if isinstance(scale, (int, float)):
+        factor *= float(scale)
+    if isinstance(divide, (int, float)) and divide != 1:
+        factor /= float(divide)
+    return (None if factor == 1.0 else factor), (float(cap) if cap else None)

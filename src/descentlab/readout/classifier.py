@@ -7,9 +7,10 @@ pooler (BERT, ALBERT) if it has one, and ``head`` everything the task model does
 DeBERTa's ContextPooler, ModernBERT's head with its norm and its ``classifier_pooling`` (mean or cls),
 RoBERTa/MPNet's classification head, DistilBERT's pre-classifier, GPT-2's last-token score, ViT's
 classifier on the CLS token, and the model's loss rule (``problem_type``). The tail and pooler are traced
-from the model's structure (:mod:`descentlab.readout.structure`); the head is *replayed*: the task model's
-forward runs with its backbone returning layer l's output, so nothing of it is re-implemented and f_L is
-the model's own loss. The backbone runs once; the head runs L+1 times on B rows each.
+from the model's structure (:mod:`descentlab.readout.structure`), once per model, on a separate forward of
+one row and two positions without gradients, so the training forward runs without hooks. The head is
+*replayed*: the task model's forward runs with its backbone returning layer l's output, so nothing of it
+is re-implemented and f_L is the model's own loss. The backbone runs once; the head runs L+1 times on B rows each.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from descentlab.readout.structure import (
     backbone_of,
     layer_output,
     loss_of,
+    minimal_inputs,
     replay_head,
 )
 
@@ -72,10 +74,10 @@ class ClassifierReadout(Readout):
         if accepts(base, "use_cache"):
             inputs["use_cache"] = False
 
-        def run():
-            return base(**inputs, output_hidden_states=True, return_dict=True)
+        def run(small: dict | None = None):
+            return base(**(inputs if small is None else small), output_hidden_states=True, return_dict=True)
 
-        plan, out = backbone_forward(base, run)
+        plan, out = backbone_forward(base, run, lambda tokens: run(minimal_inputs(inputs, tokens)))
         states = hidden_states_of(out, getattr(model.config, "num_hidden_layers", None), model)
         head_inputs = model_inputs(model, batch)
         if labels is not None:

@@ -17,7 +17,10 @@ sub-modules and reads the structure off the calls:
   ``pooler_output``.
 
 Every link is checked on the traced tensors (by identity, else by value); anything that does not chain up
-raises one :class:`~descentlab.errors.ModelError` naming the missing piece. The result is a
+raises one :class:`~descentlab.errors.ModelError` naming the missing piece. The readouts trace a separate
+forward on one row and two positions of the batch (:func:`minimal_inputs`), without gradients and with the
+random state restored (:func:`probing`), never the training forward: hooks that keep every sub-module's
+input and output would defeat activation checkpointing on the first step. The result is a
 :class:`BackbonePlan` of module names, cached per model; the head itself is the model's own code, replayed
 with :func:`replay_head` on the backbone output of another layer.
 """
@@ -272,15 +275,79 @@ def _trace_pooler(
 
 _PLANS: weakref.WeakKeyDictionary[nn.Module, BackbonePlan] = weakref.WeakKeyDictionary()
 
+PROBE_TOKENS = 2
 
-def backbone_forward(backbone: nn.Module, run: Callable[[], Any]) -> tuple[BackbonePlan, Any]:
-    """The backbone's forward output and its plan (traced on the first call for this backbone, then cached)."""
+
+def minimal_inputs(inputs: Mapping[str, Any], tokens: int | None = PROBE_TOKENS) -> dict[str, Any]:
+    """The first row of a batch, cut to its first ``tokens`` positions (None: all), with every position
+    attended: the smallest forward that shows a model's structure.
+
+    Tensors whose leading dimension is the batch size lose the other rows; those shaped ``[B, T, ...]``
+    like ``input_ids`` (or ``[B, ., T, T]`` masks) also lose positions >= ``tokens``. Other values pass.
+    """
+    ids = inputs.get("input_ids")
+    lead = ids if isinstance(ids, Tensor) else first_tensor(dict(inputs))
+    if lead is None or lead.dim() == 0:
+        return dict(inputs)
+    batch = lead.shape[0]
+    length = lead.shape[1] if isinstance(ids, Tensor) and ids.dim() >= 2 else None
+    keep = None if tokens is None or length is None else min(tokens, length)
+    small: dict[str, Any] = {}
+    for key, value in inputs.items():
+        if isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == batch:
+            value = value[:1]
+            if keep is not None and value.dim() >= 2 and value.shape[1] == length:
+                value = value[:, :keep]
+            elif keep is not None and value.dim() == 4 and value.shape[-2:] == (length, length):
+                value = value[..., :keep, :keep]
+            if key == "attention_mask":
+                value = torch.ones_like(value) if value.dim() == 2 else value
+        small[key] = value
+    return small
+
+
+@contextlib.contextmanager
+def probing(module: nn.Module) -> Iterator[None]:
+    """No gradients, and the random state restored afterwards (a probe forward draws no dropout mask that
+    the training forward would otherwise have drawn)."""
+    param = next(module.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    devices = [device] if device.type not in ("cpu", "meta") else []
+    kwargs = {"device_type": device.type} if devices else {}
+    with torch.no_grad(), torch.random.fork_rng(devices=devices, **kwargs):
+        yield
+
+
+def backbone_forward(
+    backbone: nn.Module,
+    run: Callable[[], Any],
+    probe: Callable[[int | None], Any] | None = None,
+) -> tuple[BackbonePlan, Any]:
+    """The backbone's forward output and its plan (traced once per backbone, then cached).
+
+    Args:
+        backbone: the backbone.
+        run: its forward with hidden states, as the readout uses it.
+        probe: ``probe(tokens)`` runs the same forward on :func:`minimal_inputs` of the batch. When given,
+            the structure is traced on ``probe(PROBE_TOKENS)`` under :func:`probing` (retried once on the
+            whole first row), so the traced forward holds a few small tensors and the training forward
+            runs without hooks: the first step's peak memory is that of every later step. Without it,
+            ``run()`` itself is traced (its hooks keep every sub-module's input and output to the end).
+    """
     plan = _PLANS.get(backbone)
     if plan is not None:
         return plan, run()
-    plan, out = trace_backbone(backbone, run)
+    if probe is None:
+        plan, out = trace_backbone(backbone, run)
+        _PLANS[backbone] = plan
+        return plan, out
+    with probing(backbone):
+        try:
+            plan, _ = trace_backbone(backbone, lambda: probe(PROBE_TOKENS))
+        except Exception:  # a model that needs more positions than the probe has: its whole first row
+            plan, _ = trace_backbone(backbone, lambda: probe(None))
     _PLANS[backbone] = plan
-    return plan, out
+    return plan, run()
 
 
 def backbone_of(model: nn.Module) -> nn.Module:
@@ -380,6 +447,8 @@ __all__ = [
     "first_tensor",
     "layer_output",
     "loss_of",
+    "minimal_inputs",
+    "probing",
     "replay_head",
     "returning",
     "trace_backbone",
