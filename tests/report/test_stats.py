@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats as sp
 
-from descentlab.report.stats import BootstrapCI, column_mean_std, mean_std, paired_bootstrap, verdict
+from descentlab.report.stats import column_mean_std, mean_std, paired_bootstrap
 
 
 def test_mean_std_matches_the_experiments_copies() -> None:
@@ -73,41 +73,3 @@ def test_coverage_near_95_percent(shape: tuple[int, ...]) -> None:
         ci = paired_bootstrap(d, np.zeros(shape), n_boot=500, seed=i)
         hits += ci.low <= 0.2 <= ci.high
     assert 0.90 <= hits / trials <= 0.985
-
-
-def _ci(low: float, high: float) -> BootstrapCI:
-    return BootstrapCI(mean=(low + high) / 2, low=low, high=high, n=100, shape=(100,))
-
-
-@pytest.mark.parametrize(
-    ("low", "high", "direction", "size", "outcome"),
-    [
-        (0.1, 0.3, "greater", None, "reproduced"),
-        (-0.3, -0.1, "greater", None, "refuted"),
-        (-0.1, 0.3, "greater", None, "inconclusive"),
-        (-0.3, -0.1, "less", None, "reproduced"),
-        (0.1, 0.3, "less", None, "refuted"),
-        (-0.3, 0.1, "less", None, "inconclusive"),
-        (0.1, 0.3, "greater", 0.2, "reproduced"),  # the claimed size lies inside the CI
-        (0.1, 0.3, "greater", 0.05, "reproduced"),  # larger than claimed
-        (0.1, 0.3, "greater", 0.5, "refuted"),  # an effect, but the claimed size is excluded
-        (-0.1, 0.3, "greater", 0.5, "refuted"),
-        (-0.1, 0.3, "greater", 0.2, "inconclusive"),
-        (-0.5, -0.1, "less", 0.3, "reproduced"),
-        (-0.2, -0.1, "less", 0.3, "refuted"),
-    ],
-)
-def test_verdict_truth_table(
-    low: float, high: float, direction: str, size: float | None, outcome: str
-) -> None:
-    v = verdict(_ci(low, high), direction, size)  # type: ignore[arg-type]
-    assert v.outcome == outcome and str(v) == outcome
-    assert (v.min_detectable_effect is not None) == (outcome == "inconclusive")
-
-
-def test_min_detectable_effect_is_the_80_percent_power_effect() -> None:
-    ci = _ci(-0.1, 0.3)
-    mde = verdict(ci, "greater").min_detectable_effect
-    se = ci.half_width / sp.norm.ppf(0.975)
-    # a true effect of MDE is detected (estimate above 1.96 se) with probability 0.8
-    assert sp.norm.sf(sp.norm.ppf(0.975) * se, loc=mde, scale=se) == pytest.approx(0.8)

@@ -16,7 +16,6 @@ from descentlab.errors import ConfigError
 from descentlab.io import atomic_write_text
 from descentlab.report.claims import Claim, claim_notes, claims_table
 from descentlab.report.figures import plot_curves, plot_layer_loss
-from descentlab.report.registry import experiment_figures
 from descentlab.report.tables import (
     csv_table,
     curve_names,
@@ -104,7 +103,7 @@ def _section(
     if plot_layer_loss(methods, run_dir / "figures" / "layer-loss.png", title=name):
         figures.append(("figures/layer-loss.png", "Loss read out at each layer"))
     # figures the run wrote itself, then those the experiment's figure module (re)draws from saved data
-    own = figures_fn(results, run_dir) if figures_fn is not None else experiment_figures(results, run_dir)
+    own = figures_fn(results, run_dir) if figures_fn is not None else []
     for f in [*results.get("figures", []), *own]:
         if f["path"] not in (p for p, _ in figures):
             figures.append((f["path"], f.get("caption", "")))
