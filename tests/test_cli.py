@@ -72,3 +72,68 @@ def test_run_writes_a_complete_run_directory_and_resume_is_a_no_op(tmp_path, cap
     assert main(["run", "smoke", f"resume={run_dir}"]) == 0
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == steps_before  # nothing retrained
     assert main(["run", "smoke", f"resume={run_dir}", "n_train=5"]) == 2
+
+
+def test_an_out_folder_that_cannot_be_made_exits_2_with_one_line(capsys) -> None:
+    """Issue 33: `--out /proc/nope` printed a traceback and exited 1."""
+    assert main(["run", "smoke", "--out", "/proc/nope/runs"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot create a run directory under /proc/nope/runs" in err and len(err.splitlines()) == 1
+
+
+def test_resume_of_another_experiments_run_exits_2_naming_it(tmp_path, capsys) -> None:
+    """Issue 33: resume= a run of another experiment gave a 3-line OmegaConf message."""
+    other = tmp_path / "sparse-vit-20260101-000000"
+    other.mkdir()
+    (other / "config.yaml").write_text("vit:\n  depth: 2\nseeds: [0]\n")
+    (other / "config.json").write_text(json.dumps({"experiment": "sparse-vit", "config": {}}))
+    assert main(["run", "smoke", f"resume={other}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "sparse-vit" in err and f"descentlab run sparse-vit resume={other}" in err
+    # without config.json the saved config itself does not fit: still one line
+    (other / "config.json").unlink()
+    assert main(["run", "smoke", f"resume={other}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "another experiment" in err, err
+
+
+def test_a_run_that_fails_before_training_leaves_no_run_directory(tmp_path, capsys) -> None:
+    """Issue 33: an input error found once the run started (here: a dataset that does not exist) left a
+    half-made run directory behind; it now leaves nothing, and says so in its one line."""
+    assert main(["run", "smoke", "--out", str(tmp_path), "dataset=no_such_dataset", "n_train=10"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no_such_dataset" in err, err
+    assert list(tmp_path.iterdir()) == [], "nothing was trained: the run directory must be removed"
+
+
+def test_a_folder_that_is_not_a_model_gives_one_clear_line(tmp_path) -> None:
+    """Issue 33: a folder without a model gave a 5-line tokenizer message."""
+    from descentlab.data import load_causal_lm, load_encoder_classifier
+    from descentlab.errors import ModelError
+
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    for load in (load_encoder_classifier, load_causal_lm):
+        with pytest.raises(ModelError) as info:
+            load(str(tmp_path))
+        message = str(info.value)
+        assert "\n" not in message and "not a model folder" in message and "config.json" in message, message
+
+
+@pytest.mark.parametrize(
+    ("typo", "offline"), [("minlm", "minilm"), ("MiniLM", "minilm"), ("smolm2", "smollm2")]
+)
+def test_an_offline_name_typo_fails_at_once_listing_the_offline_names(typo, offline) -> None:
+    """Issue 33: 'minlm' cost ~45 s of hub retries and the error did not list the offline names."""
+    import time
+
+    from descentlab.data import load_causal_lm, load_encoder_classifier
+    from descentlab.errors import ConfigError
+
+    load = load_encoder_classifier if offline == "minilm" else load_causal_lm
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        load(typo)
+    assert time.monotonic() - start < 5
+    message = str(info.value)
+    assert f"did you mean {offline!r}" in message and f"Offline names: {offline}" in message, message

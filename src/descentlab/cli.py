@@ -1,17 +1,21 @@
 """Command line: ``descentlab list | run | report | demo | reproduce``.
 
 Exit codes: 0 success; 2 usage, config or input error (one clear message on stderr, no traceback);
-1 failure during the run. ``run`` prints the run directory as the last line of standard output.
+1 failure during the run; 130 interrupted (SIGTERM / Ctrl-C). ``run`` prints the run directory as the last
+line of standard output, also when interrupted (then stderr says how to resume it). A run that fails on an
+input error before anything was trained leaves no run directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from descentlab.errors import DescentlabError
+from descentlab.errors import ConfigError, DescentlabError
 from descentlab.train.loop import TrainingInterrupted
 
 
@@ -56,6 +60,26 @@ def _offline_by_default() -> None:
             os.environ.setdefault(var, "1")
 
 
+def _children(folder: str) -> set[Path]:
+    try:
+        return set(Path(folder).iterdir())
+    except OSError:  # missing or unreadable: RunDir.create reports it
+        return set()
+
+
+def _check_resume_experiment(name: str, resume: str) -> None:
+    """resume= a run of another experiment: say whose run it is, in one line (config.json names it)."""
+    try:
+        made_by = json.loads((Path(resume) / "config.json").read_text()).get("experiment")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(made_by, str) and made_by != name:
+        raise ConfigError(
+            f"{resume} is a run of {made_by!r}, not {name!r}; resume it with: descentlab run {made_by} "
+            f"resume={resume}"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _offline_by_default()
     parser = build_parser()
@@ -86,9 +110,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     resume = item.split("=", 1)[1]
                 else:
                     overrides.append(item)
-            path = run_experiment(
-                args.name, preset=args.preset, overrides=overrides, out=args.out, resume=resume
-            )
+            if resume is not None:
+                _check_resume_experiment(args.name, resume)
+            before = _children(args.out) if resume is None else None
+            try:
+                path = run_experiment(
+                    args.name, preset=args.preset, overrides=overrides, out=args.out, resume=resume
+                )
+            except DescentlabError:
+                if before is not None:  # a fresh run that failed before training leaves nothing behind
+                    from descentlab.train.rundir import discard_untrained
+
+                    for made in _children(args.out) - before:
+                        discard_untrained(made)
+                raise
             print(path)
             return 0
         names = (
@@ -106,6 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except TrainingInterrupted as exc:
         print(f"descentlab: {exc}", file=sys.stderr)
+        if exc.run_dir is not None:  # stdout's last line is the run directory, as after a finished run
+            print(
+                f"descentlab: resume it with: descentlab run {getattr(args, 'name', 'NAME')} resume={exc.run_dir}",
+                file=sys.stderr,
+            )
+            print(exc.run_dir, flush=True)
         return 130
     except KeyboardInterrupt:
         print("descentlab: interrupted", file=sys.stderr)

@@ -162,4 +162,8 @@ def load_config_yaml(config_cls: type[T], text: str) -> T:
         merged = OmegaConf.merge(OmegaConf.structured(config_cls), OmegaConf.create(text))
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
     except OmegaConfBaseException as exc:
-        raise ConfigError(f"the saved config does not match {config_cls.__name__}: {exc}") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"the saved config does not match {config_cls.__name__} ({first}): is it a run of another "
+            "experiment? resume= takes a run directory made by the same experiment"
+        ) from None

@@ -83,8 +83,12 @@ def test_missing_minilm_names_install_command(monkeypatch):
 
 
 def test_unloadable_model_dir_is_a_model_error(tmp_path):
-    with pytest.raises(ModelError, match="cannot load"):
+    with pytest.raises(ModelError, match="not a model folder"):  # no config.json: refused before loading
         load_encoder_classifier(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelError, match="cannot load") as info:
+        load_encoder_classifier(str(tmp_path))
+    assert "\n" not in str(info.value)  # transformers' multi-line messages are folded into one line
 
 
 def test_smollm2_cache_is_rebuilt_when_the_gguf_changes(tmp_path):

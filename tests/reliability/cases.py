@@ -31,7 +31,7 @@ class CliCase:
     mistake: str
     args: list[str]
     needle: str
-    makes_run_dir: bool = False  # errors found while running leave a run directory marked "failed"
+    makes_run_dir: bool = False  # errors found after training began leave a run directory marked "failed"
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -340,6 +340,11 @@ CLI_CASES: list[CliCase] = [
         "a dataset that is neither installed nor reachable",
         ["run", "smoke", "dataset=no_such_dataset", "n_train=10"],
         "cannot load image dataset",
-        makes_run_dir=True,
+    ),
+    CliCase(
+        "out-not-writable",
+        "--out a folder that cannot be made",
+        ["run", "smoke", "--out", "/proc/nope"],
+        "cannot create a run directory under /proc/nope",
     ),
 ]

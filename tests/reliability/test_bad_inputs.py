@@ -30,7 +30,12 @@ def _snapshot(root: Path) -> dict[str, str]:
 
 
 def run_cli(case: CliCase, out: Path) -> int:
-    args = [*case.args[:2], "--out", str(out), *case.args[2:]] if case.args[0] == "run" else case.args
+    has_out = "--out" in case.args
+    args = (
+        [*case.args[:2], "--out", str(out), *case.args[2:]]
+        if case.args[0] == "run" and not has_out
+        else case.args
+    )
     try:
         return main(args)
     except SystemExit as exc:  # argparse's own usage errors

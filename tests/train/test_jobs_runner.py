@@ -69,7 +69,9 @@ def test_two_workers_give_the_inline_results_and_use_one_thread(tmp_path: Path) 
     with JobRunner(mean_std, workers=2, cache_dir=tmp_path) as jobs:
         pooled = jobs.map(keys, ROWS)
     assert pooled == inline == [list(mean_std(r)) for r in ROWS]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{k}.json" for k in keys)
+    results = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
+    assert results == sorted(f"{k}.json" for k in keys)
+    assert len((tmp_path / ".workers").read_text().splitlines()) == 2  # the two workers, for RunDir.open
     with JobRunner(torch.get_num_threads, workers=2, threads=1) as jobs:
         assert jobs.submit("threads").result() == 1
 

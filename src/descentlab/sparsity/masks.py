@@ -12,6 +12,7 @@ entry with the lowest flat index is kept, so the result is deterministic.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -50,9 +51,13 @@ def _default_module_types() -> tuple[type[nn.Module], ...]:
 class Selection:
     """Which weights are prunable.
 
+    Import it with ``from descentlab.sparsity import Selection``. For a CNN or any model without a list of
+    transformer blocks, pass ``Selection(module_types=(nn.Linear, nn.Conv2d), blocks_only=False)``.
+
     Attributes:
         module_types: Modules whose ``param_name`` parameter is a candidate. Default: ``nn.Linear`` and
-            transformers' ``Conv1D`` (GPT-2).
+            transformers' ``Conv1D`` (GPT-2). Convolutions (``nn.Conv1d/2d/3d``) are not in the default; a
+            selection that skips conv weights it would otherwise take warns once (per model class).
         include: Regular expression the module's qualified name must match (``re.search``); None = all.
         exclude: Regular expression that removes matching modules; None = nothing removed.
         blocks_only: Keep only modules inside the transformer blocks (found by :func:`find_blocks`), which
@@ -110,8 +115,9 @@ def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
             best = (size, name, module)
     if best is None:
         raise ModelError(
-            f"{type(model).__name__} has no list of repeated transformer blocks; pass "
-            "Selection(blocks_only=False, include=...) to choose the prunable weights by name."
+            f"{type(model).__name__} has no list of repeated transformer blocks; pass select="
+            "Selection(blocks_only=False, module_types=(nn.Linear, nn.Conv2d)) (from descentlab.sparsity import "
+            "Selection; add include=/exclude= regexes to choose weights by name)."
         )
     return best[1], best[2]
 
@@ -138,14 +144,19 @@ def select_prunable(model: nn.Module, select: Selection | None = None) -> list[P
     conv1d = _default_module_types()[1:]
     out: list[PrunableTensor] = []
     seen: set[int] = set()
+    skipped: dict[str, int] = {}  # conv weights the selection would take but for module_types
     for mod_name, module in model.named_modules():
-        if not isinstance(module, select.module_types):
-            continue
         if select.blocks_only and id(module) not in block_of:
             continue
         if include is not None and not include.search(mod_name):
             continue
         if exclude is not None and exclude.search(mod_name):
+            continue
+        if not isinstance(module, select.module_types):
+            if isinstance(module, _CONVS) and isinstance(
+                getattr(module, select.param_name, None), nn.Parameter
+            ):
+                skipped[type(module).__name__] = skipped.get(type(module).__name__, 0) + 1
             continue
         param = getattr(module, select.param_name, None)
         if not isinstance(param, nn.Parameter) or id(param) in seen:  # tied weights count once
@@ -154,12 +165,35 @@ def select_prunable(model: nn.Module, select: Selection | None = None) -> list[P
         in_dim = 0 if conv1d and isinstance(module, conv1d) else param.dim() - 1
         full = f"{mod_name}.{select.param_name}" if mod_name else select.param_name
         out.append(PrunableTensor(full, param, block_of.get(id(module)), in_dim))
+    if skipped:
+        _warn_skipped(type(model).__name__, skipped)
     if not out:
         raise ModelError(
-            f"no prunable weights selected in {type(model).__name__} with {select}; widen module_types or "
+            f"no prunable weights selected in {type(model).__name__} with {select}; widen module_types (e.g. "
+            "Selection(module_types=(nn.Linear, nn.Conv2d), blocks_only=False), from descentlab.sparsity) or "
             "the include pattern."
         )
     return out
+
+
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_WARNED_SKIPS: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def _warn_skipped(model: str, skipped: dict[str, int]) -> None:
+    """Warn once per (model class, skipped kinds) that convolution weights are left dense."""
+    key = (model, tuple(sorted(skipped)))
+    if key in _WARNED_SKIPS:
+        return
+    _WARNED_SKIPS.add(key)
+    counts = ", ".join(f"{n} {kind} weight(s)" for kind, n in sorted(skipped.items()))
+    kinds = ", ".join(f"nn.{kind}" for kind in sorted(skipped))
+    warnings.warn(
+        f"select_prunable: {counts} of {model} stay dense: the Selection's module_types do not include "
+        f"them; to prune them too pass Selection(module_types=(nn.Linear, {kinds}), ...) (shown once)",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def num_pruned(numel: int, sparsity: float) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -30,6 +31,9 @@ from typing import Any
 import torch
 
 from descentlab.io import atomic_write_text
+from descentlab.train.procs import die_with_parent, process_identity
+
+WORKERS_FILE = ".workers"  # in the cache folder: "<pid> <start time>" of each worker, one a line
 
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+=-]*")
 
@@ -38,7 +42,19 @@ def _identity(value: Any) -> Any:
     return value
 
 
-def _init_worker(threads: int, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+def _init_worker(
+    threads: int,
+    initializer: Callable[..., None] | None,
+    initargs: tuple[Any, ...],
+    parent: int | None = None,
+    registry: str | None = None,
+) -> None:
+    # first: a worker must never outlive the run that started it (a SIGKILLed parent included)
+    if parent is not None:
+        die_with_parent(parent)
+    if registry is not None:  # a resume of the run refuses to start while a recorded worker still runs
+        with open(registry, "a", encoding="utf-8") as fh:
+            fh.write(f"{os.getpid()} {process_identity(os.getpid()) or '-'}\n")
     # one intra-op thread per worker: `workers` processes share the cores instead of oversubscribing them
     torch.set_num_threads(threads)
     if initializer is not None:
@@ -64,6 +80,11 @@ class JobRunner:
 
     Use it as a context manager: leaving the block waits for the running jobs; leaving it by an exception
     (a failed job, Ctrl-C) cancels the queued ones instead, and the finished ones stay cached.
+
+    Workers die with this process, whatever ends it (SIGKILL included): see
+    :func:`~descentlab.train.procs.die_with_parent`. Each worker records its pid in
+    ``<cache_dir>/.workers``, and :meth:`RunDir.open <descentlab.train.rundir.RunDir.open>` refuses to
+    resume a run while one of them is still alive, so a resumed run is the only writer of its directory.
     """
 
     def __init__(
@@ -87,12 +108,16 @@ class JobRunner:
 
     def __enter__(self) -> JobRunner:
         if self.workers > 1:
+            registry = None
+            if self.cache_dir is not None:
+                self.cache_dir.mkdir(parents=True, exist_ok=True)
+                registry = str(self.cache_dir / WORKERS_FILE)
             # spawn, not fork: forking after torch / OpenMP start-up is not safe
             self._pool = ProcessPoolExecutor(
                 self.workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_worker,
-                initargs=self._init,
+                initargs=(*self._init, os.getpid(), registry),
             )
         return self
 

@@ -104,7 +104,17 @@ class FitResult:
 
 
 class TrainingInterrupted(Exception):
-    """SIGTERM/SIGINT arrived; a checkpoint was written and the run can be resumed."""
+    """SIGTERM/SIGINT arrived; a checkpoint was written and the run can be resumed.
+
+    ``run_dir`` is the absolute path of the run directory to pass as ``resume=`` (None without one).
+    """
+
+    def __init__(self, message: str, run_dir: str | None = None) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses a worker process whole, run_dir included
+        return type(self), (str(self), self.run_dir)
 
 
 def seed_everything(seed: int) -> None:
@@ -367,8 +377,14 @@ def fit(
                 if guard.caught is not None:
                     checkpoint()
                     bar.close()
+                    if run is None:
+                        raise TrainingInterrupted(
+                            f"signal {guard.caught} at step {step}: stopped (no run directory, no checkpoint)"
+                        )
+                    where = str(run.path.resolve())
                     raise TrainingInterrupted(
-                        f"signal {guard.caught} at step {step}: checkpoint written; resume with resume=<run dir>"
+                        f"signal {guard.caught} at step {step}: checkpoint written; resume with resume={where}",
+                        run_dir=where,
                     )
                 if step >= total:
                     break
