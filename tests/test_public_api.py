@@ -25,4 +25,7 @@ def test_public_names_resolve_and_every_experiment_is_registered() -> None:
     for name in experiments.REGISTRY:
         exp = experiments.get(name)
         assert {"quick", "full"} <= set(exp.presets), name
-        assert callable(exp.module.run)
+        assert callable(exp.run) and isinstance(exp.config_cls, type)
+        if name != "smoke":  # a one-file smoke test of the pipeline, not a study
+            assert hasattr(exp.module, "__path__"), f"{name} is not a study folder"
+            assert exp.part("claims") is not None and exp.claims, f"{name} declares no CLAIMS"
