@@ -228,9 +228,9 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
     assert {(m, ref) for name, m, ref, _ in rows if name == "monotone"} == {
         ("constrained", "erm"), ("resilient", "erm")
     }  # fmt: skip
-    # erm-noise was not trained: no positive-control row; deep-supervision, the baseline, is missing: pending
-    assert not any(name == "positive-control" for name, *_ in rows)
-    assert {c["verdict"] for c in claims if c["name"] == "beats-deep-supervision"} == {PENDING}
+    # erm-noise and deep-supervision were not trained: the positive control and the baseline are pending
+    for name in ("positive-control", "beats-deep-supervision"):
+        assert [c["verdict"] for c in claims if c["name"] == name] == [PENDING]
     assert all(c["holm_verdict"] for c in claims if c["role"] == "secondary")
     assert not any("Claims" in t["title"] for t in res["tables"])  # the report renders the claims itself
     assert "follows constrained" in res["protocol"]["selection"]["resilient"]
@@ -363,12 +363,7 @@ def test_accuracy_against_epsilon_end_to_end(tiny_encoder_dir, tmp_path) -> None
         ["gaussian_mechanism", 3.0],
         ["gaussian_mechanism", 300.0],
     ]
-    ldp_rows = [c for c in res["claims"] if c["name"] == "ldp"]
-    assert [(c["method"], c["reference"], c["at"]) for c in ldp_rows] == [
-        ("constrained", "erm-readout", f"{kind}, mean over the ε grid") for kind in ldp["kinds"]
-    ]
-    assert {c["verdict"] for c in ldp_rows} <= {"reproduced", "refuted", "inconclusive"}
-    assert all(c["seeds"] == 2 and c["examples"] == 16 for c in ldp_rows)
+    assert not any("ε" in c["at"] for c in res["claims"])  # described and drawn, not judged
     # the figure is drawn from results.json + arrays/ldp.npz, and rebuilt byte for byte
     arrays = np.load(out / "arrays" / "ldp.npz")
     assert arrays["erm__metric_ldp"].shape == (2, 2, 2, 16)  # [seed, draw (quick: 2), ε, example]

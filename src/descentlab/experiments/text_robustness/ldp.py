@@ -1,6 +1,7 @@
 """text-robustness against the local-DP ε, when the run evaluates the ε kinds: the curves joined over seeds,
-the privacy accounting of the ε grid and the protocol entry. The claim on them is ``ldp`` in :mod:`.claims`;
-the figure is drawn by :mod:`.figures` from ``arrays/ldp.npz``.
+the privacy accounting of the ε grid and the protocol entry. They are described, not judged (no claim of
+the paper is about ε); the figure, with seed-level intervals against the matched control, is drawn by
+:mod:`.figures` from ``arrays/ldp.npz``.
 """
 
 from __future__ import annotations
