@@ -35,6 +35,9 @@ HOW_TO_READ = """\
 - **Primary and secondary.** Each study declares one primary endpoint, with its smallest effect of
   interest, in its committed config before the run. Every other row is secondary: its "Holm" column is
   the verdict after Holm's adjustment over the study's secondary rows, and that is the one to quote.
+  Controls (positive controls, null controls, the simple baselines a person of the field tries first) are
+  judged unadjusted: they show whether the run could see an effect, and a study that loses to a baseline
+  says so.
 - **Pending re-run.** A committed run that did not save the per-seed arrays a claim needs is not re-judged
   from its old summary: its row says "pending re-run".
 """
