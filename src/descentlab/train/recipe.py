@@ -20,6 +20,7 @@ Objectives (the loss the primal optimizer descends):
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -84,6 +85,28 @@ def with_overrides(base: MethodConfig, spec: str) -> MethodConfig:
 def methods_from_specs(base: MethodConfig, specs: Mapping[str, str]) -> dict[str, MethodConfig]:
     """``{label: spec}`` -> ``{label: MethodConfig}``: every method of an experiment from one base."""
     return {label: with_overrides(base, spec) for label, spec in specs.items()}
+
+
+# a method label names job cache files and checkpoint folders
+METHOD_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+def check_method_names(specs: Mapping[str, str], **named: Sequence[str]) -> None:
+    """The labels of ``specs`` are file-name safe, and every list in ``named`` (``methods=[...]``,
+    ``tune_alpha=[...]``) names only labels that ``specs`` defines; ``methods`` names at least one.
+
+    Raises:
+        ConfigError: naming the offending key and the defined labels.
+    """
+    bad = [label for label in specs if not METHOD_LABEL.fullmatch(label)]
+    if bad:
+        raise ConfigError(f"method labels {bad} must match {METHOD_LABEL.pattern}; e.g. horst-a10")
+    if "methods" in named and not named["methods"]:
+        raise ConfigError(f"methods must name at least one of the specs {sorted(specs)}")
+    for key, names in named.items():
+        unknown = sorted(set(names) - set(specs))
+        if unknown:
+            raise ConfigError(f"{key} names unknown methods {unknown}; the specs define {sorted(specs)}")
 
 
 @dataclass

@@ -9,14 +9,13 @@ then cosine), ``specs`` (label -> override spec of it) and ``methods`` (the labe
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from descentlab.errors import ConfigError
 from descentlab.models.gpt2 import GPT2LMConfig
 from descentlab.optim.config import OptimizerConfig
 from descentlab.train.loop import TrainConfig
-from descentlab.train.recipe import MethodConfig, methods_from_specs
+from descentlab.train.recipe import MethodConfig, check_method_names, methods_from_specs
 
 SPECS: dict[str, str] = {
     "adamw": "",
@@ -26,7 +25,6 @@ SPECS: dict[str, str] = {
     # a large mirror strength: the weight-shape claims also read it when it is among ``methods``
     "horst-a30": "optimizer.name=horst optimizer.alpha=30.0 optimizer.beta=0.0",
 }
-_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # it names checkpoint folders and job cache files
 
 
 def _base_method() -> MethodConfig:
@@ -120,18 +118,8 @@ class SparseLMConfig:
     )
 
     def __post_init__(self) -> None:
-        if not self.methods:
-            raise ConfigError(f"methods must name at least one of the specs {sorted(self.specs)}")
-        for key, names in (("methods", self.methods), ("tune_alpha", list(self.tune_alpha))):
-            unknown = sorted(set(names) - set(self.specs))
-            if unknown:
-                raise ConfigError(
-                    f"{key} names unknown methods {unknown}; the specs define {sorted(self.specs)}"
-                )
+        check_method_names(self.specs, methods=self.methods, tune_alpha=list(self.tune_alpha))
         methods_from_specs(self.method, self.specs)  # validates every spec, naming it
-        bad = [label for label in self.specs if not _LABEL.fullmatch(label)]
-        if bad:
-            raise ConfigError(f"method labels {bad} must match {_LABEL.pattern}: they name folders")
         if not self.sparsities or any(not 0.0 < s < 1.0 for s in self.sparsities):
             raise ConfigError(f"sparsities must lie in (0, 1), got {self.sparsities}; e.g. [0.5,0.7,0.9]")
         for key in ("claim_low", "claim_high"):

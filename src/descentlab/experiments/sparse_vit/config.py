@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 
 from descentlab.errors import ConfigError
@@ -10,10 +9,9 @@ from descentlab.models.vit import ViTSpec
 from descentlab.optim.config import OptimizerConfig
 from descentlab.sparsity import ACDCConfig
 from descentlab.train.loop import TrainConfig
-from descentlab.train.recipe import MethodConfig, methods_from_specs
+from descentlab.train.recipe import MethodConfig, check_method_names, methods_from_specs
 
 NAME = "sparse-vit"
-_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a label names job files and checkpoint folders
 PAPER_LIKE = ("adamw", "horst")  # the methods of the paper-like arm
 
 
@@ -92,17 +90,7 @@ class SparseViTConfig:
             raise ConfigError(f"sparsities must lie in (0, 1), got {bad}; e.g. sparsities=[0.7,0.8,0.9]")
         if not self.seeds:
             raise ConfigError("seeds must list at least one seed")
-        labels = [label for label in self.specs if not _LABEL.fullmatch(label)]
-        if labels:
-            raise ConfigError(f"method labels {labels} must match {_LABEL.pattern}; e.g. horst-a10")
-        if not self.methods:
-            raise ConfigError(f"methods must name at least one of the specs {sorted(self.specs)}")
-        for key, names in (("methods", self.methods), ("tune_alpha", list(self.tune_alpha))):
-            unknown = sorted(set(names) - set(self.specs))
-            if unknown:
-                raise ConfigError(
-                    f"{key} names unknown methods {unknown}; the specs define {sorted(self.specs)}"
-                )
+        check_method_names(self.specs, methods=self.methods, tune_alpha=list(self.tune_alpha))
         if self.dense is not None and self.dense not in self.specs:
             raise ConfigError(f"dense={self.dense!r} is not a method; choose one of {sorted(self.specs)}")
         if self.tune and self.lr_from is not None and self.lr_from not in self.methods:
