@@ -1,4 +1,4 @@
-"""Command line: ``descentlab list | run | report | demo | reproduce``.
+"""Command line: ``descentlab list | config | run | report | demo | reproduce``.
 
 Exit codes: 0 success; 2 usage, config or input error (one clear message on stderr, no traceback);
 1 failure during the run; 130 interrupted (SIGTERM / Ctrl-C). ``run`` prints the run directory as the last
@@ -9,14 +9,46 @@ input error before anything was trained leaves no run directory.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from descentlab.errors import ConfigError, DescentlabError
 from descentlab.train.loop import TrainingInterrupted
+
+
+def _plain(text: str) -> str:
+    """Docstring text for the terminal: reST literals (``x``) and roles (:func:`x`) as plain words."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    return text.replace("``", "").replace("`", "")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("descentlab")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        from descentlab import __version__
+
+        return __version__
+
+
+def describe(name: str, width: int = 100) -> str:
+    """One line about an experiment: the first paragraph of its study's docstring, without the leading
+    ``name:``, cut at the first sentence and at ``width`` characters (on a word)."""
+    from descentlab.experiments import get
+
+    doc = (get(name).module.__doc__ or "").strip()
+    text = " ".join(doc.split("\n\n", 1)[0].split())
+    if text.startswith(f"{name}:"):
+        text = text[len(name) + 1 :].strip()
+    text = _plain(re.split(r"(?<=[.?!])\s", text, maxsplit=1)[0])
+    if len(text) > width:
+        text = text[: width - 1].rsplit(" ", 1)[0].rstrip(",;:") + "…"
+    return text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,9 +59,18 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="descentlab", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="descentlab", description=_plain(__doc__.splitlines()[0]))
+    parser.add_argument("--version", action="version", version=f"descentlab {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="print the experiment names, one a line")
+    sub.add_parser("list", help="print the experiments, one a line, each with what it does")
+    config = sub.add_parser(
+        "config", help="print an experiment's resolved config (YAML), as run would use it; nothing is run"
+    )
+    config.add_argument("name")
+    config.add_argument(
+        "--preset", default=None, help="quick, full, or another preset the experiment defines"
+    )
+    config.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for run")
     run = sub.add_parser("run", help="run an experiment into a fresh run directory")
     run.add_argument("name")
     run.add_argument(
@@ -86,14 +127,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     # key=value overrides may come before or after --preset/--out, which argparse's positionals do not allow
     args, extra = parser.parse_known_args(argv)
     if extra:
-        if args.command != "run" or any(item.startswith("-") for item in extra):
+        if args.command not in ("run", "config") or any(item.startswith("-") for item in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
     try:
         if args.command == "list":
             from descentlab.experiments import available
 
-            print("\n".join(available()))
+            names = available()
+            width = max(map(len, names), default=0)
+            for name in names:
+                print(f"{name:<{width}}  {describe(name)}")
+            return 0
+        if args.command == "config":
+            from descentlab.config import config_to_yaml, resolve_config
+            from descentlab.experiments import get
+
+            exp = get(args.name)
+            cfg = resolve_config(
+                exp.config_cls, preset=args.preset, presets=exp.presets, overrides=args.overrides
+            )
+            print(config_to_yaml(cfg), end="")
             return 0
         if args.command == "report":
             from descentlab.experiments import report_run

@@ -9,6 +9,10 @@ None; tuples come back as lists. Anything else (tensors, curve objects) goes thr
 ``decode`` pair: the cache stores ``encode(result)`` and every result handed back, fresh or cached, is
 ``decode(json round trip of encode(result))``, so a resumed run sees exactly what an uninterrupted one does.
 
+With workers, the parent shows one progress bar over the finished jobs, and the workers' own per-step bars
+(``fit``'s) are off: ``DESCENTLAB_PROGRESS=0`` is set in every worker (:func:`progress_allowed`), so parallel
+bars never interleave on one terminal line.
+
 Usage::
 
     with JobRunner(train_and_eval, workers=cfg.workers, cache_dir=run.path / "jobs") as jobs:
@@ -23,19 +27,29 @@ import json
 import multiprocessing
 import os
 import re
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from descentlab.io import atomic_write_text
 from descentlab.train.procs import die_with_parent, process_identity
 
 WORKERS_FILE = ".workers"  # in the cache folder: "<pid> <start time>" of each worker, one a line
 
+PROGRESS_ENV = "DESCENTLAB_PROGRESS"  # "0": no per-step progress bars in this process (set in workers)
+
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+=-]*")
+
+
+def progress_allowed() -> bool:
+    """False where per-step progress bars must stay off: in a :class:`JobRunner` worker, or wherever the
+    environment sets ``DESCENTLAB_PROGRESS=0``."""
+    return os.environ.get(PROGRESS_ENV, "1") != "0"
 
 
 def _identity(value: Any) -> Any:
@@ -52,6 +66,7 @@ def _init_worker(
     # first: a worker must never outlive the run that started it (a SIGKILLed parent included)
     if parent is not None:
         die_with_parent(parent)
+    os.environ[PROGRESS_ENV] = "0"  # the parent's one bar over jobs replaces the workers' per-step bars
     if registry is not None:  # a resume of the run refuses to start while a recorded worker still runs
         with open(registry, "a", encoding="utf-8") as fh:
             fh.write(f"{os.getpid()} {process_identity(os.getpid()) or '-'}\n")
@@ -77,6 +92,8 @@ class JobRunner:
             (e.g. to load the data once per worker).
         threads: intra-op threads of each worker.
         encode, decode: map a result to JSON-able data and back (identity by default).
+        progress: with workers, show one progress bar over the jobs they run (finished / queued) on stderr;
+            the workers' own per-step bars are always off.
 
     Use it as a context manager: leaving the block waits for the running jobs; leaving it by an exception
     (a failed job, Ctrl-C) cancels the queued ones instead, and the finished ones stay cached.
@@ -98,6 +115,7 @@ class JobRunner:
         threads: int = 1,
         encode: Callable[[Any], Any] = _identity,
         decode: Callable[[Any], Any] = _identity,
+        progress: bool = True,
     ) -> None:
         self.fn, self.workers, self.encode, self.decode = fn, workers, encode, decode
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
@@ -105,6 +123,9 @@ class JobRunner:
         self._futures: dict[str, Future] = {}
         self._pool: ProcessPoolExecutor | None = None
         self._queued: list[Future] = []  # the pool's futures, cancelled when the block fails
+        self.progress = progress
+        self._bar: Any = None  # the one bar over the pool's jobs
+        self._bar_lock = threading.Lock()  # done callbacks run in the pool's thread
 
     def __enter__(self) -> JobRunner:
         if self.workers > 1:
@@ -119,6 +140,13 @@ class JobRunner:
                 initializer=_init_worker,
                 initargs=(*self._init, os.getpid(), registry),
             )
+            self._bar = tqdm(
+                total=0,
+                desc=f"jobs ({self.workers} workers)",
+                unit="job",
+                disable=not (self.progress and progress_allowed()),
+                dynamic_ncols=True,
+            )
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
@@ -130,6 +158,8 @@ class JobRunner:
             for raw in self._queued:
                 raw.cancel()
         self._pool.shutdown(wait=exc_type is None, cancel_futures=exc_type is not None)
+        with self._bar_lock:
+            self._bar.close()
 
     def cache_path(self, key: str) -> Path | None:
         if not _KEY.fullmatch(key):
@@ -157,12 +187,18 @@ class JobRunner:
         else:
             raw = self._pool.submit(_run_and_encode, self.fn, self.encode, args)
             self._queued.append(raw)
+            with self._bar_lock:
+                self._bar.total += 1
+                self._bar.refresh()
             future = Future()
 
             def done(f: Future, out: Future = future, path: Path | None = path) -> None:
                 if f.cancelled():
                     out.cancel()
-                elif f.exception() is not None:
+                    return
+                with self._bar_lock:
+                    self._bar.update(1)
+                if f.exception() is not None:
                     out.set_exception(f.exception())  # type: ignore[arg-type]
                 else:
                     try:

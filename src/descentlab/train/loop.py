@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from descentlab.errors import ConfigError, DataError, NumericalError
 from descentlab.train.checkpoint import load_latest, save_checkpoint, set_rng_state
+from descentlab.train.jobs import progress_allowed
 from descentlab.train.protocols import (
     EpochEndHook,
     MasksGradients,
@@ -318,7 +319,7 @@ def fit(
         total=total,
         initial=step,
         desc=tag or "train",
-        disable=not (cfg.progress and accelerator.is_main_process),
+        disable=not (cfg.progress and accelerator.is_main_process and progress_allowed()),
         dynamic_ncols=True,
         leave=False,
     )
