@@ -323,6 +323,14 @@ class ACDC:
         self._set_masks({k: masks[k].to(device=by_name[k].device, dtype=torch.bool) for k in by_name})
         self._zero_pruned_()
 
+    def __repr__(self) -> str:
+        p = self.phase
+        masked = len(self._masks) if self._masks is not None else 0
+        return (
+            f"ACDC(sparsity={self.sparsity:g}, scope={self.scope!r}, phase={p.kind!r} [{p.start}, {p.end}), "
+            f"step={self.step_count}/{self.phases[-1].end}, masked={masked}/{len(self.tensors)} tensors)"
+        )
+
 
 def _states_of(optimizer: Any, param: torch.Tensor) -> list[dict]:
     """Per-parameter state dicts of ``optimizer`` and of optimizers it wraps (``.optimizer`` or

@@ -88,8 +88,32 @@ class SparsityReport:
         lines.append(f"| **global** | all | {c.numel} | {c.zeros} | {c.sparsity:.4f} |")
         return "\n".join(lines)
 
+    def table(self, per_tensor: bool = True) -> str:
+        """A plain-text table for the terminal: each block's tensors (one row per layer weight, optional),
+        then the block's total, and a global row last."""
+        rows = [("tensor", "block", "entries", "zeros", "sparsity")]
+
+        def row(label: str, block: str, c: TensorCount) -> None:
+            rows.append((label, block, f"{c.numel:,}", f"{c.zeros:,}", f"{c.sparsity:.4f}"))
+
+        for block, total in self.blocks.items():
+            if per_tensor:
+                for name, c in self.tensors.items():
+                    if self.block_of.get(name, "other") == block:
+                        row(name, block, c)
+            row("(block total)", block, total)
+        row("global", "all", self.total)
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        return "\n".join(
+            "  ".join(
+                cell.ljust(w) if i < 2 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(r, widths, strict=True))
+            )
+            for r in rows
+        )
+
     def __str__(self) -> str:
-        return self.to_markdown(per_tensor=False)
+        return self.table()
 
 
 _BLOCK_INDEX = re.compile(r"\.(\d+)\.")
