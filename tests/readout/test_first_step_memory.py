@@ -14,7 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from descentlab.constrained import LayerwiseDescent
 from descentlab.readout import CausalLMReadout, layer_losses
-from tiny_models import tiny_bert, tiny_gpt2, tiny_llama
+from tiny_models import FAMILIES, family_batch, tiny_bert, tiny_family, tiny_gpt2, tiny_llama
 
 
 def transient_peak_bytes(step: Callable[[], None]) -> int:
@@ -118,3 +118,15 @@ def test_the_probe_draws_no_random_numbers() -> None:
     torch.manual_seed(5)
     fb = layer_losses(b, batch)  # b is traced inside this call
     torch.testing.assert_close(fa, fb, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", [n for n, (kind, *_) in FAMILIES.items() if kind == "lm"])
+def test_fused_equals_unfused_on_every_causal_lm_family(name: str) -> None:
+    """Biased heads (Phi), logit scales (Cohere, Granite), OPT's project_out tail, tied embeddings."""
+    model = tiny_family(name).train()
+    batch = family_batch(name)
+    got = _grads(model, batch, CausalLMReadout(chunk_size=5))
+    ref = _grads(model, batch, CausalLMReadout(chunk_size=5, fused=False))
+    torch.testing.assert_close(got[0], ref[0], rtol=0, atol=1e-5)
+    for a, b in zip(got[1], ref[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -140,17 +140,13 @@ class CausalLMReadout(Readout):
             raise ModelError(
                 f"{type(model).__name__} has no output embeddings (LM head) to read layers out with"
             )
-        cap = getattr(model.config, "final_logit_softcapping", None)
-        scale = getattr(model, "logit_scale", None)
-        divide = getattr(model.config, "logits_scaling", None)
+        scale, cap = _postprocessing(model)
 
         def logits_fn(x: Tensor) -> Tensor:
             logits = head(plan.apply_tail(base, x) if plan is not None else x)
-            if isinstance(scale, (int, float)):
+            if scale is not None:
                 logits = logits * scale
-            if isinstance(divide, (int, float)) and divide != 1:
-                logits = logits / divide
-            if cap:
+            if cap is not None:
                 logits = torch.tanh(logits / cap) * cap
             return logits
 
@@ -243,12 +239,11 @@ class CausalLMReadout(Readout):
         if self.fused and self.chunk_size is not None and ours and type(linear) is nn.Linear:
             last, means = self._fused(model, base, plan, out, states, valid, y, sample, read)
         else:
-            trace = plan
 
             def head(tail: BackbonePlan | None) -> Callable[[Tensor], Tensor]:
                 if ours:
                     return self._logits_fn(model, base, tail)
-                return self._replayed_logits_fn(model, base, tail, out, call_model, head_inputs, trace)
+                return self._replayed_logits_fn(model, base, tail, out, call_model, head_inputs, plan)
 
             last, means = self._unfused(out, states, valid, y, sample, read, head, plan)
         if not read:
