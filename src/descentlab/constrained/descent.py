@@ -22,6 +22,7 @@ from torch import Tensor
 
 from descentlab.constrained.dual import DualVariables, Resilience
 from descentlab.errors import CheckpointError, ConfigError, ModelError
+from descentlab.logs import LazyLogs
 
 AlphaSpec = float | Sequence[float] | Callable[[int], float]
 ConstraintForm = Literal["difference", "ratio"]
@@ -342,17 +343,50 @@ class LayerwiseDescent:
         """ĝ of the last ``lagrangian`` call (detached), or None before the first."""
         return self._last_g
 
-    def log_dict(self) -> dict[str, float]:
-        """Per-layer f̂, ĝ, λ (and u) of the last ``lagrangian`` call: {"f/0": .., "g/1": .., "lambda/1": ..}."""
-        out: dict[str, float] = {}
+    def log_values(self) -> LazyLogs:
+        """Per-layer f̂, ĝ, λ (and u) of the last ``lagrangian`` call, kept on the device until read.
+
+        Keys as :meth:`log_dict`; the first read of any value reads all of them back at once (one host
+        read, which also reads the deferred guards and runs :meth:`check_health` when one fired), so a
+        training step that only builds its logs never syncs.
+        """
+        vectors: dict[str, tuple[Tensor, int]] = {}
         if self._last_f is not None:
-            out.update({f"f/{i}": v for i, v in enumerate(self._last_f.float().tolist())})
-            out.update({f"g/{i + 1}": v for i, v in enumerate(self._last_g.float().tolist())})
-        out.update({f"lambda/{i + 1}": v for i, v in enumerate(self.duals.lam.tolist())})
+            vectors["f"] = (self._last_f, 0)
+            vectors["g"] = (self._last_g, 1)
+        vectors["lambda"] = (self.duals.lam, 1)
         slacks = self.slacks
         if slacks is not None:
-            out.update({f"u/{i + 1}": v for i, v in enumerate(slacks.tolist())})
-        return out
+            vectors["u"] = (slacks, 1)
+        flag = self.health_flag()
+        return LazyLogs(vectors=vectors, alarm=None if flag is None else (flag, self.check_health))
+
+    def log_dict(self) -> dict[str, float]:
+        """Per-layer f̂, ĝ, λ (and u) of the last ``lagrangian`` call: {"f/0": .., "g/1": .., "lambda/1": ..}.
+
+        Reads the device (once); see :meth:`log_values` for the lazy form a training step should use.
+        """
+        return dict(self.log_values())
+
+    # -- deferred guards ---------------------------------------------------------------------------------
+    @property
+    def defer_checks(self) -> bool:
+        """Whether the dual step only records its guards on the device (set by :class:`PrimalDual`, which
+        reads them with its one read-back per step) instead of reading them at once."""
+        return self.duals.defer_checks
+
+    @defer_checks.setter
+    def defer_checks(self, value: bool) -> None:
+        self.duals.defer_checks = bool(value)
+
+    def health_flag(self) -> Tensor | None:
+        """A device bool, True when a deferred guard of the dual step fired (None: nothing pending)."""
+        return self.duals.health_flag()
+
+    def check_health(self) -> None:
+        """Read the deferred guards and raise ``NumericalError`` / ``InfeasibleConstraintError`` as the eager
+        dual step would (nothing to read when the guards are not deferred or nothing is pending)."""
+        self.duals.check_()
 
     # -- checkpointing -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, object]:

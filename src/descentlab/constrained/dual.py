@@ -178,6 +178,10 @@ class DualVariables:
         )
         self.rising = torch.zeros(num_layers, dtype=torch.int64)
         self.updates = 0
+        # Deferred guards (see :meth:`health_flag`): the dual step then never reads the device.
+        self.defer_checks = False
+        self._alarm: Tensor | None = None  # bool [3]: non-finite ĝ, λ above max, λ rising too long
+        self._bad_g: Tensor | None = None  # the first non-finite ĝ seen while deferring
 
     @property
     def slacks(self) -> Tensor | None:
@@ -196,18 +200,24 @@ class DualVariables:
             self.rising = self.rising.to(device)
             self.u = self.u.to(device) if self.u is not None else None
             self.penalty = self.penalty.to(device) if self.penalty is not None else None
+            self._alarm = self._alarm.to(device) if self._alarm is not None else None
+            self._bad_g = self._bad_g.to(device) if self._bad_g is not None else None
 
     @torch.no_grad()
     def update_(self, g: Tensor) -> None:
-        """One dual step from the violations ĝ [L], averaged over ranks first."""
+        """One dual step from the violations ĝ [L], averaged over ranks first.
+
+        By default the guards (ĝ finite on the constrained layers, λ below ``max_multiplier``, λ not rising
+        for ``divergence_patience`` updates) are read at once: at most two host reads. With
+        ``defer_checks`` they are only recorded on the device, λ is left unchanged by a non-finite ĝ, and
+        :meth:`health_flag` / :meth:`check_` read them later (``PrimalDual`` folds the flag into its one
+        read-back of the next step; a log read checks it too).
+        """
         g = rank_mean(g.detach().to(device=self.lam.device, dtype=torch.float64))
         mask = self.mask
-        if not bool(torch.isfinite(g[mask]).all()):
-            bad = [i + 1 for i in torch.nonzero(~torch.isfinite(g) & mask).flatten().tolist()]
-            raise NumericalError(
-                f"non-finite constraint violation at layer(s) {bad}; the per-layer losses overflowed: lower the "
-                "learning rate or enable gradient clipping"
-            )
+        finite = torch.isfinite(torch.where(mask, g, torch.zeros_like(g))).all()
+        if not self.defer_checks and not bool(finite):
+            raise NumericalError(self._non_finite_message(g))
         g = torch.where(mask, g, torch.zeros_like(g))
         old = self.lam
         if self.resilience is None:
@@ -217,16 +227,62 @@ class DualVariables:
         else:
             slack_lr = self.resilience.lr if self.resilience.lr is not None else 1.0 / self.penalty
             lam, u = slack_dual_step(old, self.u, g, self.lr, slack_lr, self.penalty)
-            self.u = torch.where(mask, u, torch.zeros_like(u))
-        self.lam = torch.where(mask, lam, torch.zeros_like(lam))
+            u = torch.where(mask, u, torch.zeros_like(u))
+            self.u = torch.where(finite, u, self.u) if self.defer_checks else u
+        lam = torch.where(mask, lam, torch.zeros_like(lam))
+        self.lam = torch.where(finite, lam, old) if self.defer_checks else lam
         self.rising = torch.where(self.lam > old, self.rising + 1, torch.zeros_like(self.rising))
         self.updates += 1
-        self._check_divergence()
+        if not self.defer_checks:
+            self._check_divergence()
+            return
+        flags = torch.stack([~finite, *self._divergence_flags()])
+        if self._alarm is None:
+            self._alarm, self._bad_g = flags, g
+        else:
+            self._bad_g = torch.where(self._alarm[0], self._bad_g, g)  # keep the first bad ĝ
+            self._alarm = self._alarm | flags
+
+    def _non_finite_message(self, g: Tensor) -> str:
+        bad = [i + 1 for i in torch.nonzero(~torch.isfinite(g) & self.mask).flatten().tolist()]
+        return (
+            f"non-finite constraint violation at layer(s) {bad}; the per-layer losses overflowed: lower the "
+            "learning rate or enable gradient clipping"
+        )
+
+    def _divergence_flags(self) -> list[Tensor]:
+        no = torch.zeros((), dtype=torch.bool, device=self.lam.device)
+        too_big = (self.lam > self.max_multiplier).any() if self.max_multiplier is not None else no
+        patience = self.divergence_patience
+        too_long = (self.rising >= patience).any() if patience is not None else no
+        return [too_big, too_long]
+
+    def health_flag(self) -> Tensor | None:
+        """A device bool, True when a deferred guard fired since the last check (None: nothing pending).
+
+        Reading it is the caller's business (one host read); :meth:`check_` reads it and raises.
+        """
+        return None if self._alarm is None else self._alarm.any()
+
+    def check_(self) -> None:
+        """Read the deferred guards (one host read when any are pending) and raise as the eager check would.
+
+        Raises:
+            NumericalError: a non-finite ĝ reached a dual step (λ was left unchanged by it).
+            InfeasibleConstraintError: λ exceeded ``max_multiplier`` or rose ``divergence_patience`` times.
+        """
+        if self._alarm is None:
+            return
+        alarm, bad_g = self._alarm, self._bad_g
+        self._alarm = self._bad_g = None
+        nonfinite, too_big, too_long = alarm.tolist()
+        if nonfinite:
+            raise NumericalError(self._non_finite_message(bad_g))
+        if too_big or too_long:
+            self._check_divergence()
 
     def _check_divergence(self) -> None:
-        too_big = self.max_multiplier is not None and bool((self.lam > self.max_multiplier).any())
-        patience = self.divergence_patience
-        too_long = patience is not None and bool((self.rising >= patience).any())
+        too_big, too_long = torch.stack(self._divergence_flags()).tolist()  # one host read
         if not (too_big or too_long):
             return
         if too_big:

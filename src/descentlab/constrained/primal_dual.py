@@ -38,6 +38,10 @@ class PrimalDual(Optimizer):
             non-finite) with the parameters, the optimizer state and λ untouched. The check is one fused
             ``torch._foreach_norm`` per device and **one host read-back per step** (a device sync on GPU;
             nothing extra on CPU); ``False`` skips it (a NaN gradient then reaches the wrapped optimizer).
+            The constraint's own guards (λ above ``max_multiplier``, λ rising too long, a non-finite ĝ in the
+            dual step) are deferred: its dual step records them on the device, and they are read with this
+            read-back of the *next* step (or, with ``check_finite=False``, when logs are read), so the dual
+            step itself never syncs.
 
     ``step(closure)`` runs the wrapped step, then ``constraint.dual_step_()``; the constraint decides from
     its cadence whether λ moves. When ``torch.distributed`` is initialised, ĝ is averaged over ranks inside
@@ -59,6 +63,8 @@ class PrimalDual(Optimizer):
         self.optimizer = optimizer
         self.constraint = constraint
         self.check_finite = check_finite
+        if hasattr(constraint, "defer_checks") and callable(getattr(constraint, "health_flag", None)):
+            constraint.defer_checks = True  # its guards ride on this optimizer's one read-back per step
         self._warned_no_lagrangian = False
         # The base initialiser installs the hook dictionaries and the profiled step; the groups it would
         # build are replaced by the wrapped optimizer's own list, so edits through either are shared.
@@ -118,11 +124,17 @@ class PrimalDual(Optimizer):
             flags.append(torch.isfinite(torch.stack(torch._foreach_norm(tensors, float("inf")))).all())
         if g_hat is not None:
             flags.append(torch.isfinite(g_hat).all())
+        health = getattr(self.constraint, "health_flag", None)
+        alarm = health() if callable(health) else None
+        if alarm is not None:
+            flags.append(~alarm)
         if not flags:
             return
         home = flags[0].device
         if bool(torch.stack([f.to(home) for f in flags]).all()):  # the one host read-back
             return
+        if alarm is not None and bool(alarm):
+            self.constraint.check_health()  # raises: the last dual step's λ diverged or saw a non-finite ĝ
         problems = []
         where = [
             (i, j, tuple(p.grad.shape))
@@ -143,6 +155,8 @@ class PrimalDual(Optimizer):
             problems.append(
                 f"non-finite constraint violation ĝ at layer(s) {layers} (remembered by lagrangian)"
             )
+        if not problems:
+            return
         raise NumericalError(
             f"PrimalDual.step: {'; '.join(problems)}; the parameters, the optimizer state and λ were not "
             "updated. A NaN/Inf gradient comes from the loss or the data of this batch: zero the gradients "

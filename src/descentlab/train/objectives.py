@@ -1,5 +1,8 @@
 """Training objectives: ``objective(model, batch) -> (loss, logs)``.
 
+``logs`` is a :class:`~descentlab.logs.LazyLogs` mapping: its values stay on the device until read, so a
+step whose logs nobody reads (the loop writes them every ``log_every`` steps) never syncs for them.
+
 * :class:`ERM` minimises the model's final loss.
 * :class:`Constrained` reads the loss out at every layer and minimises the Lagrangian of
   :class:`~descentlab.constrained.descent.LayerwiseDescent`,
@@ -15,6 +18,7 @@ from typing import Any
 import torch
 
 from descentlab.errors import ModelError
+from descentlab.logs import LazyLogs
 
 LossFn = Callable[[torch.nn.Module, Mapping[str, Any]], torch.Tensor]
 
@@ -38,9 +42,9 @@ class ERM:
 
     def __call__(
         self, model: torch.nn.Module, batch: Mapping[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, Mapping[str, float]]:
         loss = self.loss_fn(model, batch)
-        return loss, {"loss": float(loss.detach())}
+        return loss, LazyLogs({"loss": loss.detach()})
 
 
 class Constrained:
@@ -57,13 +61,14 @@ class Constrained:
 
     def __call__(
         self, model: torch.nn.Module, batch: Mapping[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, Mapping[str, float]]:
         from descentlab.readout import layer_losses
 
         f = layer_losses(model, batch, readout=self.readout)
         loss = self.constraint.lagrangian(f)
-        logs = {"loss": float(f[-1].detach()), "lagrangian": float(loss.detach())}
-        logs.update({k: float(v) for k, v in self.constraint.log_dict().items()})
+        logs = LazyLogs({"loss": f[-1].detach(), "lagrangian": loss.detach()})
+        lazy = getattr(self.constraint, "log_values", None)
+        logs.update(lazy() if callable(lazy) else self.constraint.log_dict())
         return loss, logs
 
     def end_epoch(self) -> None:
@@ -88,12 +93,12 @@ class DeepSupervision:
 
     def __call__(
         self, model: torch.nn.Module, batch: Mapping[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, Mapping[str, float]]:
         from descentlab.readout import layer_losses
 
         f = layer_losses(model, batch, readout=self.readout)
         loss = f[1:].mean()
-        return loss, {"loss": float(f[-1].detach()), "mean_layer_loss": float(loss.detach())}
+        return loss, LazyLogs({"loss": f[-1].detach(), "mean_layer_loss": loss.detach()})
 
 
 class EmbeddingNoise:
@@ -119,7 +124,7 @@ class EmbeddingNoise:
 
     def __call__(
         self, model: torch.nn.Module, batch: Mapping[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, Mapping[str, float]]:
         from descentlab.robustness.perturb import perturb_embeddings
 
         self.calls += 1
