@@ -44,11 +44,11 @@ test: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks scripts
-	$(VENV)/bin/ruff format --check src tests benchmarks scripts
+	$(VENV)/bin/ruff check src tests benchmarks scripts examples
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts examples
 
 format: setup
-	$(VENV)/bin/ruff format src tests benchmarks scripts
+	$(VENV)/bin/ruff format src tests benchmarks scripts examples
 	$(VENV)/bin/ruff check --fix src tests benchmarks scripts
 
 bench: setup
