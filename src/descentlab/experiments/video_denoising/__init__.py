@@ -1,5 +1,6 @@
-"""video-denoising: do layer-wise descent constraints make unrolled transformers (UT, DUST) better video
-denoisers than ERM at test noise above the training level?
+"""video-denoising: unrolled transformers (UT, DUST) trained with and without layer-wise descent constraints.
+
+Do the constraints make them better video denoisers than ERM at test noise above the training level?
 
 ``config`` (the methods, grids, controls and presets), ``jobs`` (train and evaluate one (architecture,
 method, candidate, seed); the classical baselines), ``run`` (grid on validation, then every seed; saves the
