@@ -32,7 +32,12 @@ What the adapter does, and where:
   pass replaces the model's own forward (f_L *is* the model's loss), so evaluation costs no extra forward.
   Under several processes, give every rank the same number of eval examples (Accelerate pads an uneven
   last batch with repeated examples, which the per-layer sums would count).
-* per-layer f, ĝ, λ, u and the global sparsity are added to Trainer's own training ``log`` calls;
+* Trainer's own training ``log`` calls: with a constraint, Trainer's ``loss`` is the **Lagrangian**
+  f_L + Σ_l λ_l ĝ_l (what was minimised), not the task loss. Beside it the adapter logs ``task_loss``, the
+  mean of f_L (the model's own loss) over the training batches since the previous log line (averaged over
+  ranks as Trainer averages ``loss``), ``descent/lambda_mean`` and ``descent/lambda_max`` (over the
+  constrained layers), the last batch's per-layer f, ĝ, λ, u (``descent/f/l``, ``descent/g/l``,
+  ``descent/lambda/l``, ``descent/u/l``) and the global sparsity (``sparsity/global``);
 * the sparsity controller's masks go into each checkpoint folder as ``descentlab_sparsity.pt`` (tensors only,
   loaded with ``weights_only=True``) and come back on resume.
 """
@@ -105,6 +110,8 @@ class DescentTrainer(Trainer):
         self.eval_layers = constraint is not None if eval_layers is None else bool(eval_layers)
         self._eval_sum: torch.Tensor | None = None  # Σ n_b f_b over the eval batches (float64 [L+1])
         self._eval_count = 0
+        self._task_sum: torch.Tensor | None = None  # Σ f_L over the training batches since the last log line
+        self._task_count = 0
         self._sparsity_factory = sparsity
         self.sparsity_controller: Any = None
         super().__init__(*args, **kwargs)
@@ -135,6 +142,9 @@ class DescentTrainer(Trainer):
 
         f = layer_losses(model, inputs, readout=self.readout)
         loss = self.constraint.lagrangian(f)
+        task = f[-1].detach().to(torch.float64)  # stays on the device: read once, when a log line is written
+        self._task_sum = task if self._task_sum is None else self._task_sum + task
+        self._task_count += 1
         return (loss, None) if return_outputs else loss
 
     def prediction_step(
@@ -192,11 +202,34 @@ class DescentTrainer(Trainer):
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         if "loss" in logs:  # a training log line, not an evaluation one
             if self.constraint is not None:
+                logs.update(self._task_logs())
                 logs.update({f"descent/{k}": float(v) for k, v in self.constraint.log_dict().items()})
             controller = self.sparsity_controller
             if isinstance(controller, ReportsSparsity):
                 logs["sparsity/global"] = float(controller.report().global_sparsity)
         super().log(logs, *args, **kwargs)
+
+    def _task_logs(self) -> dict[str, float]:
+        """``task_loss`` (mean f_L since the last log line, over all ranks) and a summary of λ.
+
+        Trainer calls ``log`` with a ``loss`` on every rank (its own ``loss`` is gathered there too), so the
+        one all-reduce here is matched on every rank.
+        """
+        from descentlab.distributed import all_reduce_sum
+
+        out: dict[str, float] = {}
+        lam = self.constraint.multipliers.detach()
+        lam = lam[self.constraint.mask.to(lam.device)]  # the constrained layers (never empty)
+        out["descent/lambda_mean"] = float(lam.mean())
+        out["descent/lambda_max"] = float(lam.max())
+        device = self.args.device
+        count = torch.tensor(float(self._task_count), dtype=torch.float64, device=device)
+        total = torch.zeros_like(count) if self._task_sum is None else self._task_sum.to(device)
+        totals = all_reduce_sum(torch.stack([total, count])).cpu()
+        self._task_sum, self._task_count = None, 0
+        if totals[1] > 0:
+            out["task_loss"] = float(totals[0] / totals[1])
+        return out
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         super()._save_optimizer_and_scheduler(output_dir)
