@@ -1,4 +1,4 @@
-"""Layer-wise descent constraints solved primal-dual (METHODS.md Part 1)."""
+"""Layer-wise descent constraints solved primal-dual (arXiv 2601.17257; docs/methods.md)."""
 
 from descentlab.constrained.config import DescentConfig
 from descentlab.constrained.descent import (

@@ -29,7 +29,7 @@ from descentlab.errors import ConfigError
 
 @dataclass
 class DescentConfig:
-    """Settings of :class:`~descentlab.constrained.descent.LayerwiseDescent` (METHODS.md §1.1-1.3).
+    """Settings of :class:`~descentlab.constrained.descent.LayerwiseDescent` (docs/constrained.md).
 
     Attributes:
         alpha: α of every layer not covered by ``early_alpha``, in [0, 1).

@@ -1,4 +1,4 @@
-"""Layer-wise descent constraints (METHODS.md §1.1-1.3).
+"""Layer-wise descent constraints (arXiv 2601.17257; docs/methods.md).
 
 A model with layers 1..L is trained as
 
@@ -105,7 +105,7 @@ def profile_constraints(
     so at ``alpha_scale = 1`` the reference meets every constraint with equality, below 1 with a margin, and
     above 1 each constraint asks for more descent than the reference has. A profile that rises (SmolLM2's
     logit lens rises by ~6 nats from layer 1 to 17) is left unconstrained there: those constraints would be
-    infeasible from the start and only make λ grow (METHODS.md §4.1).
+    infeasible from the start and only make λ grow.
 
     Args:
         profile: p_0..p_L (L + 1 values, > 0).

@@ -2,7 +2,7 @@
 
 The update equations live in the pure functions :func:`dual_ascent`, :func:`slack_dual_step` and
 :func:`decay_dual_step`; :class:`DualVariables` only keeps λ (and u), applies the mask of constrained layers
-and checks for divergence. :class:`Resilience` configures the relaxation of METHODS.md §1.3.
+and checks for divergence. :class:`Resilience` configures the resilient relaxation below.
 
 Resilient relaxation (Hounie, Ribeiro, Chamon, NeurIPS 2023). Each constraint ĝ_l <= 0 is relaxed to
 ĝ_l <= u_l with a slack u_l >= 0 that costs h(u) = (a/2)||u||². The two forms and how they convert:
@@ -109,7 +109,7 @@ def rank_mean(x: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class Resilience:
-    """Resilient relaxation of the descent constraints (METHODS.md §1.3).
+    """Resilient relaxation of the descent constraints (Hounie, Ribeiro, Chamon, NeurIPS 2023).
 
     Args:
         penalty: slack cost a in h(u) = (a/2)||u||², a scalar or one value per layer; large a = nearly hard.

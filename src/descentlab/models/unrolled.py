@@ -2,8 +2,8 @@
 
 Every unrolled model here maps a noisy clip ``y`` of shape ``[B, T, H, W]`` (T frames of H×W grayscale pixels)
 to an :class:`UnrolledOutput`: the final estimate and the estimate read out after every layer by one decoder
-shared across layers, so that the per-layer loss ``f(X, Φ_l) = MSE(x̂_l, x)`` of METHODS §1.4 needs no extra
-head.
+shared across layers, so that the per-layer loss ``f(X, Φ_l) = MSE(x̂_l, x)`` (docs/methods.md) needs no
+extra head.
 
 Frames are cut into ``patch_size × patch_size`` patches; a token is one patch of one frame (one token per
 frame when the patch covers the frame).

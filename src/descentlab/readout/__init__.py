@@ -1,4 +1,7 @@
-"""Per-layer losses f(X, Φ_l), l = 0..L, read out with the model's own head (METHODS.md §1.4).
+"""Per-layer losses f(X, Φ_l), l = 0..L, read out with the model's own head.
+
+The paper (arXiv 2601.17257) constrains the loss f(X, Φ_l) at every layer of an unchanged architecture; how
+each model family reads it out is our choice, listed in docs/methods.md.
 
 ``layer_losses(model, batch)`` dispatches through the registry (registered readouts first):
 

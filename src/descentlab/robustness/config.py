@@ -1,4 +1,4 @@
-"""NoiseEvalConfig: the embedding-noise evaluation grid every robustness experiment shares (METHODS.md §1.5).
+"""NoiseEvalConfig: the embedding-noise evaluation grid every robustness experiment shares (:mod:`.curves`).
 
 An experiment composes it with its own fields (an LLM evaluation adds its judge and generation settings):
 ``kinds`` x ``gammas`` x ``draws`` noise realisations keyed by ``noise_seed``, plus one layer-loss profile

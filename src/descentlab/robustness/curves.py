@@ -1,7 +1,7 @@
 """Robustness curves: a metric against the noise level γ, per perturbation kind, over noise draws and models.
 
-Protocol (METHODS.md §1.5): a γ grid (default 0, 0.25, 0.5, 1, 1.5, 2, 3); for every model (one per training
-seed), every kind and every γ > 0, ``draws`` independent noise realisations; mean ± std over all
+Protocol (ours; docs/methods.md): a γ grid (default 0, 0.25, 0.5, 1, 1.5, 2, 3); for every model (one per
+training seed), every kind and every γ > 0, ``draws`` independent noise realisations; mean ± std over all
 (model, draw) pairs, and one summary number per kind (the mean over the grid). Noise is keyed by example
 content, so every model sees the *same* noisy inputs: differences between methods are paired.
 

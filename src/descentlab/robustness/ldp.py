@@ -1,4 +1,4 @@
-"""Local differential privacy on token embeddings: calibrated mechanisms with an ε (METHODS.md §4.3).
+"""Local differential privacy on token embeddings: calibrated mechanisms with an ε.
 
 Two mechanisms act on each token embedding x ∈ R^d independently (the hooked module's output rows):
 

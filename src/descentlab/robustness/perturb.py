@@ -1,7 +1,9 @@
 """Test-time perturbations as forward hooks: token embeddings (any HF model, ours) and raw inputs (pixels, frames).
 
-METHODS.md §1.5. With σ the reference scale (σ_E = RMS of the input-embedding matrix for embeddings, a given
-σ such as σ_train for inputs), each kind adds noise of per-coordinate variance (γσ)² to the hooked tensor e:
+The formulas are ours: arXiv 2601.17257 names Gaussian, uniform and discrete noise on token embeddings at a
+level γ without giving them (docs/methods.md). With σ the reference scale (σ_E = RMS of the input-embedding
+matrix for embeddings, a given σ such as σ_train for inputs), each kind adds noise of per-coordinate variance
+(γσ)² to the hooked tensor e:
 
 - gaussian:   e + γ σ ξ,       ξ ~ N(0, I)
 - uniform:    e + γ σ √3 ν,    ν ~ U(-1, 1)
@@ -13,8 +15,8 @@ METHODS.md §1.5. With σ the reference scale (σ_E = RMS of the input-embedding
   (non-padding) tokens, d the embedding width (HF uses the padded length; equal for unpadded batches).
   Per-coordinate std γ / √(3 n d): at γ = 5, n = 96 and d = 576 that is 0.012.
 
-Two more embedding kinds are calibrated by a privacy parameter ε instead of γ (:mod:`.ldp`,
-METHODS.md §4.3): ``metric_ldp`` (e + z, density ∝ exp(-ε‖z‖) per token) and ``gaussian_mechanism``
+Two more embedding kinds are calibrated by a privacy parameter ε instead of γ (:mod:`.ldp`): ``metric_ldp``
+(e + z, density ∝ exp(-ε‖z‖) per token) and ``gaussian_mechanism``
 (clip_C(e) + σξ with σ from the analytic Gaussian mechanism at (ε, δ), Δ = 2C). Their noise is absolute
 (it does not scale with σ_E); the record's ``gamma`` is the equivalent level, per-coordinate std / σ_E.
 

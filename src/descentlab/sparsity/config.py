@@ -1,4 +1,4 @@
-"""ACDCConfig: the settings of an AC/DC run (METHODS.md §2.3), and its ``build``.
+"""ACDCConfig: the settings of an AC/DC run (Peste et al., NeurIPS 2021), and its ``build``.
 
 Phase lengths are given in ``unit`` (steps or epochs); any length left None is the reference schedule
 (warm-up 10 %, alternating phases of 5 %, a decompressed phase of 10 % and a final compressed 15 %)

@@ -201,5 +201,6 @@ def protocol(
         f"endpoint: constrained − {CONTROL} (the matched λ ≡ 0 control) accuracy under Gaussian noise, mean "
         "over γ >= 1",
         "shift_sets": list(d.shift)
-        or "none: no second offline text set with the fresh/rotten label space installs (METHODS.md Part 3)",
+        or "none: no second offline text set with the fresh/rotten label space installs "
+        "(descentlab.data.ASSETS)",
     }

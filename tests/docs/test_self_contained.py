@@ -1,0 +1,68 @@
+"""The repository's docs and docstrings stand alone: no references to notes that are not in the repository.
+
+README.md, docs/, src/ and examples/ may cite a file of the repository, a paper (by its arXiv id) or state
+the fact itself, never a METHODS.md / DESIGN.md section or an issue-tracker number.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCOPE = ("README.md", "docs", "src", "examples")
+SUFFIXES = {".md", ".py", ".json", ".yaml", ".yml", ".toml", ".txt", ".cff", ".c", ".rst"}
+# "METHODS.md", "METHODS §2.3", "DESIGN.md", "issue 18", "Issue #14"; not the identifier METHODS = (...)
+OUTSIDE = re.compile(r"\b(?:METHODS|DESIGN)(?:\.md\b|\s*§)|\b[Ii]ssues?\s*#?\d+")
+
+# Files still citing outside notes whose owners have not yet rewritten them. Each entry must still hit
+# (so the list only shrinks): once a file is clean, delete its line here.
+PENDING = {
+    "src/descentlab/report/results.py",
+    "src/descentlab/sparsity/acdc.py",
+    "src/descentlab/experiments/sparse_lm/run.py",
+    "src/descentlab/experiments/sparse_vit/run.py",
+    "docs/results/sparse-vit.md",
+    "docs/results/sparse-lm.md",
+    "docs/results/text-robustness/results.json",
+    "docs/results/robust-sparse/results.json",
+}
+
+
+def _files() -> list[Path]:
+    out: list[Path] = []
+    for name in SCOPE:
+        path = ROOT / name
+        if path.is_file():
+            out.append(path)
+        elif path.is_dir():
+            out.extend(p for p in sorted(path.rglob("*")) if p.is_file() and p.suffix in SUFFIXES)
+    return out
+
+
+def _hits(path: Path) -> list[str]:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()[:100]}"
+        for n, line in enumerate(text.splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
+
+
+def test_the_pattern_catches_what_it_should() -> None:
+    for bad in ("see METHODS.md §1.4", "(METHODS §2.3)", "the shape of DESIGN.md", "issue 18", "Issue #14"):
+        assert OUTSIDE.search(bad), bad
+    for fine in ("METHODS = GEOMETRIES", "docs/methods.md", "CONSTRAINED_METHODS", "issues are welcome"):
+        assert not OUTSIDE.search(fine), fine
+
+
+def test_docs_and_sources_cite_nothing_outside_the_repository() -> None:
+    files = _files()
+    assert any(p.name == "README.md" for p in files) and any(p.suffix == ".py" for p in files)
+    hits = [h for p in files if str(p.relative_to(ROOT)) not in PENDING for h in _hits(p)]
+    assert not hits, "cite a repository file, a paper (arXiv id) or state the fact:\n" + "\n".join(hits)
+
+
+def test_pending_files_still_need_it() -> None:
+    clean = sorted(name for name in PENDING if not (ROOT / name).is_file() or not _hits(ROOT / name))
+    assert not clean, f"these no longer cite outside notes: remove them from PENDING: {clean}"
