@@ -39,6 +39,7 @@ from torch import nn
 from descentlab.errors import ConfigError
 from descentlab.sparsity.masks import Selection, compute_masks, select_prunable
 from descentlab.sparsity.report import SparsityReport, sparsity_report
+from descentlab.sparsity.sharded import full_mask, local_part, local_rows
 
 __all__ = ["ACDC", "ACDCSchedule", "Phase", "acdc_phases"]
 
@@ -237,7 +238,7 @@ class ACDC:
             return
         for t in self.tensors:
             if t.param.grad is not None:
-                t.param.grad.masked_fill_(self._pruned[t.name], 0)
+                local_part(t.param.grad).masked_fill_(self._pruned[t.name], 0)
 
     def before_optimizer_step(self) -> None:
         """The training loop's pre-step hook: same as :meth:`mask_grads_`."""
@@ -266,7 +267,7 @@ class ACDC:
     @torch.no_grad()
     def _zero_pruned_(self) -> None:
         for t in self.tensors:
-            t.param.masked_fill_(self._pruned[t.name], 0)
+            local_part(t.param).masked_fill_(self._pruned[t.name], 0)
 
     def _compress(self) -> None:
         self._set_masks(compute_masks(self.tensors, self.sparsity, self.scope, self.nm))
@@ -279,13 +280,20 @@ class ACDC:
                 for state in _states_of(self.optimizer, t.param):
                     for value in state.values():
                         if torch.is_tensor(value) and value.shape == t.param.shape:
-                            value.masked_fill_(self._pruned[t.name], 0)
+                            local_part(value).masked_fill_(self._pruned[t.name], 0)
         self._set_masks(None)
 
     # -- checkpointing ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Step, settings, phase list and current masks (bool tensors on CPU); torch.load-safe."""
-        masks = None if self._masks is None else {k: v.detach().cpu().clone() for k, v in self._masks.items()}
+        """Step, settings, phase list and current masks (bool tensors on CPU); torch.load-safe.
+
+        Under FSDP2 the masks held are the local shards'; the state dict holds the whole masks (gathered,
+        so every rank must call it), the same state dict one process would save.
+        """
+        masks = None
+        if self._masks is not None:
+            by_name = {t.name: t.param for t in self.tensors}
+            masks = {k: full_mask(v, by_name[k]).detach().cpu().clone() for k, v in self._masks.items()}
         return {
             "step_count": self.step_count,
             "sparsity": self.sparsity,
@@ -320,7 +328,12 @@ class ACDC:
             raise ConfigError(
                 f"AC/DC checkpoint masks do not match the model's prunable weights: {sorted(missing)[:3]}"
             )
-        self._set_masks({k: masks[k].to(device=by_name[k].device, dtype=torch.bool) for k in by_name})
+        self._set_masks(
+            {
+                k: local_rows(masks[k], by_name[k]).to(device=local_part(by_name[k]).device, dtype=torch.bool)
+                for k in by_name
+            }
+        )
         self._zero_pruned_()
 
     def __repr__(self) -> str:

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from descentlab.errors import ConfigError, ModelError
+from descentlab.sparsity.sharded import is_sharded, local_part, local_rows, sharded_topk_masks
 
 __all__ = [
     "PrunableTensor",
@@ -306,6 +307,12 @@ def compute_masks(
     For ``scope="nm"`` the sparsity must equal ``1 - N/M``.
     """
     weights = {t.name: t.param for t in tensors}
+    if scope in ("layer", "global") and any(is_sharded(t.param) for t in tensors):
+        # FSDP2: masks of the local shards, from an exact distributed selection (sparsity/sharded.py)
+        groups = [[t.param] for t in tensors] if scope == "layer" else [[t.param for t in tensors]]
+        keep = [sum(p.numel() for p in g) - num_pruned(sum(p.numel() for p in g), sparsity) for g in groups]
+        local = [m for group in sharded_topk_masks(groups, keep) for m in group]
+        return {t.name: m for t, m in zip(tensors, local, strict=True)}
     if scope == "layer":
         return layer_masks(weights, sparsity)
     if scope == "global":
@@ -316,8 +323,24 @@ def compute_masks(
             raise ConfigError(
                 f"scope='nm' with {n}:{m} gives sparsity {1 - n / m}, not {sparsity}; pass that."
             )
-        return {t.name: nm_mask(t.param, n, m, t.in_dim) for t in tensors}
+        return {t.name: _local_nm_mask(t, n, m) for t in tensors}
     raise ConfigError(f"unknown pruning scope {scope!r}; use 'layer', 'global' or 'nm'.")
+
+
+def _local_nm_mask(t: PrunableTensor, n: int, m: int) -> torch.Tensor:
+    """N:M groups run along the input dimension; a row-sharded weight keeps whole groups on each rank unless
+    the input dimension is the sharded one (``Conv1D``), where the shard must hold whole groups."""
+    local = local_part(t.param)
+    if (
+        is_sharded(t.param)
+        and t.in_dim == 0
+        and (local.shape[0] % m or local_rows(torch.arange(t.param.shape[0]), t.param)[:1].remainder(m).any())
+    ):
+        raise ModelError(
+            f"{t.name}: its shard splits N:M groups of {m} input rows across ranks; shard it in multiples of "
+            f"{m} rows or prune it with scope='layer'/'global'"
+        )
+    return nm_mask(local, n, m, t.in_dim)
 
 
 def _broadcast_from_rank0(mask: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from torch import nn
 from descentlab.errors import ConfigError
 from descentlab.sparsity.masks import Selection, compute_masks, select_prunable
 from descentlab.sparsity.report import SparsityReport, sparsity_report
+from descentlab.sparsity.sharded import local_part
 
 __all__ = ["apply_masks_", "prune_magnitude"]
 
@@ -18,7 +19,7 @@ _SCOPES = ("layer", "global", "nm")
 def apply_masks_(params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> None:
     """Zero, in place, every entry of ``params[name]`` where ``masks[name]`` is False."""
     for name, mask in masks.items():
-        params[name].masked_fill_(~mask, 0)
+        local_part(params[name]).masked_fill_(~mask, 0)  # a DTensor's local shard (FSDP2) is masked in place
 
 
 def prune_magnitude(

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from descentlab.sparsity.masks import Selection, select_prunable
+from descentlab.sparsity.sharded import is_replicated, is_sharded, local_part
 
 __all__ = [
     "SparsityReport",
@@ -157,8 +158,8 @@ def sparsity_report(
 
     report = SparsityReport()
     zeros_total = numel_total = 0
-    for name, tensor, block in entries:
-        numel, zeros = tensor.numel(), int((tensor == 0).sum())
+    for (name, tensor, block), zeros in zip(entries, _zero_counts([t for _, t, _ in entries]), strict=True):
+        numel = tensor.numel()
         report.tensors[name] = TensorCount(numel, zeros)
         b = report.blocks.setdefault(block, TensorCount(0, 0))
         b.numel += numel
@@ -168,6 +169,19 @@ def sparsity_report(
         zeros_total += zeros
     report.total = TensorCount(numel_total, zeros_total)
     return report
+
+
+def _zero_counts(tensors: Sequence[torch.Tensor]) -> list[int]:
+    """Exact zeros of each tensor; a sharded one (FSDP2 DTensor) is counted on its local rows and the counts
+    are summed over its mesh in one all-reduce (every rank must call it then)."""
+    local = torch.stack([(local_part(t) == 0).sum() for t in tensors]) if tensors else torch.zeros(0)
+    sharded = [is_sharded(t) and not is_replicated(t) for t in tensors]
+    if any(sharded):
+        group = next(t for t, s in zip(tensors, sharded, strict=True) if s).device_mesh.get_group()
+        mine = torch.where(torch.tensor(sharded, device=local.device), local, torch.zeros_like(local))
+        torch.distributed.all_reduce(mine, group=group)
+        local = torch.where(torch.tensor(sharded, device=local.device), mine, local)
+    return [int(v) for v in local.tolist()]
 
 
 # --- the shape of the prunable weights, and the record of a tuning grid (shared by the sparse studies) ---

@@ -12,6 +12,15 @@ Layout of one checkpoint, ``<dir>/step-00000120/``::
 The folder is assembled under a temporary name and renamed into place, so a checkpoint either exists
 whole or not at all. On load the manifest is verified; a truncated or corrupted checkpoint is reported and
 the previous good one is used.
+
+A model sharded by FSDP2 (``fully_shard``: DTensor parameters) is saved in the same layout, whole: every
+rank calls :func:`save_checkpoint`, the weights are gathered with ``torch.distributed.checkpoint``'s
+``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` and every sharded optimizer state with
+``full_tensor()``, and rank 0 writes the folder (temp + rename) while the others wait at a barrier. So a
+sharded checkpoint loads into one process, and one process's into a sharded model:
+:meth:`Checkpoint.load_model_` uses ``set_model_state_dict`` and :meth:`Checkpoint.load_optimizer_` hands
+each rank its rows of every state shaped like its parameter (every rank reads the folder: a shared file
+system, as for any rank-0-written checkpoint).
 """
 
 from __future__ import annotations
@@ -27,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from descentlab.errors import CheckpointError
 from descentlab.io import atomic_write_text
+from descentlab.sparsity.sharded import is_sharded, local_part, local_rows
 
 MANIFEST = "MANIFEST.json"
 _PREFIX = "step-"
@@ -72,12 +82,27 @@ class Checkpoint:
         return int(self.state["step"])
 
     def load_model_(self, model: torch.nn.Module) -> None:
+        if _has_sharded_params(model):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            weights = load_file(str(self.path / "model.safetensors"))
+            set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=True))
+            return
         missing, unexpected = load_model(model, str(self.path / "model.safetensors"), strict=True)
         if missing or unexpected:  # pragma: no cover - strict=True raises first
             raise CheckpointError(f"{self.path}: weights do not match the model ({missing=}, {unexpected=})")
 
     def optimizer_state(self) -> dict[str, Any]:
         return torch.load(self.path / "optimizer.pt", weights_only=True, map_location="cpu")
+
+    def load_optimizer_(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.load_state_dict`` of the saved state; for sharded parameters each state shaped like its
+        parameter becomes a DTensor of this rank's rows first."""
+        state = self.optimizer_state()
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if any(is_sharded(p) for p in params):
+            state = _shard_optimizer_state(state, params)
+        optimizer.load_state_dict(state)
 
     def extra_state(self) -> dict[str, Any]:
         return torch.load(self.path / "extra.pt", weights_only=True, map_location="cpu")
@@ -98,14 +123,28 @@ def save_checkpoint(
 ) -> Path:
     """Write ``<directory>/step-<step>`` atomically and keep only the newest ``keep`` checkpoints."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{_PREFIX}{step:08d}"
+    sharded = _has_sharded_params(model)
+    if sharded:  # a collective: every rank gathers, rank 0 writes
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(model, options=options)
+        optim_state = _full_optimizer_state(optimizer) if optimizer is not None else {}
+        if torch.distributed.get_rank() != 0:
+            torch.distributed.barrier()
+            return final
+    directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        save_model(model, str(tmp / "model.safetensors"))
-        torch.save(optimizer.state_dict() if optimizer is not None else {}, tmp / "optimizer.pt")
+        if sharded:
+            save_file(_unshared(_drop_tied(model, weights)), str(tmp / "model.safetensors"))
+            torch.save(optim_state, tmp / "optimizer.pt")
+        else:
+            save_model(model, str(tmp / "model.safetensors"))
+            torch.save(optimizer.state_dict() if optimizer is not None else {}, tmp / "optimizer.pt")
         torch.save(extra or {}, tmp / "extra.pt")
         torch.save(rng_state(), tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps({"step": step, **(state or {})}, indent=2))
@@ -122,10 +161,79 @@ def save_checkpoint(
         os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if sharded:
+            torch.distributed.barrier()  # let the other ranks go on to see the failure in their own time
         raise
     for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
+    if sharded:
+        torch.distributed.barrier()
     return final
+
+
+def _has_sharded_params(model: torch.nn.Module) -> bool:
+    return any(is_sharded(p) for p in model.parameters())
+
+
+def _drop_tied(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One name per tied tensor, the one ``safetensors.torch.save_model`` keeps (the first in sorted order),
+    so a sharded checkpoint has the keys of a one-process one."""
+    names: dict[int, list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        names.setdefault(id(tensor), []).append(name)
+    drop = {n for group in names.values() if len(group) > 1 for n in sorted(group)[1:]}
+    return {k: v for k, v in weights.items() if k not in drop}
+
+
+def _unshared(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous tensors, none sharing storage with another (tied weights appear under both names)."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in weights.items():
+        t = tensor.detach().contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return out
+
+
+def _full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with every DTensor gathered whole onto the CPU (a collective, in the state
+    dict's own order, identical on every rank)."""
+    state = optimizer.state_dict()
+
+    def whole(value: Any) -> Any:
+        return value.full_tensor().cpu() if is_sharded(value) else value
+
+    state["state"] = {pid: {k: whole(v) for k, v in entry.items()} for pid, entry in state["state"].items()}
+    return state
+
+
+def _shard_optimizer_state(state: dict[str, Any], params: list[torch.Tensor]) -> dict[str, Any]:
+    """The inverse of :func:`_full_optimizer_state` on this rank: states shaped like a sharded parameter
+    become DTensors holding this rank's rows; the rest stays as saved."""
+    from torch.distributed.tensor import DTensor
+
+    out = dict(state)
+    entries = {}
+    for pid, entry in state["state"].items():
+        param = params[int(pid)]
+        if not is_sharded(param):
+            entries[pid] = entry
+            continue
+        converted = {}
+        for key, value in entry.items():
+            if torch.is_tensor(value) and value.shape == param.shape:
+                rows = local_rows(value, param).to(local_part(param).device)
+                value = DTensor.from_local(
+                    rows, param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
+                )
+            converted[key] = value
+        entries[pid] = converted
+    out["state"] = entries
+    return out
 
 
 def list_checkpoints(directory: Path) -> list[Path]:

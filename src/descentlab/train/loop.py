@@ -26,6 +26,7 @@ from torch.utils.data import default_collate
 from tqdm.auto import tqdm
 
 from descentlab.errors import ConfigError, DataError, NumericalError
+from descentlab.sparsity.sharded import is_sharded
 from descentlab.train.checkpoint import load_latest, save_checkpoint, set_rng_state
 from descentlab.train.jobs import progress_allowed
 from descentlab.train.protocols import (
@@ -280,7 +281,11 @@ def fit(
                 "train.group_by_length needs examples with input_ids; set train.group_by_length=0"
             ) from None
     raw_model, raw_optimizer = model, optimizer
-    model, optimizer = accelerator.prepare(model, optimizer)
+    sharded = any(is_sharded(p) for p in model.parameters())
+    if sharded:  # FSDP2 (fully_shard) already synchronises gradients: no DDP wrapper around it
+        optimizer = accelerator.prepare(optimizer)
+    else:
+        model, optimizer = accelerator.prepare(model, optimizer)
 
     step, skipped, resumed_from = 0, 0, None
     ckpt_dir = run.checkpoint_dir(tag) if run is not None else None
@@ -288,7 +293,7 @@ def fit(
         ckpt = load_latest(ckpt_dir)
         if ckpt is not None:
             ckpt.load_model_(raw_model)
-            raw_optimizer.load_state_dict(ckpt.optimizer_state())
+            ckpt.load_optimizer_(raw_optimizer)
             extra = ckpt.extra_state()
             for name, obj in (("sparsity", sparsity), ("scheduler", scheduler), ("objective", objective)):
                 if name in extra and obj is not None and isinstance(obj, Stateful):
@@ -297,7 +302,8 @@ def fit(
             step, skipped, resumed_from = ckpt.step, int(ckpt.state.get("skipped", 0)), ckpt.step
 
     def checkpoint() -> None:
-        if ckpt_dir is None or not accelerator.is_main_process:
+        # an FSDP2 model is gathered by every rank (rank 0 writes); otherwise rank 0 alone saves
+        if ckpt_dir is None or not (accelerator.is_main_process or sharded):
             return
         extra = {
             name: obj.state_dict()
