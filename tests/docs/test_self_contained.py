@@ -66,3 +66,16 @@ def test_docs_and_sources_cite_nothing_outside_the_repository() -> None:
 def test_pending_files_still_need_it() -> None:
     clean = sorted(name for name in PENDING if not (ROOT / name).is_file() or not _hits(ROOT / name))
     assert not clean, f"these no longer cite outside notes: remove them from PENDING: {clean}"
+
+
+def test_methods_page_is_linked_and_cites_both_papers() -> None:
+    methods = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    assert "(docs/methods.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "arXiv 2601.17257" in methods and "arXiv 2605.21104" in methods
+    # every repository path it names exists (relative to the root, src/descentlab or a named package)
+    named = set(re.findall(r"`((?:[\w-]+/)*[\w-]+\.(?:py|md))`", methods))
+    packages = [ROOT, ROOT / "src" / "descentlab"] + [
+        p for p in (ROOT / "src" / "descentlab").iterdir() if p.is_dir()
+    ]
+    missing = sorted(n for n in named if not any((base / n).is_file() for base in packages))
+    assert not missing, f"docs/methods.md names files that do not exist: {missing}"

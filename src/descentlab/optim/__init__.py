@@ -1,4 +1,4 @@
-"""Update rules of Part 2: HORST, HAM and composable steepest-descent x mirror-map optimizers."""
+"""HORST (arXiv 2605.21104), HAM and composable steepest-descent x mirror-map optimizers."""
 
 from descentlab.optim.compose import compose
 from descentlab.optim.config import (

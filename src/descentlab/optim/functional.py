@@ -1,4 +1,4 @@
-r"""The functional core of Part 2: the Adam update and the hyperbolic mirror step, each written once.
+r"""The functional core of HORST and HAM: the Adam update and the hyperbolic mirror step, each written once.
 
 HORST (:mod:`descentlab.optim.horst`), the composable geometries (:mod:`descentlab.optim.compose`) and HAM
 (:mod:`descentlab.optim.ham`) are bookkeeping around these pure functions. With step k >= 1, gradient g,

@@ -1,7 +1,7 @@
 """Test-time perturbations as forward hooks: token embeddings (any HF model, ours) and raw inputs (pixels, frames).
 
-The formulas are ours: arXiv 2601.17257 names Gaussian, uniform and discrete noise on token embeddings at a
-level γ without giving them (docs/methods.md). With σ the reference scale (σ_E = RMS of the input-embedding
+arXiv 2601.17257 perturbs token embeddings with Gaussian, uniform and discrete noise at a level γ; the exact
+formulas below are ours (docs/methods.md). With σ the reference scale (σ_E = RMS of the input-embedding
 matrix for embeddings, a given σ such as σ_train for inputs), each kind adds noise of per-coordinate variance
 (γσ)² to the hooked tensor e:
 
