@@ -15,19 +15,6 @@ SUFFIXES = {".md", ".py", ".json", ".yaml", ".yml", ".toml", ".txt", ".cff", ".c
 # "METHODS.md", "METHODS §2.3", "DESIGN.md", "issue 18", "Issue #14"; not the identifier METHODS = (...)
 OUTSIDE = re.compile(r"\b(?:METHODS|DESIGN)(?:\.md\b|\s*§)|\b[Ii]ssues?\s*#?\d+")
 
-# Files still citing outside notes whose owners have not yet rewritten them. Each entry must still hit
-# (so the list only shrinks): once a file is clean, delete its line here.
-PENDING = {
-    "src/descentlab/report/results.py",
-    "src/descentlab/sparsity/acdc.py",
-    "src/descentlab/experiments/sparse_lm/run.py",
-    "src/descentlab/experiments/sparse_vit/run.py",
-    "docs/results/sparse-vit.md",
-    "docs/results/sparse-lm.md",
-    "docs/results/text-robustness/results.json",
-    "docs/results/robust-sparse/results.json",
-}
-
 
 def _files() -> list[Path]:
     out: list[Path] = []
@@ -59,13 +46,8 @@ def test_the_pattern_catches_what_it_should() -> None:
 def test_docs_and_sources_cite_nothing_outside_the_repository() -> None:
     files = _files()
     assert any(p.name == "README.md" for p in files) and any(p.suffix == ".py" for p in files)
-    hits = [h for p in files if str(p.relative_to(ROOT)) not in PENDING for h in _hits(p)]
+    hits = [h for p in files for h in _hits(p)]
     assert not hits, "cite a repository file, a paper (arXiv id) or state the fact:\n" + "\n".join(hits)
-
-
-def test_pending_files_still_need_it() -> None:
-    clean = sorted(name for name in PENDING if not (ROOT / name).is_file() or not _hits(ROOT / name))
-    assert not clean, f"these no longer cite outside notes: remove them from PENDING: {clean}"
 
 
 def test_methods_page_is_linked_and_cites_both_papers() -> None:

@@ -1,4 +1,4 @@
-"""Typed results: the ``results.json`` shape of DESIGN.md as dataclasses.
+"""Typed results: the ``results.json`` shape every experiment writes, as dataclasses.
 
 ``Results.from_dict(d).to_dict() == d`` for every ``results.json`` an experiment writes: keys the types do
 not name are kept in each level's ``extra`` and written back after the named ones, so experiments may add
@@ -18,7 +18,7 @@ from descentlab.report.claims import Claim
 def _require(d: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
     missing = [k for k in keys if k not in d]
     if missing:
-        raise ConfigError(f"{where} lacks {missing}; results.json blocks need {list(keys)} (see DESIGN.md)")
+        raise ConfigError(f"{where} lacks {missing}; results.json blocks need {list(keys)} (see descentlab.report.results)")
 
 
 @dataclass

@@ -7,7 +7,7 @@ The controller owns the masks; the model is never re-parametrised. Per optimizer
     optimizer.step()
     acdc.step()                    # re-zero pruned weights, advance the schedule, switch phase if due
 
-Phases (METHODS §2.3): a dense warm-up; compressed and decompressed phases alternating; one longer
+Phases (AC/DC, Peste et al., NeurIPS 2021): a dense warm-up; compressed and decompressed phases alternating; one longer
 decompressed phase; a final compressed phase. Entering a compressed phase prunes to the target sparsity by
 global magnitude (top-k of |w| over all prunable weights); while compressed, gradients of pruned weights
 are masked before the step and pruned weights are re-zeroed after it (an optimizer with momentum or weight
@@ -43,7 +43,7 @@ from descentlab.sparsity.sharded import full_mask, local_part, local_rows
 
 __all__ = ["ACDC", "ACDCSchedule", "Phase", "acdc_phases"]
 
-# The reference schedule of METHODS §2.3 for a 100-epoch run, as fractions of the run length.
+# The reference schedule of AC/DC (Peste et al., NeurIPS 2021) for a 100-epoch run, as fractions of the run length.
 REFERENCE_FRACTIONS = {"warmup": 0.10, "phase": 0.05, "last_decompressed": 0.10, "final": 0.15}
 
 
@@ -101,7 +101,7 @@ def acdc_phases(total: int, warmup: int, phase: int, last_decompressed: int, fin
 class ACDCSchedule:
     """AC/DC phase lengths, in steps or epochs.
 
-    Any length left None is the reference schedule of METHODS §2.3 (100 epochs: warm-up 10, phases of 5
+    Any length left None is the reference schedule of AC/DC (100 epochs: warm-up 10, phases of 5
     until epoch 75, a decompressed phase of 10, a final compressed phase of 15) scaled to ``total``.
 
     Attributes:

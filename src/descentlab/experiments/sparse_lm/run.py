@@ -1,6 +1,6 @@
 """sparse-lm: GPT-2-architecture LMs trained with AdamW, HORST and HAM, then one-shot magnitude pruning.
 
-METHODS §2.3-2.4: train the same small GPT-2 with each optimizer at the same budget (steps, batch, lr schedule,
+The HORST paper (arXiv 2605.21104), one-shot pruning: train the same small GPT-2 with each optimizer at the same budget (steps, batch, lr schedule,
 weight decay), prune each trained model once, layer-wise (one magnitude threshold per weight matrix inside the
 blocks; embeddings and the tied LM head stay dense), at 50-90 % sparsity, with no fine-tuning, and measure the
 perplexity. The claims under test (``claims.py``): HORST-trained models have a lower perplexity after

