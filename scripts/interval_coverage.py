@@ -37,7 +37,9 @@ def main() -> None:
                 "examples": examples,
                 "seed_share": regime.seed_share(seeds, examples),
                 "seed_level": coverage(seed_level, regime, seeds, examples, reps=args.reps, seed=seed),
-                "pigeonhole": coverage(pigeonhole, regime, seeds, examples, reps=args.reps_bootstrap, seed=seed),
+                "pigeonhole": coverage(
+                    pigeonhole, regime, seeds, examples, reps=args.reps_bootstrap, seed=seed
+                ),
             }
         )
     body = {

@@ -18,7 +18,9 @@ from descentlab.report.claims import Claim
 def _require(d: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
     missing = [k for k in keys if k not in d]
     if missing:
-        raise ConfigError(f"{where} lacks {missing}; results.json blocks need {list(keys)} (see descentlab.report.results)")
+        raise ConfigError(
+            f"{where} lacks {missing}; results.json blocks need {list(keys)} (see descentlab.report.results)"
+        )
 
 
 @dataclass
