@@ -61,8 +61,19 @@ def _section(
     primary = [c for c in claims if c.role == "primary"]
     if primary:
         lines += [f"**Primary endpoint.** {claim_notes(primary)[0]}", ""]
+    if claims:
+        counts: dict[str, int] = {}
+        for c in claims:
+            counts[c.label] = counts.get(c.label, 0) + 1
+        tally = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        lines += [
+            f"**All {len(claims)} claim rows** (secondary rows Holm-adjusted, controls unadjusted): {tally}. "
+            "The claims table below gives each row's interval and the smallest effect it could detect.",
+            "",
+        ]
+    summary_figure_at = len(lines)  # the study's headline figure goes here once it is drawn
     if results.get("protocol"):
-        lines += ["**Protocol.** " + "; ".join(f"{k}: {v}" for k, v in results["protocol"].items()), ""]
+        lines += ["**Protocol**", "", *(f"- {k}: {v}" for k, v in results["protocol"].items()), ""]
     tables_dir = run_dir / "tables"
     tables_dir.mkdir(exist_ok=True)
 
@@ -104,9 +115,17 @@ def _section(
         figures.append(("figures/layer-loss.png", "Loss read out at each layer"))
     # figures the run wrote itself, then those the experiment's figure module (re)draws from saved data
     own = figures_fn(results, run_dir) if figures_fn is not None else []
+    generic = len(figures)
     for f in [*results.get("figures", []), *own]:
         if f["path"] not in (p for p, _ in figures):
             figures.append((f["path"], f.get("caption", "")))
+    if figures:  # the study's first own figure leads the report, else the generic curves
+        path, caption = figures.pop(generic if len(figures) > generic else 0)
+        lines[summary_figure_at:summary_figure_at] = [
+            f"![{caption}]({link_prefix}{path})",
+            f"*{caption}*",
+            "",
+        ]
     for path, caption in figures:
         lines.extend([f"![{caption}]({link_prefix}{path})", f"*{caption}*", ""])
     notes = [*results.get("notes", []), *claim_notes(claims)]
