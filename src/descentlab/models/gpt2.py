@@ -1,4 +1,4 @@
-"""Small GPT-2-architecture language models built from a ``transformers`` :class:`GPT2Config`.
+"""Small GPT-2-architecture language models built from a :class:`transformers.GPT2Config`.
 
 The model is the stock :class:`transformers.GPT2LMHeadModel` (no architectural change), so everything that
 handles Hugging Face causal LMs (Accelerate, checkpoints, generation) works on it. Inside each block GPT-2

@@ -1,8 +1,8 @@
 r"""Causal LMs under embedding noise: per-example NLLs, perplexity curves and head-to-head win rates.
 
-Per model (:func:`evaluate_lm`), for every condition of a :class:`~descentlab.robustness.config.
-NoiseEvalConfig` grid, one batched pass over the held-out examples (:func:`~descentlab.robustness.judge.
-score_examples`) gives
+Per model (:func:`evaluate_lm`), for every condition of a
+:class:`~descentlab.robustness.config.NoiseEvalConfig` grid, one batched pass over the held-out examples
+(:func:`~descentlab.robustness.judge.score_examples`) gives
 
     perplexity = exp(Σ_i nll_i / Σ_i n_i)        and each example's reference NLL  r_i,
 

@@ -100,7 +100,7 @@ class JobRunner:
 
     Workers die with this process, whatever ends it (SIGKILL included): see
     :func:`~descentlab.train.procs.die_with_parent`. Each worker records its pid in
-    ``<cache_dir>/.workers``, and :meth:`RunDir.open <descentlab.train.rundir.RunDir.open>` refuses to
+    ``<cache_dir>/.workers``, and :meth:`~descentlab.train.rundir.RunDir.open` refuses to
     resume a run while one of them is still alive, so a resumed run is the only writer of its directory.
     """
 
