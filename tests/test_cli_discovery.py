@@ -65,3 +65,17 @@ def test_config_bad_input_exits_2_with_one_line(args, needle, capsys) -> None:
     assert info.value.code == 2
     err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("usage:")]
     assert len(err) == 1 and needle in err[0], err
+
+
+def test_list_into_a_closed_pipe_is_quiet() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from descentlab.cli import main; sys.exit(main(['list']))"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()  # the reader leaves before the first line, as `| head -0` does
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()

@@ -138,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             width = max(map(len, names), default=0)
             for name in names:
                 print(f"{name:<{width}}  {describe(name)}")
+            sys.stdout.flush()  # inside the try: a reader that left (`| head`) is a BrokenPipeError here
             return 0
         if args.command == "config":
             from descentlab.config import config_to_yaml, resolve_config
@@ -205,6 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("descentlab: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `descentlab list | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
