@@ -36,10 +36,10 @@ def _run(index: int, cwd: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     return namespace
 
 
-def test_the_page_has_the_three_snippets() -> None:
+def test_the_page_has_the_four_snippets() -> None:
     blocks = snippets()
-    assert len(blocks) == 3
-    assert "DescentTrainer" in blocks[1] and "Accelerator" in blocks[2]
+    assert len(blocks) == 4
+    assert "DescentTrainer" in blocks[1] and "Accelerator" in blocks[2] and "DescentModule" in blocks[3]
 
 
 def test_plain_loop_snippet(tmp_path, monkeypatch) -> None:
@@ -66,3 +66,17 @@ def test_accelerate_snippet(tmp_path, monkeypatch) -> None:
     assert (ns["constraint"].multipliers > 0).any()
     assert ns["acdc"].masks is not None
     assert any((tmp_path / "out" / "accelerate").glob("custom_checkpoint_0.*"))  # the registered AC/DC state
+
+
+def test_lightning_snippet(tmp_path, monkeypatch) -> None:
+    pytest.importorskip(
+        "lightning", reason="lightning is not installed (pip install 'descentlab[lightning]')"
+    )
+    ns = _run(3, tmp_path, monkeypatch)
+    assert ns["trainer"].global_step == 8
+    lam = ns["module"].constraint.multipliers
+    assert (lam > 0).any()
+    saved = torch.load(tmp_path / "out" / "lightning.ckpt", weights_only=False, map_location="cpu")
+    assert torch.equal(saved["optimizer_states"][0]["descent"]["duals"]["lambda"], lam)
+    logged = (tmp_path / "out" / "lightning" / "version_0" / "metrics.csv").read_text().splitlines()[0]
+    assert "descent/lambda_mean" in logged and "task_loss_step" in logged and "descent/f/2" in logged
