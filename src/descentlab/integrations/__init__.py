@@ -1,1 +1,1 @@
-"""Adapters for other training engines (Hugging Face Trainer)."""
+"""Adapters for other training engines: Hugging Face Trainer (``hf``) and Lightning (``lightning``)."""
