@@ -46,6 +46,14 @@ def judged_claims(results: dict[str, Any]) -> list[Claim]:
     return [Claim.from_dict(r) for r in rows] if rows and all("role" in r for r in rows) else []
 
 
+# presets sized to show an effect; every other preset is a smoke run of the pipeline
+EVIDENCE_PRESETS = ("full", "paper")
+SMOKE_BANNER = (
+    "> **A smoke run, not evidence.** The `{preset}` preset checks that the pipeline runs end to end; its "
+    "seeds and steps are too few for its verdicts to mean anything. Verdicts come from the `full` preset."
+)
+
+
 def _section(
     results: dict[str, Any],
     run_dir: Path,
@@ -57,6 +65,10 @@ def _section(
     methods = results.get("methods", {})
     name = results.get("experiment", run_dir.name)
     lines = [f"{heading} {name}", ""]
+    config = run_dir / "config.json"  # written by the runner; a folder without it is not a run of ours
+    preset = json.loads(config.read_text()).get("preset") if config.is_file() else "full"
+    if preset not in EVIDENCE_PRESETS:
+        lines += [SMOKE_BANNER.format(preset=preset or "default"), ""]
     claims = judged_claims(results)
     primary = [c for c in claims if c.role == "primary"]
     if primary:
@@ -135,24 +147,12 @@ def _section(
     return lines
 
 
-# presets sized to show an effect; every other preset is a smoke run of the pipeline
-EVIDENCE_PRESETS = ("full", "paper")
-SMOKE_BANNER = (
-    "> **A smoke run, not evidence.** The `{preset}` preset checks that the pipeline runs end to end; its "
-    "seeds and steps are too few for its verdicts to mean anything. Verdicts come from the `full` preset."
-)
-
-
 def write_report(run_dir: Path | str, *, figures: FigureFunction | None = None) -> Path:
     """(Re)build ``<run_dir>/report.md`` from its ``results.json``; ``figures(results, run_dir)`` draws the
     study's own figures from saved data (the app layer passes the study's ``figures.figures``)."""
     run_dir = Path(run_dir)
     results = load_results(run_dir)
     lines = _section(results, run_dir, "#", figures_fn=figures)
-    config = run_dir / "config.json"  # written by the runner; a folder without it is not a run of ours
-    preset = json.loads(config.read_text()).get("preset") if config.is_file() else "full"
-    if preset not in EVIDENCE_PRESETS:
-        lines[1:1] = ["", SMOKE_BANNER.format(preset=preset or "default")]
     lines += [
         "",
         "Resolved config: `config.yaml`. Raw numbers: `results.json`. Training log: `metrics.jsonl`.",
