@@ -87,7 +87,7 @@ def test_a_planted_gap_is_reproduced_and_a_null_is_not():
     assert rows["horst-ham"].holm_verdict == rows["horst-l2"].holm_verdict == "reproduced"
     assert rows["damage-50"].estimate == pytest.approx(-0.01, abs=0.003)
     assert rows["dense-matched"].verdict == "reproduced"  # no dense difference planted: equivalence
-    assert rows["control"].holm_verdict == "reproduced"
+    assert rows["control"].role == "control" and rows["control"].label == "reproduced"
     assert rows["horst-peaked"].holm_verdict == "reproduced"
     # the null: no perplexity gap planted, none reproduced (the weight shape keeps its planted 3x); HORST
     # 0.1 worse at 90 %: refuted

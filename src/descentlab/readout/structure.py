@@ -28,6 +28,7 @@ with :func:`replay_head` on the backbone output of another layer.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -309,13 +310,26 @@ def minimal_inputs(inputs: Mapping[str, Any], tokens: int | None = PROBE_TOKENS)
 @contextlib.contextmanager
 def probing(module: nn.Module) -> Iterator[None]:
     """No gradients, and the random state restored afterwards (a probe forward draws no dropout mask that
-    the training forward would otherwise have drawn)."""
+    the training forward would otherwise have drawn). :func:`in_probe` is True inside, so that input hooks
+    (noise that expects whole replicas of the batch) let the probe pass untouched."""
     param = next(module.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     devices = [device] if device.type not in ("cpu", "meta") else []
     kwargs = {"device_type": device.type} if devices else {}
-    with torch.no_grad(), torch.random.fork_rng(devices=devices, **kwargs):
-        yield
+    token = _PROBING.set(True)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices, **kwargs):
+            yield
+    finally:
+        _PROBING.reset(token)
+
+
+_PROBING: contextvars.ContextVar[bool] = contextvars.ContextVar("descentlab_probing", default=False)
+
+
+def in_probe() -> bool:
+    """True while a structure probe forward runs (:func:`probing`): its batch is one short row, not data."""
+    return _PROBING.get()
 
 
 def backbone_forward(

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from descentlab.errors import ConfigError, DataError, ModelError
+from descentlab.readout.structure import in_probe
 from descentlab.robustness import ldp
 from descentlab.robustness import noise as nz
 
@@ -234,6 +235,8 @@ def perturb_embeddings(
         record.delta, record.clip = (delta, clip) if kind == "gaussian_mechanism" else (None, None)
 
     def hook(mod: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor | None:
+        if in_probe():  # a readout's structure probe: one short row, not a batch to perturb
+            return None
         record.calls += 1
         record.rows += output.shape[0]
         if gamma == 0:
@@ -315,6 +318,8 @@ def perturb_inputs(
     def pre_hook(
         mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if in_probe():  # a readout's structure probe: one short row, not a batch to perturb
+            return None
         where, x = _pick_input(args, kwargs, input_name)
         record.calls += 1
         record.rows += x.shape[0]
