@@ -55,6 +55,11 @@ def resolve_alpha(alpha: AlphaSpec, num_layers: int) -> Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
 
+def compute_dtype(f: Tensor) -> torch.dtype:
+    """The dtype the Lagrangian and ĝ are built in: the wider of ``f``'s and float32."""
+    return torch.promote_types(f.dtype, torch.float32)
+
+
 def descent_violations(
     f: Tensor,
     alpha: Tensor,
@@ -76,8 +81,10 @@ def descent_violations(
         eps: floor of the ratio's denominator.
 
     Returns:
-        ĝ [L], differentiable unless f is not.
+        ĝ [L], differentiable unless f is not, in the wider of f's dtype and float32: a bf16/fp16 f is
+        widened first, so ĝ (a difference of nearby losses) is not rounded to 8 bits of mantissa.
     """
+    f = f.to(compute_dtype(f))
     cur, prev = f[1:], f[:-1]
     if detach_prev:
         prev = prev.detach()
@@ -246,7 +253,8 @@ class LayerwiseDescent:
                 graph, so evaluation passes under ``torch.no_grad()`` never move λ.
 
         Returns:
-            The scalar Lagrangian, with λ held constant.
+            The scalar Lagrangian, with λ held constant, in the wider of f's dtype and float32 (a bf16 f
+            is widened first, so ĝ matches an fp64 computation from the same f to fp32 rounding).
         """
         if not isinstance(f, Tensor) or f.dim() != 1 or f.numel() != self.num_layers + 1:
             got = tuple(f.shape) if isinstance(f, Tensor) else type(f).__name__
@@ -257,6 +265,7 @@ class LayerwiseDescent:
             )
         self._to(f.device)
         self.lagrangian_calls += 1
+        f = f.to(compute_dtype(f))  # a bf16 f is widened: ĝ and L̂ in fp32, gradients still flow to f
         g = descent_violations(f, self.alpha, form=self.form, detach_prev=self.detach_prev)
         lam = self.duals.lam.to(f.dtype)
         loss = f[-1] + (lam[self._index] * g[self._index]).sum()
