@@ -97,6 +97,81 @@ def test_auto_on_cpu_keeps_the_kernel_and_dtensor_rule():
     from descentlab.optim._horst_kernel import load_kernel
 
     kernel = load_kernel()
-    assert opt._path("auto", kernel, p, m, m, m) == ("kernel" if kernel is not None else "foreach")
-    assert opt._path("compiled", None, p, m, m, m) == "compiled"
-    assert opt._path("compiled", None, p.double(), m.double(), m.double(), m.double()) == "foreach"
+    assert opt._path("auto", kernel, p, m, m, m)[0] == ("kernel" if kernel is not None else "foreach")
+    assert opt._path("compiled", None, p, m, m, m) == ("compiled", "")
+    assert opt._path("compiled", None, p.double(), m.double(), m.double(), m.double()) == ("foreach", "")
+
+
+def _bf16_step(opt, params, n=3):
+    for _ in range(n):
+        for q in params:
+            q.grad = torch.randn_like(q)
+        opt.step()
+
+
+def test_auto_compile_failure_warns_once_and_is_recorded(monkeypatch):
+    """At dynamo's recompile limit the fullgraph compile raises: auto (as on CUDA) falls back to foreach with
+    one warning and a record, and gives the reference's result."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    from descentlab.optim import horst
+
+    monkeypatch.setattr(horst, "_is_cuda", lambda p: True)  # CPU tensors follow the CUDA rules
+
+    def boom(*args, **kwargs):
+        raise FailOnRecompileLimitHit("recompile_limit reached with fullgraph=True")
+
+    monkeypatch.setattr(_horst_compiled, "horst_compiled_", boom)
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(8, 8).bfloat16()), torch.nn.Parameter(torch.randn(5).bfloat16())]
+    ref_params = [torch.nn.Parameter(q.detach().clone()) for q in params]
+    opt = HORST(params, lr=1e-2, impl="auto")
+    ref = HORST(ref_params, lr=1e-2, impl="foreach")
+    with pytest.warns(RuntimeWarning, match="FailOnRecompileLimitHit") as record:
+        for _ in range(3):
+            torch.manual_seed(1)
+            _bf16_step(opt, params, 1)
+            torch.manual_seed(1)
+            _bf16_step(ref, ref_params, 1)
+    assert sum("compiled step could not be used" in str(w.message) for w in record) == 1
+    assert opt.fallbacks == {"compile": 6}  # 2 tensors x 3 steps
+    assert opt.fallbacks_total == 6
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_params, strict=True))
+    saved = opt.state_dict()
+    assert saved["param_groups"][0]["fallbacks"] == 6
+    again = HORST([torch.nn.Parameter(q.detach().clone()) for q in params], lr=1e-2)
+    again.load_state_dict(saved)
+    assert again.fallbacks_total == 6
+
+
+def test_impl_fused_on_cuda_takes_the_compiled_step(monkeypatch):
+    from descentlab.optim import horst
+
+    monkeypatch.setattr(horst, "_is_cuda", lambda p: True)
+    p = torch.nn.Parameter(torch.randn(4, 4).bfloat16())  # the CPU kernel is float32 only
+    m = torch.zeros(4, 4)
+    opt = HORST([p], impl="auto")
+    assert opt._path("fused", None, p, m, m, p) == ("compiled", "")
+    assert opt._path("auto", None, p, m, m, p) == ("compiled", "")
+    opt._compile_failed = True
+    assert opt._path("fused", None, p, m, m, p) == ("foreach", "compile")
+
+
+def test_real_recompile_limit_raises_under_fullgraph():
+    """The torch behaviour the fallback guards against (checked on CPU Inductor)."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    torch._dynamo.reset()
+    _horst_compiled.compiled_step.cache_clear()
+    params = [torch.nn.Parameter(torch.randn(3, 3)), torch.nn.Parameter(torch.randn(4, 4))]
+    opt = HORST(params, lr=1e-2, impl="compiled", nan_guard=False)
+    try:
+        with torch._dynamo.config.patch(recompile_limit=1, automatic_dynamic_shapes=False):
+            params[0].grad = torch.randn(3, 3)
+            opt.step()  # graph 1: one (3, 3) tensor
+            params[1].grad = torch.randn(4, 4)
+            with pytest.raises(FailOnRecompileLimitHit):
+                opt.step()  # graph 2: another bucket signature, past the limit of 1
+    finally:
+        torch._dynamo.reset()
+        _horst_compiled.compiled_step.cache_clear()

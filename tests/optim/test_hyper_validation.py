@@ -146,3 +146,17 @@ def test_nan_guard_reverts_are_counted_in_state_and_warned_once(impl) -> None:
     again.load_state_dict(state)
     assert again.reverted_total == opt.reverted_total
     assert all(math.isfinite(float(p.detach().abs().max())) for p in model.parameters())
+
+
+@pytest.mark.skipif(load_kernel() is None, reason="fused C kernel unavailable")
+def test_impl_fused_tensor_the_kernel_cannot_take_warns_once_and_is_recorded() -> None:
+    w = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)  # the CPU kernel is float32 only
+    opt = HORST([w], lr=1e-2, impl="fused")
+    with pytest.warns(RuntimeWarning, match="impl='fused'") as record:
+        for _ in range(3):
+            opt.zero_grad()
+            (w**2).sum().backward()
+            opt.step()
+    assert sum("impl='fused'" in str(r.message) for r in record) == 1
+    assert opt.fallbacks == {"fused_impl": 3}
+    assert opt.state_dict()["param_groups"][0]["fallbacks"] == 3

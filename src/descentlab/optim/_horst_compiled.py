@@ -11,9 +11,13 @@ in double, exactly as the reference does, then rounded to float32 like a Python 
 travel in one float32 vector, copied to the device once per step. What stays a compile-time constant:
 beta1, beta2, eps, the exponent clamp, ``mirror``, ``nan_guard``, and the bucket's shapes and dtypes; changing
 one of those (or which parameters have gradients) compiles a new graph, at most
-``torch._dynamo.config.recompile_limit`` of them, after which dynamo runs the same function eagerly.
+``torch._dynamo.config.recompile_limit`` of them (all graphs share this one code object). Past the limit,
+``fullgraph=True`` makes dynamo raise ``FailOnRecompileLimitHit`` (it does not run the function eagerly):
+:class:`~descentlab.optim.horst.HORST` then warns once, records the fallback and steps those tensors with its
+foreach path (``impl="compiled"`` raises).
 
-With ``nan_guard`` the reverted count is summed on the device and read back once per step (one host sync).
+With ``nan_guard`` the reverted count is summed on the device and read back once per step (one host sync);
+without it HORST reads nothing back.
 Tensor subclasses (FSDP2's DTensor) do not come here: HORST steps them with its foreach path.
 """
 

@@ -180,6 +180,11 @@ def _advance_steps(counters: list[Tensor]) -> list[int]:
     return [int(k) for k in torch.stack(counters).tolist()]
 
 
+def _is_cuda(p: Tensor) -> bool:
+    # A function so that the CPU tests can route CPU tensors through the CUDA rules.
+    return p.device.type == "cuda"
+
+
 def _kernel_ok(p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> bool:
     # Plain tensors only: subclasses such as FSDP2's DTensor take the foreach path, which dispatches them.
     # A loop, not all(<generator>): this runs for every tensor at every step.
@@ -246,7 +251,9 @@ class HORST(Optimizer):
         nan_guard: revert elements whose update is not finite (their moments too); the count of the last step
             is ``self.reverted``.
         impl: ``"auto"`` (fused CPU kernel for float32 CPU tensors when it builds; the compiled path for plain
-            CUDA tensors when Triton is there; foreach otherwise), ``"fused"`` (the CPU kernel is required),
+            CUDA tensors when Triton is there; foreach otherwise), ``"fused"`` (the CPU kernel is required;
+            CUDA tensors take the compiled step; a tensor neither takes warns once and is counted in
+            ``fallbacks["fused_impl"]``),
             ``"compiled"`` (``torch.compile`` of the step for plain tensors on any device Inductor compiles
             for, CPU included; tensor subclasses such as DTensor and float64 take the foreach path),
             ``"foreach"`` or ``"reference"``.
@@ -257,6 +264,13 @@ class HORST(Optimizer):
             that cannot raises ``ConfigError`` here, as AdamW does; one that falls back at a step (e.g. a
             non-contiguous tensor, a failed compile) warns once and is counted in ``fused_fallbacks``.
             ``fused=True`` with ``foreach=True`` is an error, as in AdamW.
+
+    No fallback is silent. If the compiled step fails to compile under ``impl="auto"``/``"fused"`` (for
+    instance past dynamo's ``recompile_limit``: all graphs share one code object compiled with
+    ``fullgraph=True``, so dynamo raises there rather than running eagerly), HORST warns once and steps those
+    tensors with the foreach path from then on; ``impl="compiled"`` raises instead. Every fallback is counted
+    by reason in ``fallbacks`` (a dict, this process) and per group in the group key ``fallbacks`` (saved with
+    the state dict; ``fallbacks_total`` sums them).
 
     Hyper-parameters are checked as ``torch.optim.AdamW`` checks its own, NaN and Inf included, in every
     group (at construction, in :meth:`add_param_group` and again before each step, before any tensor is
@@ -298,11 +312,19 @@ class HORST(Optimizer):
             impl=_impl_of(impl, fused, foreach),
             fused=bool(fused),
             nan_reverted=0,
+            fallbacks=0,
         )
         check_hyper("HORST", defaults)
         self.reverted = 0
         self.fused_fallbacks = 0
+        #: reason -> tensor-steps that took the foreach path instead of the path asked for or chosen:
+        #: "compile" (the compiled step failed to compile, e.g. dynamo's recompile limit; from then on every
+        #: tensor that would take it is stepped by foreach), "fused_impl" (``impl="fused"``, a tensor neither
+        #: the CPU kernel nor, on CUDA, the compiled step could take). Each reason warns once. The per-group
+        #: sums are saved with the state dict (group key ``fallbacks``); see :attr:`fallbacks_total`.
+        self.fallbacks: dict[str, int] = {}
         self._compile_failed = False
+        self._compile_error = ""
         self._warned: set[str] = set()
         super().__init__(params, defaults)
 
@@ -331,6 +353,12 @@ class HORST(Optimizer):
     def reverted_total(self) -> int:
         """Elements reverted by the NaN guard since the optimizer was made (or its state saved)."""
         return sum(int(g.get("nan_reverted", 0)) for g in self.param_groups)
+
+    @property
+    def fallbacks_total(self) -> int:
+        """Tensor-steps that fell back to the foreach path (any reason) since the optimizer was made, or as
+        saved with its state dict."""
+        return sum(int(g.get("fallbacks", 0)) for g in self.param_groups)
 
     def _warn_once(self, key: str, message: str, stacklevel: int = 5) -> None:
         # stacklevel 5: _warn_once <- step <- torch.no_grad's wrapper <- Optimizer's step hook <- the caller
@@ -372,20 +400,24 @@ class HORST(Optimizer):
             )
         return loss
 
-    def _path(self, impl: str, kernel: Any, p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> str:
-        """Which fast path steps this tensor: ``"kernel"``, ``"compiled"`` or ``"foreach"``."""
+    def _path(self, impl: str, kernel: Any, p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> tuple[str, str]:
+        """Which fast path steps this tensor: ``"kernel"``, ``"compiled"`` or ``"foreach"``, and why a tensor
+        that should have taken a faster path takes foreach (``""``, ``"compile"`` or ``"fused_impl"``)."""
         if kernel is not None and _kernel_ok(p, m, v, g):
-            return "kernel"
-        want = impl == "compiled" or (impl == "auto" and p.device.type == "cuda" and not self._compile_failed)
-        if want and _compiled_ok(p, m, v, g):
+            return "kernel", ""
+        # impl="fused" on CUDA: the compiled step is CUDA's fused path (as for AdamW's fused=True)
+        fast_cuda = impl in ("auto", "fused") and _is_cuda(p)
+        if (impl == "compiled" or fast_cuda) and _compiled_ok(p, m, v, g):
+            if self._compile_failed and impl != "compiled":
+                return "foreach", "compile"
             if _can_compile(p.device):
-                return "compiled"
+                return "compiled", ""
             if impl == "compiled":
                 raise ConfigError(
                     f"HORST: impl='compiled' cannot compile for {p.device} here (no Triton / C++ compiler); "
                     "use impl='auto'"
                 )
-        return "foreach"
+        return "foreach", "fused_impl" if impl == "fused" else ""
 
     def _step_group(self, group: dict[str, Any], pending: list[tuple[dict[str, Any], Tensor]]) -> int:
         """Step one group; returns the elements its NaN guard reverted (the compiled path's go to pending)."""
@@ -408,19 +440,23 @@ class HORST(Optimizer):
                 for dst, src in zip((p, state["exp_avg"], state["exp_avg_sq"]), new[:3], strict=True):
                     dst.copy_(src)
                 continue
-            path = self._path(impl, kernel, p, state["exp_avg"], state["exp_avg_sq"], p.grad)
-            key = (path, mirror, p.device, p.dtype)
+            path, why = self._path(impl, kernel, p, state["exp_avg"], state["exp_avg_sq"], p.grad)
+            key = (path, why, mirror, p.device, p.dtype)
             lists = buckets.setdefault(key, ([], [], [], [], []))
             for lst, item in zip(
                 lists, (p, p.grad, state["exp_avg"], state["exp_avg_sq"], step), strict=True
             ):
                 lst.append(item)
-        for (path, mirror, _, _), lists in buckets.items():
-            if path == "compiled" and self._step_compiled(group, lists, hp, mirror, pending):
-                continue
+        for (path, why, mirror, _, _), lists in buckets.items():
+            if path == "compiled":
+                if self._step_compiled(group, lists, hp, mirror, pending):
+                    continue
+                why = "compile"
             if path == "kernel":  # _path has checked the tensors
                 reverted += kernel.horst_step_(Bucket(*lists), hp, mirror=mirror, check=False)
             else:
+                if why:
+                    self._record_fallback(group, why, len(lists[0]))
                 if group.get("fused"):
                     self._fell_back(len(lists[0]))
                 reverted += _horst_foreach_(Bucket(*lists), hp, mirror=mirror)
@@ -428,6 +464,24 @@ class HORST(Optimizer):
             self._fell_back(len(params))
         group["nan_reverted"] = int(group.get("nan_reverted", 0)) + reverted
         return reverted
+
+    def _record_fallback(self, group: dict[str, Any], why: str, n: int) -> None:
+        self.fallbacks[why] = self.fallbacks.get(why, 0) + n
+        group["fallbacks"] = int(group.get("fallbacks", 0)) + n
+        if why == "compile":
+            message = (
+                f"HORST: the compiled step could not be used ({self._compile_error}); {n} tensor(s) took the "
+                "foreach path at this step, and every tensor that would take the compiled path takes foreach "
+                "from now on (slower, same result up to rounding). Shown once, counted in "
+                "optimizer.fallbacks['compile'] and optimizer.fallbacks_total"
+            )
+        else:
+            message = (
+                f"HORST: impl='fused', but {n} tensor(s) could take neither the fused CPU kernel (float32 "
+                "contiguous CPU tensors) nor the compiled CUDA step, and took the foreach path. Shown once, "
+                "counted in optimizer.fallbacks['fused_impl'] and optimizer.fallbacks_total"
+            )
+        self._warn_once(f"fallback:{why}", message, stacklevel=7)
 
     def _fell_back(self, n: int) -> None:
         self.fused_fallbacks += n
@@ -448,11 +502,17 @@ class HORST(Optimizer):
     ) -> bool:
         """Step one bucket with the compiled path; False (nothing modified) if ``auto`` could not compile it."""
         try:
-            pending.append((group, _horst_compiled.horst_compiled_(Bucket(*lists), hp, mirror=mirror)))
+            bad = _horst_compiled.horst_compiled_(Bucket(*lists), hp, mirror=mirror)
+            if hp.nan_guard:  # without the guard the count is 0: no read-back, no host sync
+                pending.append((group, bad))
         except Exception as exc:  # compilation fails before the graph runs: the tensors are untouched
             if group["impl"] == "compiled":
                 raise
-            logger.warning("HORST: torch.compile of the step failed (%s); using the foreach path", exc)
+            # e.g. FailOnRecompileLimitHit: every graph shares one code object compiled with fullgraph=True,
+            # so past dynamo's recompile_limit compiling raises instead of running eagerly
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            self._compile_error = f"{type(exc).__name__}: {first}"[:300]
+            logger.debug("HORST: torch.compile of the step failed", exc_info=True)
             self._compile_failed = True
             return False
         return True
