@@ -73,6 +73,10 @@ class TrainConfig:
     # group_by_length * batch_size examples, each chunk sorted by length and cut into batches, and the batches
     # shuffled; still a function of (seed, epoch) only. Needs examples with ``input_ids``. 0: plain shuffling.
     group_by_length: int = 0
+    # micro-batches per optimizer step: each step draws grad_accum_steps * batch_size examples, back-propagates
+    # them batch_size at a time (each micro-batch's loss weighted by its share of the step's examples, DDP's
+    # gradient all-reduce only on the last one) and steps once. Equal to grad_accum_steps=1 at that batch size.
+    grad_accum_steps: int = 1
 
     def __post_init__(self) -> None:
         if self.epochs < 1 and self.max_steps is None:
@@ -83,18 +87,25 @@ class TrainConfig:
             raise ConfigError(f"train.batch_size must be >= 1, got {self.batch_size}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ConfigError(f"train.grad_clip must be > 0 or null, got {self.grad_clip}")
+        if not isinstance(self.grad_accum_steps, int) or self.grad_accum_steps < 1:
+            raise ConfigError(f"train.grad_accum_steps must be an int >= 1, got {self.grad_accum_steps!r}")
         if self.group_by_length < 0:
             raise ConfigError(f"train.group_by_length must be >= 0, got {self.group_by_length}")
         if self.mixed_precision not in ("no", "bf16", "fp16"):
             raise ConfigError(f"train.mixed_precision must be no, bf16 or fp16, got {self.mixed_precision!r}")
 
     def total_steps(self, n_train: int) -> int:
-        """Optimizer steps ``fit`` takes on ``n_train`` examples: ``max_steps``, else ``epochs · ⌈n / B⌉``.
+        """Optimizer steps ``fit`` takes on ``n_train`` examples: ``max_steps``, else ``epochs · ⌈n / (B·k)⌉``.
 
-        ``batch_size`` B is the global batch (all ranks together), so the count does not depend on the
-        number of processes.
+        ``batch_size`` B is the global micro-batch (all ranks together) and k ``grad_accum_steps``, so the
+        count does not depend on the number of processes.
         """
-        return self.max_steps if self.max_steps is not None else self.epochs * -(-n_train // self.batch_size)
+        return self.max_steps if self.max_steps is not None else self.epochs * -(-n_train // self.step_size)
+
+    @property
+    def step_size(self) -> int:
+        """Examples per optimizer step, all ranks and micro-batches together: ``batch_size · grad_accum_steps``."""
+        return self.batch_size * self.grad_accum_steps
 
 
 @dataclass
@@ -270,7 +281,8 @@ def fit(
     rank, world = accelerator.process_index, accelerator.num_processes
     if cfg.batch_size < world:
         raise ConfigError(f"train.batch_size={cfg.batch_size} is smaller than the {world} processes")
-    steps_per_epoch = math.ceil(n / cfg.batch_size)
+    accum = cfg.grad_accum_steps
+    steps_per_epoch = math.ceil(n / cfg.step_size)
     total = cfg.total_steps(n)
     lengths = None
     if cfg.group_by_length:
@@ -333,17 +345,35 @@ def fit(
         while step < total:
             epoch, start = divmod(step, steps_per_epoch)
             batches = global_batches(
-                n, cfg.batch_size, cfg.seed, epoch, start, lengths=lengths, group=cfg.group_by_length
+                n, cfg.step_size, cfg.seed, epoch, start, lengths=lengths, group=cfg.group_by_length
             )
             for indices in batches:
-                batch = _to_device(
-                    collate([train_data[int(i)] for i in rank_share(indices, rank, world)]),
-                    accelerator.device,
-                )
-                check_finite_batch(batch)
-                with accelerator.autocast():
-                    loss, logs = objective(model, batch)
-                if not torch.isfinite(loss.detach()).all():
+                micro = [m for m in indices.split(cfg.batch_size) if len(m)] if accum > 1 else [indices]
+                finite: torch.Tensor | None = None
+                for k, part in enumerate(micro):
+                    batch = _to_device(
+                        collate([train_data[int(i)] for i in rank_share(part, rank, world)]),
+                        accelerator.device,
+                    )
+                    check_finite_batch(batch)
+                    with accelerator.autocast():
+                        loss, logs = objective(model, batch)
+                    ok = torch.isfinite(loss.detach()).all()
+                    finite = ok if finite is None else finite & ok
+                    if len(micro) == 1:
+                        break  # no accumulation: checked (and all-reduced) before the one backward
+                    # every micro-batch is back-propagated (a non-finite one too: its gradients are dropped
+                    # with the step below); DDP all-reduces the gradients on the last one only
+                    sync = k == len(micro) - 1 or sharded
+                    with contextlib.nullcontext() if sync else accelerator.no_sync(model):
+                        accelerator.backward(loss * (len(part) / len(indices)))
+                if (
+                    world > 1
+                ):  # every rank skips together: one rank skipping alone hangs DDP's next all-reduce
+                    flag = finite.to(torch.int32)
+                    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+                    finite = flag.bool()
+                if not bool(finite):
                     skipped += 1
                     optimizer.zero_grad(set_to_none=True)
                     if skipped > cfg.max_bad_steps:
@@ -355,7 +385,8 @@ def fit(
                     if sparsity is not None:  # its schedule counts loop steps, taken or skipped
                         sparsity.step()
                 else:
-                    accelerator.backward(loss)
+                    if len(micro) == 1:
+                        accelerator.backward(loss)
                     if isinstance(sparsity, MasksGradients):
                         sparsity.before_optimizer_step()
                     if cfg.grad_clip is not None:
