@@ -100,3 +100,45 @@ def test_grad_accum_steps_is_validated() -> None:
     with pytest.raises(ConfigError, match="grad_accum_steps"):
         TrainConfig(grad_accum_steps=0)
     assert TrainConfig(batch_size=8, grad_accum_steps=3).total_steps(50) == 3  # ⌈50 / 24⌉
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_skipped_constrained_step_drops_its_violations(accum: int) -> None:
+    """A non-finite loss skips the step and its ĝ with it: λ as a plain loop that leaves that batch out
+    (before, the NaN ĝ stayed pending and the next PrimalDual.step raised NumericalError)."""
+    from descentlab.readout import layer_losses
+    from descentlab.train.loop import global_batches
+
+    data, bad_step = _data(), 3
+    calls = {"n": 0}
+
+    def readout(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        calls["n"] += 1  # 4 readouts (f_0..f_3) per micro-batch
+        per_step = 4 * accum
+        return _ce(logits, batch) * (float("nan") if (calls["n"] - 1) // per_step == bad_step - 1 else 1.0)
+
+    model = LayerLogits()
+    constraint = LayerwiseDescent(3, alpha=0.2, dual_lr=0.5)
+    opt = PrimalDual(torch.optim.SGD(model.parameters(), lr=0.1), constraint)
+    cfg = TrainConfig(
+        max_steps=6, batch_size=16 // accum, grad_accum_steps=accum, grad_clip=None, progress=False
+    )
+    result = fit(model, data, objective=Constrained(constraint, readout=readout), optimizer=opt, cfg=cfg)
+    assert result.steps == 6 and result.skipped_steps == 1
+
+    ref_model = LayerLogits()
+    ref = LayerwiseDescent(3, alpha=0.2, dual_lr=0.5)
+    ref_opt = PrimalDual(torch.optim.SGD(ref_model.parameters(), lr=0.1), ref)
+    steps = [*global_batches(len(data), 16, 0, 0), *global_batches(len(data), 16, 0, 1)][:6]
+    for k, indices in enumerate(steps, start=1):
+        if k == bad_step:
+            continue
+        batch = {
+            "x": torch.stack([data[int(i)]["x"] for i in indices]),
+            "labels": torch.stack([data[int(i)]["labels"] for i in indices]),
+        }
+        ref.lagrangian(layer_losses(ref_model, batch, readout=_ce)).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    assert float(ref.multipliers.abs().sum()) > 0.05
+    torch.testing.assert_close(constraint.multipliers, ref.multipliers, rtol=0, atol=1e-10)

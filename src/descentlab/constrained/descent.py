@@ -274,7 +274,7 @@ class LayerwiseDescent:
         if record is None:
             record = torch.is_grad_enabled() and f.requires_grad
         if record:
-            self._g_sum += g_det.to(torch.float64)
+            self._g_sum = self._g_sum + g_det.to(torch.float64)  # a new tensor: pending_state stays valid
             self._g_count += 1
         return loss
 
@@ -320,6 +320,17 @@ class LayerwiseDescent:
         if self._g_count == 0:
             return None
         return self._g_sum[self._index]
+
+    def pending_state(self) -> tuple[Tensor, int]:
+        """What the next dual step would average (the ĝ sum and count), to hand back to
+        :meth:`restore_pending_` when a training step is skipped: ``fit`` drops a non-finite step's ĝ so
+        the next dual step neither sees nor raises on it. No copy, no host sync."""
+        return self._g_sum, self._g_count
+
+    def restore_pending_(self, state: tuple[Tensor, int]) -> None:
+        """Forget the ĝ recorded since :meth:`pending_state` returned ``state``."""
+        g_sum, count = state
+        self._g_sum, self._g_count = g_sum.to(self._g_sum.device), int(count)
 
     def _flush(self) -> bool:
         if self._g_count == 0:

@@ -331,6 +331,8 @@ def fit(
             state={"skipped": skipped, "total": total},
         )
 
+    begin_step = getattr(objective, "begin_step", None)
+    skip_step = getattr(objective, "skip_step", None)
     model.train()
     last: dict[str, float] = {}
     bar = tqdm(
@@ -348,6 +350,8 @@ def fit(
                 n, cfg.step_size, cfg.seed, epoch, start, lengths=lengths, group=cfg.group_by_length
             )
             for indices in batches:
+                if callable(begin_step):
+                    begin_step()
                 micro = [m for m in indices.split(cfg.batch_size) if len(m)] if accum > 1 else [indices]
                 finite: torch.Tensor | None = None
                 for k, part in enumerate(micro):
@@ -375,6 +379,8 @@ def fit(
                     finite = flag.bool()
                 if not bool(finite):
                     skipped += 1
+                    if callable(skip_step):  # e.g. Constrained: drop the ĝ this step recorded
+                        skip_step()
                     optimizer.zero_grad(set_to_none=True)
                     if skipped > cfg.max_bad_steps:
                         checkpoint()

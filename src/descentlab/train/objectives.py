@@ -58,6 +58,20 @@ class Constrained:
     def __init__(self, constraint: Any, readout: Any = None) -> None:
         self.constraint = constraint
         self.readout = readout
+        self._pending: Any = None
+
+    def begin_step(self) -> None:
+        """Called by ``fit`` before each optimizer step's micro-batches: remembers the dual step's pending ĝ."""
+        state = getattr(self.constraint, "pending_state", None)
+        self._pending = state() if callable(state) else None
+
+    def skip_step(self) -> None:
+        """Called by ``fit`` when the step is skipped (non-finite loss): the ĝ its micro-batches recorded is
+        dropped, so the next dual step averages only the steps taken."""
+        restore = getattr(self.constraint, "restore_pending_", None)
+        if self._pending is not None and callable(restore):
+            restore(self._pending)
+        self._pending = None
 
     def __call__(
         self, model: torch.nn.Module, batch: Mapping[str, Any]
@@ -131,6 +145,16 @@ class EmbeddingNoise:
         noise_seed = 1 + self.seed * 1_000_003 + self.calls  # test noise uses small seeds with draw offsets
         with perturb_embeddings(model, self.kind, self.gamma, noise_seed):
             return self.inner(model, batch)
+
+    def begin_step(self) -> None:
+        hook = getattr(self.inner, "begin_step", None)
+        if callable(hook):
+            hook()
+
+    def skip_step(self) -> None:
+        hook = getattr(self.inner, "skip_step", None)
+        if callable(hook):
+            hook()
 
     def state_dict(self) -> dict[str, int]:
         return {"calls": self.calls}
