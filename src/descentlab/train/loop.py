@@ -6,8 +6,9 @@ duals or masks, sparsity controller, RNG states, loop position) continues exactl
 would have: bit for bit on CPU.
 
 Under data parallelism (``accelerate launch`` / ``torchrun``) every step draws one *global* batch of
-``batch_size`` examples and each rank takes its contiguous share, so gradients averaged by DDP equal the
-single-process gradient on the same global batch.
+``batch_size · grad_accum_steps`` examples, cut into ``grad_accum_steps`` micro-batches, and each rank takes
+its contiguous share of each, so gradients averaged by DDP equal the single-process gradient on the same
+global batch. The finite-loss flag is all-reduced: a step is skipped on every rank or on none.
 """
 
 from __future__ import annotations
@@ -265,10 +266,14 @@ def fit(
 ) -> FitResult:
     """Train ``model`` and return the number of steps taken.
 
-    Each step: ``loss, logs = objective(model, batch)``; backward; ``sparsity.before_optimizer_step()``
+    Each step: ``loss, logs = objective(model, batch)``; backward (per micro-batch, weighted by its share of
+    the step, with ``cfg.grad_accum_steps`` > 1; ``logs`` are then the last micro-batch's);
+    ``sparsity.before_optimizer_step()``
     (gradient masking) if present; gradient clipping; ``optimizer.step()``; ``scheduler.step()``;
     ``sparsity.step()``. A non-finite loss skips the step and is counted; more than ``cfg.max_bad_steps`` of
-    them stop the run with :class:`NumericalError`. With a ``run`` directory, checkpoints go to
+    them stop the run with :class:`NumericalError`. An objective may define ``begin_step()`` (called before
+    each step's micro-batches) and ``skip_step()`` (called when that step is skipped): :class:`Constrained`
+    uses them to drop a skipped step's ĝ. With a ``run`` directory, checkpoints go to
     ``run.checkpoint_dir(tag)`` every ``cfg.checkpoint_every`` steps, at the end, and when SIGTERM/SIGINT
     arrives (then :class:`TrainingInterrupted` is raised); with ``resume`` the newest good checkpoint there
     is loaded first.
