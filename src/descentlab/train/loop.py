@@ -272,7 +272,7 @@ def fit(
     (gradient masking) if present; gradient clipping; ``optimizer.step()``; ``scheduler.step()``;
     ``sparsity.step()``. A non-finite loss skips the step and is counted; more than ``cfg.max_bad_steps`` of
     them stop the run with :class:`NumericalError`. An objective may define ``begin_step()`` (called before
-    each step's micro-batches) and ``skip_step()`` (called when that step is skipped): :class:`Constrained`
+    each step's micro-batches) and ``skip_step()`` (called when that step is skipped): :class:`~descentlab.train.objectives.Constrained`
     uses them to drop a skipped step's ĝ. With a ``run`` directory, checkpoints go to
     ``run.checkpoint_dir(tag)`` every ``cfg.checkpoint_every`` steps, at the end, and when SIGTERM/SIGINT
     arrives (then :class:`TrainingInterrupted` is raised); with ``resume`` the newest good checkpoint there
