@@ -9,10 +9,6 @@ DTensors and its fused kernel on plain tensors).
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -23,24 +19,11 @@ WORKER = Path(__file__).with_name("fsdp2_worker.py")
 WORLD = 2
 
 
-def _load_worker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("descentlab_fsdp2_worker", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], ModuleType, Path]:
-    if not torch.distributed.is_available():
-        pytest.skip("torch.distributed is not available in this build")
+def launched(torchrun, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], ModuleType, Path]:
     out = tmp_path_factory.mktemp("fsdp2")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}"]
-    proc = subprocess.run([*cmd, str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
-    return ranks, _load_worker(), out
+    ranks, worker = torchrun(WORKER, out)
+    return ranks, worker, out
 
 
 @pytest.mark.distributed

@@ -7,11 +7,7 @@ process, on the same global batches.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -24,17 +20,8 @@ WORKER = Path(__file__).with_name("worker.py")
 WORLD = 2
 
 
-def _load_worker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("descentlab_distributed_worker", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], ModuleType, Path]:
-    if not torch.distributed.is_available():
-        pytest.skip("torch.distributed is not available in this build")
+def launched(torchrun, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], ModuleType, Path]:
     from descentlab.data import asset_path
 
     try:
@@ -42,20 +29,8 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Modu
     except AssetMissingError as exc:
         pytest.skip(str(exc))
     out = tmp_path_factory.mktemp("ranks")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={WORLD}",
-        str(WORKER),
-        str(out),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
-    return ranks, _load_worker(), out
+    ranks, worker = torchrun(WORKER, out, TOKENIZERS_PARALLELISM="false")
+    return ranks, worker, out
 
 
 @pytest.mark.distributed
