@@ -14,7 +14,7 @@ from typing import Any
 
 from descentlab.errors import ConfigError
 from descentlab.io import atomic_write_text
-from descentlab.report.claims import Claim, claim_notes, claims_table
+from descentlab.report.claims import Claim, claim_notes, claims_table, engine_rows, verdict_tally
 from descentlab.report.figures import plot_curves, plot_layer_loss
 from descentlab.report.tables import (
     csv_table,
@@ -42,8 +42,7 @@ FigureFunction = Callable[[dict[str, Any], Path], list[dict[str, Any]]]
 
 def judged_claims(results: dict[str, Any]) -> list[Claim]:
     """The claims engine's rows of a ``results.json`` (rows written before the engine are not its rows)."""
-    rows = results.get("claims", [])
-    return [Claim.from_dict(r) for r in rows] if rows and all("role" in r for r in rows) else []
+    return engine_rows(results.get("claims", [])) or []
 
 
 # presets sized to show an effect; every other preset is a smoke run of the pipeline
@@ -74,12 +73,9 @@ def _section(
     if primary:
         lines += [f"**Primary endpoint.** {claim_notes(primary)[0]}", ""]
     if claims:
-        counts: dict[str, int] = {}
-        for c in claims:
-            counts[c.label] = counts.get(c.label, 0) + 1
-        tally = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items(), key=lambda kv: -kv[1]))
         lines += [
-            f"**All {len(claims)} claim rows** (secondary rows Holm-adjusted, controls unadjusted): {tally}. "
+            f"**All {len(claims)} claim rows** (secondary rows Holm-adjusted, controls unadjusted): "
+            f"{verdict_tally(claims)}. "
             "The claims table below gives each row's interval and the smallest effect it could detect.",
             "",
         ]

@@ -184,6 +184,22 @@ class Claim:
         return self.holm_verdict if self.holm_verdict is not None else self.verdict
 
 
+def engine_rows(rows: Sequence[Mapping[str, Any]]) -> list[Claim] | None:
+    """The claims engine's rows from a ``results.json`` ``claims`` list, or None when the rows were written
+    before the engine (they carry no ``role``) and stay as written until the run is re-judged."""
+    if not all("role" in r for r in rows):
+        return None
+    return [Claim.from_dict(r) for r in rows]
+
+
+def verdict_tally(claims: Sequence[Claim]) -> str:
+    """``"11 refuted, 6 reproduced"``: how many rows carry each verdict a reader should take, most first."""
+    counts: dict[str, int] = {}
+    for c in claims:
+        counts[c.label] = counts.get(c.label, 0) + 1
+    return ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def check_specs(specs: Sequence[ClaimSpec]) -> None:
     """A study's claims: unique names and exactly one primary endpoint."""
     names = [s.name for s in specs]

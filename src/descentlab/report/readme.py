@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from descentlab.io import atomic_write_text
-from descentlab.report.claims import PENDING, Claim, claims_table
+from descentlab.report.claims import PENDING, claims_table, engine_rows, verdict_tally
 from descentlab.report.tables import markdown_table
 
 HOW_TO_READ = """\
@@ -90,9 +90,9 @@ def study_section(name: str, results: dict[str, Any]) -> list[str]:
         "",
         f"Page: [{name}.md]({name}.md). Command: `descentlab run {name} --preset full`.",
     ]
-    if not raw or not all("role" in r for r in raw):
+    claims = engine_rows(raw)
+    if not claims:
         return [*lines, "", f"No rows from the claims engine yet: {PENDING}.", ""]
-    claims = [Claim.from_dict(r) for r in raw]
     primary = next(c for c in claims if c.role == "primary")
     estimate = (
         ""
@@ -106,13 +106,9 @@ def study_section(name: str, results: dict[str, Any]) -> list[str]:
         "",
     ]
     table = claims_table(claims)
-    counts: dict[str, int] = {}
-    for c in claims:
-        counts[c.label] = counts.get(c.label, 0) + 1
-    summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     return [
         *lines,
-        f"{len(claims)} rows: {summary}.",
+        f"{len(claims)} rows: {verdict_tally(claims)}.",
         "",
         markdown_table(table["columns"], table["rows"]),
         "",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from descentlab.errors import ConfigError
-from descentlab.report.claims import Claim
+from descentlab.report.claims import Claim, engine_rows
 
 
 def _require(d: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
@@ -135,8 +135,7 @@ class Results:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Results:
         _require(d, ("experiment",), "results.json")
-        rows = d.get("claims", [])
-        engine_rows = all("role" in r for r in rows)
+        claims = engine_rows(d.get("claims", []))
         return cls(
             experiment=d["experiment"],
             config=dict(d.get("config", {})),
@@ -145,7 +144,7 @@ class Results:
             tables=list(d.get("tables", [])),
             figures=list(d.get("figures", [])),
             notes=list(d.get("notes", [])),
-            claims=[Claim.from_dict(c) for c in rows] if engine_rows else [],
+            claims=claims or [],
             # rows written before the claims engine stay as they were until the run is re-judged
-            extra={k: v for k, v in d.items() if k not in cls._KEYS or (k == "claims" and not engine_rows)},
+            extra={k: v for k, v in d.items() if k not in cls._KEYS or (k == "claims" and claims is None)},
         )
