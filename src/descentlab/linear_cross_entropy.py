@@ -174,7 +174,8 @@ def _forward(
     lses = torch.empty_like(losses)
     scale = None
     if grads is not None and opt.reduction == "mean":
-        scale = 1.0 / max(1, int((targets != opt.ignore_index).sum()))
+        # 1 / (number of scored targets), kept on the device: no host read in the per-step path
+        scale = (targets != opt.ignore_index).sum().clamp_min(1).to(losses.dtype).reciprocal()
     for start in range(0, n, opt.chunk_size):
         stop = min(n, start + opt.chunk_size)
         track = grads is not None and opt.transform is not None
