@@ -63,7 +63,8 @@ def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
         paths = [run_dir / f for f in files]
         if paths and all(p.is_file() for p in paths):
             out[f"nll/{label}"] = np.stack([load_arrays(p)["test"] for p in paths])
-    tuning_seed = cfg.get("seeds", [None])[0]
+    # runs before tune_seed existed tuned on the first evaluation seed
+    tuning_seed = cfg.get("tune_seed", cfg.get("seeds", [None])[0])
     grid = [r for r in results.get("runs", []) if r.get("seed") == tuning_seed]
     if grid:
         out["grid/val_nll"] = np.asarray([r["val_nll"] for r in grid], dtype=np.float64)

@@ -54,13 +54,18 @@ class SparseLMConfig:
         eval_blocks: validation blocks (tuning and the seed-spread check), evenly spaced over the split.
         test_blocks: test blocks, evenly spaced over the split (None: all): the bootstrap's block axis.
         eval_batch_size: blocks per evaluation forward pass.
-        tune: choose lr / α on the validation split (seed ``seeds[0]``) before the final runs.
+        tune: choose lr / α on the validation split (seed ``tune_seed``) before the final runs.
+        tune_seed: the training seed of every tuning run; never an evaluation seed (not in ``seeds``), so
+            no evaluation run is the one its settings were chosen on.
         tune_lr: the lr candidates (of ``lr_from``'s method, or of every method without ``lr_from``).
+        tune_lr_by: label -> that method's own lr candidates, in place of ``tune_lr`` (joint grid only), so
+            that a method with no α (AdamW) can get as many candidates as one that tunes lr x α.
         tune_alpha: label -> α candidates (a label without them keeps its own α).
         lr_from: with ``tune``, the label whose lr is tuned first; the others take it and tune α only.
         lr_first: with ``tune`` and no ``lr_from``: each method tunes its lr at its own α first, then its α
             at that lr (a coordinate search; the choice is the best of all the candidates it ran). False:
-            the joint lr x α grid.
+            the joint lr x α grid, where every method must get the same number of candidates
+            (:meth:`candidate_counts`; the equal-budget rule of a judged run).
         tune_on: the tuning criterion: the validation log-ppl at this sparsity (0: dense; one of
             ``sparsities``), or with null the mean over the pruned levels, which can reward a worse dense model.
         tune_dense_within: with ``tune``, only candidates whose dense validation perplexity is within this
@@ -73,7 +78,7 @@ class SparseLMConfig:
         small_weight: the histogram claim's threshold (fraction of block weights with |w| below it).
         smollm2: also prune the pretrained SmolLM2 (skipped with a note when the asset is missing).
         smollm2_blocks: test blocks (of ``model.n_positions`` SmolLM2 tokens) for the SmolLM2 row.
-        seeds: one training run per method and seed (seed = init + data order).
+        seeds: the evaluation seeds: one training run per method and seed (seed = init + data order).
         workers: training jobs run in parallel processes (each job is seeded on its own, so the numbers
             do not depend on this beyond float summation order).
         threads: torch threads per job (None: torch's default with one worker, 1 with several).
@@ -96,7 +101,9 @@ class SparseLMConfig:
     test_blocks: int | None = 512
     eval_batch_size: int = 64
     tune: bool = False
+    tune_seed: int = 1000
     tune_lr: list[float] = field(default_factory=lambda: [1.5e-3, 3e-3, 6e-3])
+    tune_lr_by: dict[str, list[float]] = field(default_factory=dict)
     tune_alpha: dict[str, list[float]] = field(
         default_factory=lambda: {"horst": [1.0, 3.0, 10.0, 30.0], "ham": [50.0, 200.0, 1000.0]}
     )
@@ -145,6 +152,32 @@ class SparseLMConfig:
             raise ConfigError(f"tune_lr must list positive learning rates, got {self.tune_lr}")
         if not (0 < self.seed_spread < 1 and self.small_weight > 0):
             raise ConfigError("seed_spread must lie in (0, 1) and small_weight be > 0")
+        if self.tune and self.tune_seed in self.seeds:
+            raise ConfigError(
+                f"tune_seed={self.tune_seed} is an evaluation seed {self.seeds}: tuning seeds are never "
+                "evaluation seeds; pick another tune_seed"
+            )
+        if unknown := sorted(set(self.tune_lr_by) - set(self.specs)):
+            raise ConfigError(f"tune_lr_by names unknown methods {unknown}; known: {sorted(self.specs)}")
+        if any(not lrs or any(lr <= 0 for lr in lrs) for lrs in self.tune_lr_by.values()):
+            raise ConfigError(f"tune_lr_by must list positive learning rates, got {self.tune_lr_by}")
+        if self.tune_lr_by and (self.lr_from is not None or self.lr_first):
+            raise ConfigError("tune_lr_by is for the joint grid: it needs lr_from=null and lr_first=false")
+        if self.tune and self.lr_from is None and not self.lr_first:
+            counts = self.candidate_counts()
+            if len(set(counts.values())) > 1:
+                raise ConfigError(
+                    f"unequal tuning budgets {counts}: every method must get the same number of candidates "
+                    "(set tune_lr_by / tune_alpha so that |lrs| x |alphas| agree)"
+                )
+
+    def lr_candidates(self, label: str) -> list[float]:
+        """The lrs ``label`` tunes over in the joint grid: ``tune_lr_by[label]``, else ``tune_lr``."""
+        return list(self.tune_lr_by.get(label, self.tune_lr))
+
+    def candidate_counts(self) -> dict[str, int]:
+        """Tuning candidates per method in the joint grid: ``|lrs| x max(1, |alphas|)``."""
+        return {k: len(self.lr_candidates(k)) * max(1, len(self.tune_alpha.get(k, []))) for k in self.methods}
 
     def method_configs(self) -> dict[str, MethodConfig]:
         """The methods to train, by label, in ``methods`` order."""
@@ -167,21 +200,40 @@ PRESETS: dict[str, dict] = {
         "workers": 2,
         "threads": 1,
     },
-    # 4x128 GPT-2, 3 seeds, the L2-shrink baseline; each method tunes its lr (at alpha 3 / 200), then its
-    # alpha at that lr, on seed 0, by the 90 % validation ppl among candidates within 3 % of its best dense
-    # one; bf16 autocast (1.6x faster, same dense ppl in a pilot); 24 jobs, about 55 min on 2 idle cores
-    "full": {
-        "methods": ["adamw", "horst", "ham", "adamw-l2"],
+    # the pilot of the full preset's budget (its model, data and 1,500 steps), on seeds of its own (never
+    # tuning or evaluation seeds): AdamW and HORST at fixed settings, for the per-seed spread of the primary
+    # endpoint and the minimum detectable effect of the full run; 6 jobs, about 9 min on 2 idle cores
+    "pilot": {
+        "methods": ["adamw", "horst"],
+        "method.optimizer.lr": 2e-3,
         "specs.horst": "optimizer.name=horst optimizer.alpha=3.0 optimizer.beta=0.0",
+        "seeds": [900, 901, 902],
+        "train.max_steps": 1500,
+        "train.mixed_precision": "bf16",
+        "smollm2": False,
+        "workers": 2,
+        "threads": 1,
+        "train.progress": False,
+    },
+    # 4x128 GPT-2, 1,500 steps. Equal tuning budgets: each optimizer tunes lr in {2e-3, 4e-3} x its own
+    # shrinkage on 4 candidates (AdamW: weight decay 0.1 or 0.5, the strong-L2 baseline; HORST: alpha 3 or
+    # 10; HAM: alpha 50 or 200) on tuning seed 1000, by the 90 % validation ppl among candidates within 3 %
+    # of their grid's best dense one; then 8 fresh evaluation seeds (the pilot's seed-level MDE: see
+    # claims.py); bf16 autocast; 36 jobs, about 55 min on 2 idle cores
+    "full": {
+        "methods": ["adamw", "horst", "ham"],
         "tune": True,
+        "tune_seed": 1000,
         "lr_from": None,
-        "lr_first": True,
-        "tune_lr": [2e-3, 4e-3, 8e-3],
-        "tune_alpha.horst": [1.0, 3.0, 10.0],
-        "tune_alpha.ham": [50.0, 200.0, 1000.0],
+        "lr_first": False,
+        "tune_lr": [2e-3, 4e-3],
+        "tune_weight_decay.adamw": [0.1, 0.5],
+        "tune_alpha.horst": [3.0, 10.0],
+        "tune_alpha.ham": [50.0, 200.0],
         "tune_on": 0.9,
         "tune_dense_within": 0.03,
-        "train.max_steps": 3000,
+        "seeds": [100, 101, 102, 103, 104, 105, 106, 107],
+        "train.max_steps": 1500,
         "train.mixed_precision": "bf16",
         "smollm2_blocks": 8,
         "workers": 2,

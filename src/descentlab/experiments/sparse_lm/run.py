@@ -8,7 +8,7 @@ pruning than AdamW and HAM, the gap widens with sparsity, and HORST's weights ar
 
 Protocol. The Austen corpus is split by novel (``load_austen``): four training novels, *Northanger Abbey*
 for validation, *Persuasion* for test. lr and α are chosen on the validation novel only (``tune``, seed
-``seeds[0]``; the criterion is ``tune_on`` / ``tune_dense_within``, the search ``lr_from`` / ``lr_first``).
+``tune_seed``, never an evaluation seed; the criterion is ``tune_on`` / ``tune_dense_within``, the search ``lr_from`` / ``lr_first``).
 The chosen settings are trained with every seed and scored on the test novel: each of ``test_blocks``
 evenly spaced blocks is one example of the claims' cells (one seed = one init and data order for every
 method). A pretrained SmolLM2-135M is pruned the same way, a sanity check of the pruning and evaluation.
@@ -58,9 +58,9 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
     data = {"train": train_blocks, "val": val_blocks, "test": test_blocks, "vocab": tok.vocab_size}
     data["eos"] = tok.eos_id
 
-    # 2. the validation grid on the first seed (with lr_from: that method's lr, then the others' α at it),
-    # then every (method, seed) at the chosen settings; finished jobs come from the job cache on resume
-    methods, seed0 = cfg.method_configs(), cfg.seeds[0]
+    # 2. the validation grid on the tuning seed (with lr_from: that method's lr, then the others' α at it),
+    # then every (method, evaluation seed) at the chosen settings; finished jobs come from the job cache on resume
+    methods, seed0 = cfg.method_configs(), cfg.tune_seed
     threads = torch.get_num_threads()
     if cfg.threads is not None or cfg.workers > 1:
         torch.set_num_threads(cfg.threads or 1)
@@ -113,7 +113,7 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
             elif cfg.tune and cfg.lr_first:
                 first = trials(list(methods), cfg.tune_lr, alphas=False)
             elif cfg.tune:
-                later = trials(list(methods), cfg.tune_lr)
+                later = {k: trials([k], cfg.lr_candidates(k))[k] for k in methods}
             smol = smollm2_sweep(cfg, splits["test"]) if cfg.smollm2 else None
             if first:
                 pick(first)
@@ -176,6 +176,8 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
             "n_test_blocks": int(test_blocks.shape[0]),
             "n_eval_tokens": int(test_blocks.shape[0] * (ctx - 1)),
             "seeds": list(cfg.seeds),
+            "tune_seed": seed0 if cfg.tune else None,
+            "candidates": {k: len(g) for k, g in grids.items()},
             "pruning": "one-shot, layer-wise magnitude, block Linear/Conv1D weights; embeddings and head dense",
             "claims": f"seed-level intervals over (seeds x test blocks); matched-ols: the slope from the "
             f"{sum(len(g) for g in grids.values())} tuning runs' validation NLLs; seed-spread "
