@@ -78,6 +78,10 @@ class TrainConfig:
     # them batch_size at a time (each micro-batch's loss weighted by its share of the step's examples, DDP's
     # gradient all-reduce only on the last one) and steps once. Equal to grad_accum_steps=1 at that batch size.
     grad_accum_steps: int = 1
+    # > 0: a torch DataLoader with this many worker processes collates the micro-batches ahead of the loop
+    # (pinned memory on CUDA). Same batches in the same order as 0 (collated in the loop), so the same training
+    # wherever the dataset's items draw no random numbers (a worker has its own RNG).
+    loader_workers: int = 0
 
     def __post_init__(self) -> None:
         if self.epochs < 1 and self.max_steps is None:
@@ -94,6 +98,8 @@ class TrainConfig:
             raise ConfigError(f"train.group_by_length must be >= 0, got {self.group_by_length}")
         if self.mixed_precision not in ("no", "bf16", "fp16"):
             raise ConfigError(f"train.mixed_precision must be no, bf16 or fp16, got {self.mixed_precision!r}")
+        if not isinstance(self.loader_workers, int) or self.loader_workers < 0:
+            raise ConfigError(f"train.loader_workers must be an int >= 0, got {self.loader_workers!r}")
 
     def total_steps(self, n_train: int) -> int:
         """Optimizer steps ``fit`` takes on ``n_train`` examples: ``max_steps``, else ``epochs · ⌈n / (B·k)⌉``.
@@ -233,6 +239,57 @@ def _plain_forward_after(accelerator: Any, model: torch.nn.Module) -> Iterator[N
         accelerator.unwrap_model(model, keep_fp32_wrapper=False)
 
 
+def _micro_batches(indices: torch.Tensor, batch_size: int, accum: int) -> list[torch.Tensor]:
+    """A step's global batch cut into its micro-batches of ``batch_size`` (the whole batch without accumulation)."""
+    return [m for m in indices.split(batch_size) if len(m)] if accum > 1 else [indices]
+
+
+def _ignore_sigint(_worker_id: int) -> None:
+    # Ctrl-C reaches the whole process group: the loop (main process) checkpoints and stops; a loader worker
+    # that died of it first would turn that into a "worker exited unexpectedly" error instead
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _micro_batch_source(
+    train_data: Sequence[Any],
+    collate: Callable[[list[Any]], Any],
+    batches: Sequence[torch.Tensor],
+    cfg: TrainConfig,
+    rank: int,
+    world: int,
+    pin_memory: bool,
+) -> Callable[[torch.Tensor], Any]:
+    """``fetch(rank_indices) -> collated batch`` for an epoch's ``batches``, called in loop order.
+
+    ``cfg.loader_workers == 0``: each call collates its examples in this process. Otherwise a DataLoader
+    walks the same rank shares of the same micro-batches, in the same order, in worker processes, and each
+    call takes its next batch (the loop asks in that order, so ``part`` is not read again).
+    """
+    if cfg.loader_workers == 0:
+        return lambda part: collate([train_data[int(i)] for i in part])
+    from torch.utils.data import DataLoader
+
+    plan = [
+        rank_share(m, rank, world).tolist()
+        for indices in batches
+        for m in _micro_batches(indices, cfg.batch_size, cfg.grad_accum_steps)
+    ]
+    loader = DataLoader(
+        train_data,  # type: ignore[arg-type]
+        batch_sampler=plan,
+        collate_fn=collate,
+        num_workers=cfg.loader_workers,
+        pin_memory=pin_memory,
+        worker_init_fn=_ignore_sigint,
+    )
+    ahead = iter(loader)
+
+    def fetch(part: torch.Tensor) -> Any:
+        return next(ahead)
+
+    return fetch
+
+
 def _accelerator(mixed_precision: str) -> Any:
     """An Accelerator with this run's precision.
 
@@ -351,19 +408,21 @@ def fit(
     with _SignalGuard() as guard, _plain_forward_after(accelerator, model):
         while step < total:
             epoch, start = divmod(step, steps_per_epoch)
-            batches = global_batches(
-                n, cfg.step_size, cfg.seed, epoch, start, lengths=lengths, group=cfg.group_by_length
+            batches = list(
+                global_batches(
+                    n, cfg.step_size, cfg.seed, epoch, start, lengths=lengths, group=cfg.group_by_length
+                )
+            )
+            fetch = _micro_batch_source(
+                train_data, collate, batches, cfg, rank, world, accelerator.device.type == "cuda"
             )
             for indices in batches:
                 if callable(begin_step):
                     begin_step()
-                micro = [m for m in indices.split(cfg.batch_size) if len(m)] if accum > 1 else [indices]
+                micro = _micro_batches(indices, cfg.batch_size, accum)
                 finite: torch.Tensor | None = None
                 for k, part in enumerate(micro):
-                    batch = _to_device(
-                        collate([train_data[int(i)] for i in rank_share(part, rank, world)]),
-                        accelerator.device,
-                    )
+                    batch = _to_device(fetch(rank_share(part, rank, world)), accelerator.device)
                     check_finite_batch(batch)
                     with accelerator.autocast():
                         loss, logs = objective(model, batch)
