@@ -19,7 +19,13 @@ from descentlab.data.video import NoisyClips, load_clips, split_sequences
 from descentlab.errors import AssetMissingError, ConfigError, NumericalError
 from descentlab.experiments import get, run_experiment
 from descentlab.experiments.video_denoising import claims as vc
-from descentlab.experiments.video_denoising.config import ARCHITECTURES, FROZEN, SPECS, VideoDenoisingConfig
+from descentlab.experiments.video_denoising.config import (
+    ARCHITECTURES,
+    FROZEN,
+    PRESETS,
+    SPECS,
+    VideoDenoisingConfig,
+)
 from descentlab.experiments.video_denoising.jobs import build_model, noisy_test_clips
 from descentlab.models.denoisers import final_mse
 from descentlab.report.build import write_report
@@ -132,12 +138,15 @@ def test_methods_are_one_base_edited_by_specs() -> None:
     )
     assert cfg.method_config("ut", "constrained-fast").constraint.dual_lr == 0.5
     assert cfg.labels[-2:] == ["constrained-fast", "frozen-lambda"]
-    assert cfg.candidates("erm") == ["optimizer.lr=0.001", "optimizer.lr=0.003"]
+    # a method without a constraint tunes as many lrs as the constrained ones tune (lr, dual lr) pairs
+    lrs = ["optimizer.lr=0.0003", "optimizer.lr=0.001", "optimizer.lr=0.003", "optimizer.lr=0.01"]
+    assert cfg.candidates("erm") == cfg.candidates("deep-supervision") == lrs
     assert cfg.candidates("resilient")[1] == "optimizer.lr=0.001 constraint.dual_lr=0.5"
     assert len(cfg.candidates("constrained-fast")) == 4 and cfg.trained_labels[-1] == "constrained-fast"
-    own = _tiny("grid={resilient: ['optimizer.lr=0.03 constraint.dual_lr=2']}")
-    assert own.candidates("resilient") == ["optimizer.lr=0.03 constraint.dual_lr=2"]
-    assert own.candidates("erm") == cfg.candidates("erm")  # the other labels keep lr_grid x constraint_grid
+    mine = [f"optimizer.lr={lr} constraint.dual_lr={d}" for lr in (0.01, 0.03) for d in (1, 2)]
+    own = _tiny(f"grid={{resilient: [{', '.join(repr(c) for c in mine)}]}}")
+    assert own.candidates("resilient") == mine
+    assert own.candidates("erm") == cfg.candidates("erm")  # the other labels keep their grids
     recipe = build_recipe(ut, build_model("ut", cfg), total_steps=10, loss_fn=final_mse)
     assert recipe.constraint is not None and recipe.constraint.resilience is not None
     assert torch.allclose(recipe.constraint.alpha, torch.full((2,), 0.2, dtype=recipe.constraint.alpha.dtype))
@@ -167,9 +176,32 @@ def test_config_errors() -> None:
         ["grid={frozen-lambda: ['optimizer.lr=0.01']}"],  # the frozen control takes its source's setting
         ["grid={erm: []}"],
         ["grid={erm: ['optimizer.lr=-1']}"],
+        ["unconstrained_lr_grid=[]"],
+        ["tune_seed=0"],  # the tuning seed is an evaluation seed
     ):
         with pytest.raises(ConfigError):
             resolve_config(VideoDenoisingConfig, overrides=bad)
+
+
+def test_every_method_gets_the_same_tuning_budget() -> None:
+    # 2 lrs x 2 dual lrs for the constrained methods, 3 lrs for ERM and its controls: refused, counts named
+    with pytest.raises(ConfigError, match=r"unequal tuning budgets \(erm: 3, constrained: 4"):
+        resolve_config(VideoDenoisingConfig, overrides=["unconstrained_lr_grid=[0.001,0.003,0.01]"])
+    with pytest.raises(ConfigError, match="unequal tuning budgets"):  # one label's own grid counts too
+        resolve_config(VideoDenoisingConfig, overrides=["grid={blind: ['optimizer.lr=0.01']}"])
+    # no method tuned (one candidate each): nothing to compare
+    one = ["lr_grid=[0.003]", "constraint_grid=['']", "unconstrained_lr_grid=[0.003]"]
+    assert resolve_config(VideoDenoisingConfig, overrides=one).candidates("constrained") == [
+        "optimizer.lr=0.003"
+    ]
+    for preset in PRESETS:
+        cfg = resolve_config(VideoDenoisingConfig, preset=preset, presets=PRESETS)
+        counts = {len(cfg.candidates(label)) for label in cfg.trained_labels}
+        assert len(counts) == 1 and cfg.tune_seed not in cfg.seeds
+    full = resolve_config(VideoDenoisingConfig, preset="full", presets=PRESETS)
+    assert len(full.candidates("erm")) == len(full.candidates("constrained")) == 4
+    quick = resolve_config(VideoDenoisingConfig, preset="quick", presets=PRESETS)
+    assert all(len(quick.candidates(label)) == 1 for label in quick.trained_labels)  # quick tunes nothing
 
 
 def _snapshot(path: Path) -> dict[str, bytes]:
@@ -195,6 +227,8 @@ def test_experiment_end_to_end_resume_and_report(tmp_path: Path, carphone) -> No
         "seeds=[0,1]",
         "lr_grid=[0.003]",
         "constraint_grid=[constraint.dual_lr=0.05,constraint.dual_lr=0.5]",
+        "unconstrained_lr_grid=[0.003,0.001]",
+        "tune_seed=7",
         "baseline_grid={nl-means: {h: [0.1]}, gaussian: {sigma_t: [1.0], sigma_s: [0.5, 1.0]}}",
     ]
     path = run_experiment("video-denoising", overrides=overrides, out=tmp_path)
@@ -210,6 +244,22 @@ def test_experiment_end_to_end_resume_and_report(tmp_path: Path, carphone) -> No
     grid = results["methods"]["ut-constrained"]["grid"]
     assert grid["chosen"] == int(np.argmin(grid["val_rmse"])) and len(grid["val_rmse"]) == 2
     assert results["methods"]["ut-constrained"]["spec"] == grid["candidates"][grid["chosen"]]
+    # every grid ran on the tuning seed 7 only; the chosen candidate ran again on each evaluation seed and
+    # only those runs are reported (no tuning run is an evaluation run)
+    jobs = {p.stem for p in (path / "jobs").glob("*.json")}
+    for method in ("ut-erm", "ut-constrained", "dust-blind"):
+        block = results["methods"][method]
+        chosen = block["grid"]["chosen"]
+        assert {j for j in jobs if j.startswith(f"{method}@")} == {
+            *(f"{method}@{i}-seed7" for i in range(2)),
+            f"{method}@{chosen}-seed0",
+            f"{method}@{chosen}-seed1",
+        }
+        tuned = json.loads((path / "jobs" / f"{method}@{chosen}-seed7.json").read_text())
+        assert tuned["val_rmse"] == pytest.approx(block["grid"]["val_rmse"][chosen])
+        assert tuned["val_curve"] not in block["val_curves"]
+    assert "tuning seed 7" in results["protocol"]["selection"]
+    assert any("tuning seed 7" in t["title"] for t in results["tables"])
     # frozen λ: the multipliers of the finished constrained run of the same seed, never stepped
     frozen, source = results["methods"]["dust-frozen-lambda"], results["methods"]["dust-constrained"]
     assert frozen["lambda"] == source["lambda"] and frozen["spec"] == source["spec"]
@@ -521,18 +571,20 @@ def test_a_failed_candidate_ranks_last_and_a_failed_choice_stops_the_run(tmp_pat
         *("train.max_steps=4", "train.batch_size=16", "val_every=2", "gammas=[1.0,2.0]", "lr_grid=[0.003]"),
         *("baselines=[]", "budget_check=0"),
     ]
-    path = run_experiment(
-        "video-denoising", overrides=[*overrides, f"constraint_grid=[{infeasible},constraint.dual_lr=0.05]"],
-        out=tmp_path / "one",
-    )  # fmt: skip
+    tuned = [f"constraint_grid=[{infeasible},constraint.dual_lr=0.05]", "unconstrained_lr_grid=[0.003,0.001]"]
+    path = run_experiment("video-denoising", overrides=[*overrides, *tuned], out=tmp_path / "one")
     results = json.loads((path / "results.json").read_text())
     grid = results["methods"]["ut-constrained"]["grid"]
     assert grid["chosen"] == 1 and grid["val_rmse"][0] is None
     assert "infeasible" in grid["failed"][f"optimizer.lr=0.003 {infeasible}"]
     assert "failed; " in (path / "report.md").read_text()
-    with pytest.raises(NumericalError, match="ut-constrained: the candidate chosen on validation failed"):
+    with pytest.raises(
+        NumericalError, match="ut-constrained: the chosen candidate failed on an evaluation seed"
+    ):
         run_experiment(
-            "video-denoising", overrides=[*overrides, f"constraint_grid=[{infeasible}]"], out=tmp_path
+            "video-denoising",
+            overrides=[*overrides, f"constraint_grid=[{infeasible}]", "unconstrained_lr_grid=[0.003]"],
+            out=tmp_path,
         )
 
 
@@ -542,6 +594,7 @@ def test_budget_curve_compares_each_budget_with_erm_of_that_budget(tmp_path: Pat
         *("model.depth=2", "model.width=16", "model.heads=2", "architectures=[ut]", "methods=[erm,constrained]"),
         *("train.max_steps=4", "train.batch_size=16", "val_every=2", "gammas=[1.0,2.0]", "lr_grid=[0.003]"),
         *("baselines=[]", "budget_check=0", "budget_curve=[8]", "seeds=[0]"),
+        *("constraint_grid=[constraint.dual_lr=0.05]", "unconstrained_lr_grid=[0.003]"),  # nothing to tune
     ]  # fmt: skip
     path = run_experiment("video-denoising", overrides=overrides, out=tmp_path)
     results = json.loads((path / "results.json").read_text())

@@ -1,14 +1,17 @@
-"""Tune on one seed, replicate on the others: the grid-search protocol of the experiments that choose every
+"""Tune on a tuning seed, evaluate on fresh seeds: the grid-search protocol of the experiments that choose every
 setting on validation.
 
-Per group (e.g. an (architecture, method) pair), every candidate runs with the first seed; the one of lowest
-``score`` (first in candidate order on ties) runs with every later seed. Jobs are submitted as early as their
-inputs allow, so a pool of workers stays busy.
+Per group (e.g. an (architecture, method) pair), every candidate runs with the tuning seed, which is never an
+evaluation seed; the one of lowest ``score`` (first in candidate order on ties) then runs with every
+evaluation seed. No tuning run is reported as an evaluation run: a tuning run's validation score picked its
+candidate, so its test numbers would be a draw selected for its luck. Every compared method gets the same
+number of candidates (:func:`check_equal_budgets`). Jobs are submitted as early as their inputs allow, so a
+pool of workers stays busy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence, Sized
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -19,6 +22,8 @@ from descentlab.train.recipe import MethodConfig
 __all__ = [
     "Selection",
     "candidate_methods",
+    "check_equal_budgets",
+    "check_tune_seed",
     "choose_candidate",
     "lr_alpha_grid",
     "settings_diff",
@@ -29,40 +34,92 @@ __all__ = [
 G = TypeVar("G", bound=Hashable)
 
 
-def tune_and_replicate(
-    groups: Mapping[G, Sequence[str]],
-    seeds: Sequence[int],
-    submit: Callable[[G, int, str, int], Future],
-    score: Callable[[Any], Any],
-    then: Callable[[G, int, list[Any]], None] | None = None,
-) -> tuple[dict[G, list[Any]], dict[G, int], dict[G, list[Any]]]:
-    """Run the grid of every group with ``seeds[0]``, then its best candidate with ``seeds[1:]``.
+def check_tune_seed(tune_seed: int, *evaluation_seeds: Sequence[int]) -> None:
+    """Raise ConfigError when ``tune_seed`` is one of the evaluation seeds (each list in ``evaluation_seeds``).
+
+    A candidate is chosen because its tuning run scored well on validation; that run's test numbers share
+    the luck that chose it, so the tuning seed never trains a reported model.
+    """
+    used = sorted({s for seeds in evaluation_seeds for s in seeds})
+    if tune_seed in used:
+        raise ConfigError(
+            f"tune_seed={tune_seed} is also an evaluation seed {used}: tuning seeds are never evaluation "
+            f"seeds; choose another, e.g. tune_seed={max(used) + 1000}"
+        )
+
+
+def check_equal_budgets(grids: Mapping[Hashable, Sized]) -> int:
+    """The number of tuning candidates every compared method gets; ConfigError unless it is the same for all.
 
     Args:
-        groups: group -> its candidates (override specs), in grid order.
-        seeds: the first tunes, every seed is reported.
+        grids: method -> its candidates (anything with a length), one entry per compared method.
+
+    A method tuned over more candidates has more chances of a lucky validation score, so a comparison of
+    methods tuned on grids of different sizes favours the larger grid.
+    """
+    counts = {m: len(c) for m, c in grids.items()}
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"{m}: {n}" for m, n in counts.items())
+        raise ConfigError(
+            f"unequal tuning budgets ({listed} candidates): every compared method must get the same number "
+            "of candidates"
+        )
+    return next(iter(counts.values()), 0)
+
+
+def tune_and_replicate(
+    groups: Mapping[G, Sequence[Any]],
+    seeds: Sequence[int],
+    submit: Callable[[G, int, Any, int], Future],
+    score: Callable[[Any], Any],
+    then: Callable[[G, int, list[Any]], None] | None = None,
+    *,
+    tune_seed: int,
+) -> tuple[dict[G, list[Any]], dict[G, int], dict[G, list[Any]]]:
+    """Run the grid of every group with ``tune_seed``, then its best candidate with every seed of ``seeds``.
+
+    With ``r_g(c, s)`` the result of candidate ``c`` of group ``g`` trained from seed ``s`` and ``t`` the
+    tuning seed, the chosen candidate is ``c*_g = argmin_c score(r_g(c, t))`` (the first on ties) and the
+    reported results are ``r_g(c*_g, s)`` for ``s`` in ``seeds``; no ``r_g(c, t)`` is among them. A group
+    with a single candidate has nothing to choose: it runs on ``seeds`` only (no tuning run).
+
+    Args:
+        groups: group -> its candidates (e.g. override specs), in grid order.
+        seeds: the evaluation seeds; every one is reported.
         submit: ``(group, candidate index, candidate, seed) -> Future`` of the job's result.
-        score: sort key of a first-seed result (lowest wins).
+        score: sort key of a tuning-seed result (lowest wins).
         then: called as ``then(group, chosen index, per-seed results)`` once a group's seeds are done,
             before the next group is waited for (to submit jobs that depend on them).
+        tune_seed: the seed every candidate of a group with more than one is trained from.
 
     Returns:
-        ``grid[group]`` (the first-seed result of every candidate), ``chosen[group]`` (an index) and
-        ``per_seed[group]`` (the chosen candidate's result for every seed, in order).
+        ``grid[group]`` (the tuning-seed result of every candidate; empty for a single candidate),
+        ``chosen[group]`` (an index) and ``per_seed[group]`` (the chosen candidate's result for every
+        evaluation seed, in the order of ``seeds``).
+
+    Raises:
+        ConfigError: no evaluation seed, a group without candidates, or ``tune_seed`` among the seeds.
     """
-    first, later = seeds[0], seeds[1:]
-    pending = {(g, i): submit(g, i, c, first) for g, cands in groups.items() for i, c in enumerate(cands)}
-    grid: dict[G, list[Any]] = {}
-    chosen: dict[G, int] = {}
-    later_jobs: dict[tuple[G, int], Future] = {}
-    for g, cands in groups.items():
-        grid[g] = [pending[g, i].result() for i in range(len(cands))]
-        chosen[g] = min(range(len(cands)), key=lambda i: score(grid[g][i]))
-        for s in later:
-            later_jobs[g, s] = submit(g, chosen[g], cands[chosen[g]], s)
+    if not seeds:
+        raise ConfigError("tune_and_replicate needs at least one evaluation seed")
+    if empty := [g for g, cands in groups.items() if not cands]:
+        raise ConfigError(f"group {empty[0]!r} has no candidate")
+    check_tune_seed(tune_seed, seeds)
+    tuned = [g for g, cands in groups.items() if len(cands) > 1]
+    pending = {(g, i): submit(g, i, c, tune_seed) for g in tuned for i, c in enumerate(groups[g])}
+    evaluation: dict[tuple[G, int], Future] = {}
+    for g, cands in groups.items():  # nothing to choose: evaluated at once, before any grid is waited for
+        if len(cands) == 1:
+            evaluation |= {(g, s): submit(g, 0, cands[0], s) for s in seeds}
+    grid: dict[G, list[Any]] = {g: [] for g in groups}
+    chosen: dict[G, int] = dict.fromkeys(groups, 0)
+    for g in tuned:
+        grid[g] = [pending[g, i].result() for i in range(len(groups[g]))]
+        chosen[g] = min(range(len(groups[g])), key=lambda i, g=g: score(grid[g][i]))
+        evaluation |= {(g, s): submit(g, chosen[g], groups[g][chosen[g]], s) for s in seeds}
     per_seed: dict[G, list[Any]] = {}
     for g in groups:
-        per_seed[g] = [grid[g][chosen[g]], *(later_jobs[g, s].result() for s in later)]
+        per_seed[g] = [evaluation[g, s].result() for s in seeds]
         if then is not None:
             then(g, chosen[g], per_seed[g])
     return grid, chosen, per_seed
@@ -131,7 +188,7 @@ def settings_diff(settings: Mapping[str, Any], base: Mapping[str, Any]) -> str:
 
 @dataclass
 class Selection:
-    """Validation-split choice of the constrained settings (first seed only), never on test.
+    """Validation-split choice of the constrained settings (on the study's tuning seed only), never on test.
 
     Attributes:
         candidates: method -> DescentConfig override specs (e.g. ``"alpha_from=erm"``), applied to that

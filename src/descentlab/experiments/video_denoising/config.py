@@ -14,6 +14,7 @@ from descentlab.optim.config import OptimizerConfig
 from descentlab.robustness.video_baselines import BASELINES
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, with_overrides
+from descentlab.train.tuning import check_equal_budgets, check_tune_seed
 
 ARCHITECTURES = ("ut", "dust")
 # "deep-supervision" is a control: the mean of the per-layer losses f_1..f_L, i.e. the same per-layer signal
@@ -59,10 +60,13 @@ class VideoDenoisingConfig:
     blind: dict[str, list[float]] = field(default_factory=lambda: {"blind": [0.0, 3.0]})
     # label -> the constrained label whose final λ (same architecture and seed) it holds fixed
     frozen: dict[str, str] = field(default_factory=lambda: dict(FROZEN))
-    lr_grid: list[float] = field(default_factory=lambda: [1e-3, 3e-3])  # every method's candidates
+    lr_grid: list[float] = field(default_factory=lambda: [1e-3, 3e-3])  # the constrained methods' lrs
     constraint_grid: list[str] = field(  # crossed with lr_grid for constrained methods
         default_factory=lambda: ["constraint.dual_lr=0.05", "constraint.dual_lr=0.5"]
     )
+    # the candidates of a method without a constraint (ERM and its controls): one per lr, as many as the
+    # constrained methods' lr_grid x constraint_grid, so that every method gets the same tuning budget
+    unconstrained_lr_grid: list[float] = field(default_factory=lambda: [3e-4, 1e-3, 3e-3, 1e-2])
     # label -> its own candidates (override specs), replacing lr_grid x constraint_grid for that label
     grid: dict[str, list[str]] = field(default_factory=dict)
     val_every: int = 50  # steps between validation points
@@ -79,7 +83,9 @@ class VideoDenoisingConfig:
     # so α = 0.1 never binds there; UT starts at x̂_0 ≈ y, and (1 - α)^L must stay above f_L / f_0 ≈ 0.4.
     alpha: dict[str, float] = field(default_factory=lambda: {"ut": 0.1, "dust": 0.5})
     architectures: list[str] = field(default_factory=lambda: list(ARCHITECTURES))
-    seeds: list[int] = field(default_factory=lambda: [0])
+    seeds: list[int] = field(default_factory=lambda: [0])  # the evaluation seeds, every one reported
+    # every grid of more than one candidate trains from this seed, never an evaluation seed (train.tuning)
+    tune_seed: int = 1000
     gammas: list[float] = field(default_factory=lambda: [0.5, 1.0, 1.5, 2.0, 3.0])
     eval_batch_size: int = 250
     # Tiny models gain nothing from intra-op threads, and on a shared machine extra threads slow every step
@@ -109,8 +115,10 @@ class VideoDenoisingConfig:
                 raise ConfigError(f"frozen.{label}={source!r} must name a trained constrained label")
         if self.budget_check < 0 or 0 < self.budget_check <= 1:
             raise ConfigError(f"budget_check must be 0 (off) or > 1, got {self.budget_check}")
-        if not self.lr_grid or not self.constraint_grid:
-            raise ConfigError("lr_grid and constraint_grid need an entry each (constraint_grid: [''])")
+        if not self.lr_grid or not self.constraint_grid or not self.unconstrained_lr_grid:
+            raise ConfigError(
+                "lr_grid, constraint_grid and unconstrained_lr_grid need an entry each (constraint_grid: [''])"
+            )
         for arch in self.architectures:  # a bad spec or α fails here, before any run directory is made
             for label in self.trained_labels:
                 for spec in self.candidates(label):
@@ -126,6 +134,10 @@ class VideoDenoisingConfig:
             raise ConfigError("data.val_frac must be > 0: every setting is chosen on validation")
         if bad := [k for k, v in self.grid.items() if k not in self.trained_labels or not v]:
             raise ConfigError(f"grid.{bad[0]}: needs a trained label of methods and at least one candidate")
+        budgets = {label: self.candidates(label) for label in self.trained_labels}
+        if any(len(c) > 1 for c in budgets.values()):  # tuning is on: every method gets as many candidates
+            check_equal_budgets(budgets)
+        check_tune_seed(self.tune_seed, self.seeds)
         if self.budget_curve and (
             "erm" not in self.budget_labels
             or not set(self.budget_labels) <= set(self.trained_labels)
@@ -156,9 +168,9 @@ class VideoDenoisingConfig:
         """The grid of ``label``: override specs applied after its method spec, in grid order."""
         if label in self.grid:
             return list(self.grid[label])
-        constrained = with_overrides(self.method, self.specs[label]).constrained
-        extra = self.constraint_grid if constrained else [""]
-        return [f"optimizer.lr={lr:g} {c}".strip() for lr in self.lr_grid for c in extra]
+        if not with_overrides(self.method, self.specs[label]).constrained:
+            return [f"optimizer.lr={lr:g}" for lr in self.unconstrained_lr_grid]
+        return [f"optimizer.lr={lr:g} {c}".strip() for lr in self.lr_grid for c in self.constraint_grid]
 
 
 CONFIG = VideoDenoisingConfig
@@ -175,6 +187,7 @@ PRESETS = {
         "train.batch_size": 32,
         "lr_grid": [3e-3],
         "constraint_grid": ["constraint.dual_lr=0.05"],
+        "unconstrained_lr_grid": [3e-3],
         "baseline_grid": {"nl-means": {"h": [0.1]}, "gaussian": {"sigma_t": [0.5, 1.0]}},
         "budget_check": 0,
     },
@@ -183,7 +196,10 @@ PRESETS = {
         "seeds": [0, 1, 2],
         "model.depth": 4,
         "train.max_steps": 2000,
-        "lr_grid": [1e-3, 3e-3, 1e-2, 3e-2],
+        # 4 candidates per method, tuned on tune_seed: the constrained methods 2 lrs (what the hard constraint
+        # chose in the committed run; resilient UT took 3e-2) x 2 dual lrs, ERM and its controls 4 lrs
+        "lr_grid": [3e-3, 1e-2],
+        "unconstrained_lr_grid": [1e-3, 3e-3, 1e-2, 3e-2],
         "workers": 2,
         "val_every": 100,
     },
@@ -196,6 +212,7 @@ PRESETS = {
         "methods": ["erm", "constrained"],
         "lr_grid": [3e-3, 1e-2],
         "constraint_grid": ["constraint.dual_lr=0.5"],
+        "unconstrained_lr_grid": [3e-3, 1e-2],
         "budget_check": 0,
         "budget_curve": [4000, 8000, 16000],
         "baselines": [],

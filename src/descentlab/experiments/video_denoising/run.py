@@ -3,10 +3,13 @@ denoisers, every setting chosen on a validation split.
 
 Protocol: grayscale clips (opencv's vtest.avi by default) cut into T-frame crop × crop sequences; train,
 validation and test are disjoint time ranges of each clip. Per (architecture, method) a grid (``grid``, else
-lr × ``constraint_grid``) trains with the first seed; the candidate of lowest validation RMSE at γ = 1 trains
-with the others. Controls: ``blind`` (ERM on a γ range: the positive control), ``frozen`` (a constrained
+``lr_grid`` × ``constraint_grid``, or ``unconstrained_lr_grid`` for a method without a constraint; the same
+number of candidates for every method) trains with ``tune_seed``, never an evaluation seed; the candidate of
+lowest validation RMSE at γ = 1 then trains with every seed of ``seeds``, and only those runs are reported (a
+method with one candidate is not tuned). Controls: ``blind`` (ERM on a γ range: the positive control), ``frozen`` (a constrained
 run's final multipliers held fixed), ``budget_check`` (ERM retrained for longer: has it converged?) and
-``budget_curve`` (ERM and the constrained model at longer budgets: is a gain a budget effect?).
+``budget_curve`` (ERM and the constrained model at longer budgets: is a gain a budget effect?), both on the
+first evaluation seed.
 
 The run saves every test sequence's error in ``arrays/claims.npz``, which :mod:`.claims` judges.
 """
@@ -39,7 +42,7 @@ from descentlab.io import load_arrays
 from descentlab.report.results import Results
 from descentlab.train.jobs import JobRunner
 from descentlab.train.rundir import RunDir
-from descentlab.train.tuning import tune_and_replicate
+from descentlab.train.tuning import check_equal_budgets, tune_and_replicate
 
 CLAIM_ARRAYS = "arrays/claims.npz"
 
@@ -83,7 +86,9 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
         def then(group: tuple[str, str], i: int, per_seed: list[dict]) -> None:  # jobs needing a choice
             a, lab = group
             if failed := [ev["failed"] for ev in per_seed if "failed" in ev]:
-                raise NumericalError(f"{a}-{lab}: the candidate chosen on validation failed: {failed[0]}")
+                raise NumericalError(
+                    f"{a}-{lab}: the chosen candidate failed on an evaluation seed: {failed[0]}"
+                )
             if lab == "erm" and cfg.budget_check:
                 fl = f"erm-budget{cfg.budget_check:g}x"
                 budget_jobs[a] = train(a, lab, None, cfg.candidates(lab)[i], seed0, fl=fl, steps=long_steps)
@@ -101,6 +106,7 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
             submit=lambda g, i, spec, s: train(*g, i, spec, s),
             score=lambda ev: (math.isnan(ev["val_rmse"]), ev["val_rmse"]),  # failed (NaN) ranks last
             then=then,
+            tune_seed=cfg.tune_seed,
         )
         for a in archs:
             for lab in frozen:
@@ -109,7 +115,7 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
         budget = {
             a: {"steps": long_steps, "base_steps": base_steps, **f.result()} for a, f in budget_jobs.items()
         }
-        # the base budget's point is the first seed's run of the grid; a diverged long run is left out
+        # the base budget's point is the first evaluation seed's run; a diverged long run is left out
         curve_evs = {(a, lab, base_steps): evs[a, lab][0] for a, lab, _ in curve_jobs}
         long_evs = {k: ev for k, f in curve_jobs.items() if "failed" not in (ev := f.result())}
 
@@ -129,14 +135,19 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
     per_seed = {f"{a}-{lab}": evs[a, lab] for a, lab in order}
     body = summarise(
         per_seed=per_seed,
-        grids={f"{a}-{lab}": (cfg.candidates(lab), chosen[a, lab], grid[a, lab]) for a, lab in grid},
+        grids={
+            f"{a}-{lab}": (cfg.candidates(lab), chosen[a, lab], runs)
+            for (a, lab), runs in grid.items()
+            if runs
+        },
         baselines=base,
         gammas=list(cfg.gammas),
+        tune_seed=cfg.tune_seed,
     )
     if checks := budget_checks(budget, per_seed, cfg.gammas):
         body["budget_check"] = checks
         body["tables"].append(budget_table(checks))
-    # the budget curve's points (first seed): the base budget is the grid's run, the others their own jobs
+    # the budget curve's points (first evaluation seed): the base budget is its run, the others their own jobs
     curve_err = {budget_name(f"{a}-{lab}", n): errors[f"{a}-{lab}"][:1] for a, lab, n in curve_evs}
     for a, lab, n in long_evs:
         path = run.path / "jobs" / f"{job_key(a, at_steps(lab, n), None, seed0)}-errors.npz"
@@ -165,7 +176,10 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
             "draws": 1,
             "steps": cfg.train.total_steps(len(data["train"])),
             "batch_size": cfg.train.batch_size,
-            "selection": "per (architecture, method): the candidate of lowest final validation RMSE, seed 0",
+            "selection": "per (architecture, method): the candidate of lowest final validation RMSE at gamma = 1, "
+            f"trained from the tuning seed {cfg.tune_seed} (never an evaluation seed; its runs are not reported); "
+            f"{check_equal_budgets({lab: cfg.candidates(lab) for lab in cfg.trained_labels})} candidates per "
+            "method (one: not tuned)",
             "noise": "additive Gaussian on pixels in [0, 1], test level gamma * sigma_train",
             **{k: {m: v for m, v in getattr(cfg, k).items() if m in cfg.labels} for k in ("blind", "frozen")},
         },

@@ -159,10 +159,12 @@ def summarise(
     grids: Mapping[str, Any],
     baselines: Mapping[str, Any],
     gammas: Sequence[float],
+    tune_seed: int,
 ) -> dict[str, Any]:
     """The study's results body: ``methods``, ``tables``, ``baselines``, ``selection``, ``versus_baselines``.
 
-    ``grids``: method -> (its candidates, the chosen index, the first-seed result of every candidate).
+    ``grids``: tuned method -> (its candidates, the chosen index, the ``tune_seed`` result of every
+    candidate); a method that had one candidate has no entry.
     """
     grids = {
         m: {
@@ -189,7 +191,8 @@ def summarise(
         for m, g in grids.items()
     }
     sel_table = {
-        "title": "Selection on validation (seed 0, RMSE at gamma = 1 after training): every candidate",
+        "title": f"Selection on validation (tuning seed {tune_seed}, never an evaluation seed; RMSE at gamma = 1 "
+        "after training): every candidate",
         "columns": ["method", "chosen", "candidates: val RMSE"],
         "rows": [
             [m, s["chosen"], "; ".join(f"{c or 'base'}: {_val(v)}" for c, v in s.items() if c != "chosen")]
@@ -204,7 +207,7 @@ def summarise(
             table,
             paired_table(per_seed_rmse, gammas),
             *([_versus_table(vs, gammas)] if vs["best"] else []),
-            sel_table,
+            *([sel_table] if selection else []),
             convergence_table(method_dicts),
         ],
         "baselines": dict(baselines),
