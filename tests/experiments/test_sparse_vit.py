@@ -28,9 +28,10 @@ MICRO = [
     "sparsities=[0.5,0.9]",
     "seeds=[0]",
     "tune=true",
-    "lr_from=adamw",
-    "tune_lr=[0.003,0.001]",
-    "tune_alpha={horst: [1.0], ham: [200.0]}",
+    "tune_lr=[0.003]",
+    "tune_lr_by={adamw: [0.003, 0.001]}",
+    "tune_alpha={horst: [1.0, 10.0], ham: [200.0, 1000.0]}",
+    "tune_seed=7",
     "acdc.warmup=0.5",
     "acdc.phase=0.25",
     "acdc.last_decompressed=0.25",
@@ -65,13 +66,28 @@ def test_runs_end_to_end_and_checkpoints_are_exactly_sparse(micro_run) -> None:
         # read back from the saved safetensors: exactly the requested global sparsity (up to rounding)
         assert methods[name]["sparsity"]["checkpoint@0.9"] == pytest.approx(0.9, abs=1e-4)
         assert methods[name]["sparsity"]["checkpoint@0.5"] == pytest.approx(0.5, abs=1e-4)
-    # lr_from=adamw: AdamW tunes the lr, HORST and HAM take its choice and tune alpha only
+    # equal budgets: AdamW tunes its 2 lrs (tune_lr_by), HORST and HAM their 2 α at tune_lr's one lr
     selection = results["selection"]
     assert [c["lr"] for c in selection["adamw"]["grid"]] == [0.003, 0.001]
-    lr = selection["adamw"]["chosen"]["lr"]
-    assert all(methods[name]["metrics"]["lr"] == lr for name in ("adamw", "horst", "ham"))
-    assert [c["lr"] for c in selection["horst"]["grid"]] == [lr] and selection["horst"]["at_edge"] == []
-    assert methods["horst"]["metrics"]["alpha"] == 1.0 and methods["adamw"]["metrics"]["alpha"] == 0.0
+    assert [(c["lr"], c["alpha"]) for c in selection["horst"]["grid"]] == [(0.003, 1.0), (0.003, 10.0)]
+    assert [c["alpha"] for c in selection["ham"]["grid"]] == [200.0, 1000.0]
+    for name in ("adamw", "horst", "ham"):
+        chosen = selection[name]["chosen"]
+        assert (methods[name]["metrics"]["lr"], methods[name]["metrics"]["alpha"]) == (
+            chosen["lr"],
+            chosen["alpha"],
+        )
+    assert methods["adamw"]["metrics"]["alpha"] == 0.0
+    # the grids ran on the tuning seed 7 only; every reported run is an evaluation seed's (seed 0)
+    tags = {p.name for p in (path / "checkpoints").iterdir()}
+    tuning = {t for t in tags if t.endswith("-seed7")}
+    assert len(tuning) == 6 and all("-s90-" in t for t in tuning)
+    assert len(tags - tuning) == 3 * 2 + 1 and all(t.endswith("-seed0") for t in tags - tuning)
+    assert (
+        "tuning seed 7" in results["protocol"]["tuning"]
+        and "2 candidates per method" in results["protocol"]["tuning"]
+    )
+    assert any("tuning seed 7" in t["title"] for t in results["tables"])
     assert methods["adamw-dense"]["sparsity"]["checkpoint"] < 0.01
     titles = [t["title"] for t in results["tables"]]
     assert any(t.startswith("Test accuracy") for t in titles) and any(t.startswith("Tuning") for t in titles)
@@ -170,6 +186,12 @@ def test_claim_keys_and_short_phases_are_rejected_before_running(tmp_path) -> No
         run_experiment("sparse-vit", overrides=["sparsities=[0.7]"], out=tmp_path)
     with pytest.raises(ConfigError, match="lr_from"):
         run_experiment("sparse-vit", overrides=["tune=true", "lr_from=sgd"], out=tmp_path)
+    with pytest.raises(ConfigError, match="tune_seed=1 is also an evaluation seed"):
+        run_experiment("sparse-vit", overrides=["tune_seed=1"], out=tmp_path)
+    with pytest.raises(
+        ConfigError, match="tune_seed=5 is also an evaluation seed"
+    ):  # the paper-like arm's too
+        run_experiment("sparse-vit", overrides=["tune_seed=5", "paper_like_seeds=[5]"], out=tmp_path)
     with pytest.raises(ConfigError, match="paper_like_seeds"):
         run_experiment("sparse-vit", overrides=["paper_like_seeds=[0]", "methods=[adamw,ham]"], out=tmp_path)
     short = ["train.max_steps=1000", "acdc.unit=steps", "acdc.phase=50", "acdc.min_phase_steps=100"]
@@ -182,11 +204,51 @@ def test_lr_from_only_matters_when_tuning() -> None:
     from descentlab.config import resolve_config
     from descentlab.experiments.sparse_vit.config import PRESETS, SparseViTConfig
 
-    # the full preset's lr_from=adamw, with methods that leave AdamW out and no tuning: a lever side run
+    # lr_from=adamw with methods that leave AdamW out and no tuning: a lever side run
     cfg = resolve_config(
-        SparseViTConfig, preset="full", presets=PRESETS, overrides=["tune=false", "methods=[horst]"]
+        SparseViTConfig,
+        preset="full",
+        presets=PRESETS,
+        overrides=["tune=false", "methods=[horst]", "lr_from=adamw"],
     )
     assert cfg.lr_from == "adamw" and cfg.methods == ["horst"]
+
+
+def test_every_method_gets_the_same_tuning_budget(tmp_path) -> None:
+    from descentlab.config import resolve_config
+    from descentlab.experiments.sparse_vit.config import SparseViTConfig
+
+    # the committed full run's grids: AdamW 3 lrs, HORST 5 α and HAM 3 α at AdamW's lr
+    old = ["tune=true", "lr_from=adamw", "tune_lr=[0.001,0.002,0.004]"]
+    old.append("tune_alpha={horst: [0.3, 1.0, 3.0, 10.0, 30.0], ham: [200.0, 1000.0, 5000.0]}")
+    with pytest.raises(
+        ConfigError, match=r"unequal tuning budgets \(adamw: 3, horst: 5, ham: 3 candidates\)"
+    ):
+        run_experiment("sparse-vit", overrides=old, out=tmp_path)
+    # the default grid: 2 lrs x 2 α for HORST and HAM, 2 lrs for AdamW
+    with pytest.raises(ConfigError, match=r"adamw: 2, horst: 4, ham: 4"):
+        run_experiment("sparse-vit", overrides=["tune=true"], out=tmp_path)
+    with pytest.raises(ConfigError, match="tune_lr_by names"):  # with lr_from, the others take its lr
+        run_experiment(
+            "sparse-vit",
+            overrides=["tune=true", "lr_from=adamw", "tune_lr_by={horst: [0.001]}"],
+            out=tmp_path,
+        )
+    with pytest.raises(ConfigError, match="lr grid"):
+        run_experiment("sparse-vit", overrides=["tune_lr_by={adamw: []}"], out=tmp_path)
+    assert not any(tmp_path.iterdir())
+    equal = ["tune=true", "tune_lr_by={adamw: [0.001, 0.002, 0.003, 0.004]}"]
+    cfg = resolve_config(SparseViTConfig, overrides=equal)
+    assert {k: len(g) for k, g in cfg.tuning_grids().items()} == {"adamw": 4, "horst": 4, "ham": 4}
+    assert cfg.tuning_lrs("adamw") == [0.001, 0.002, 0.003, 0.004] and cfg.tuning_lrs("horst") == cfg.tune_lr
+    # with lr_from, AdamW's lrs against HORST's and HAM's α alone
+    shared = ["tune=true", "lr_from=adamw", "tune_alpha={horst: [1.0, 10.0], ham: [50.0, 200.0]}"]
+    cfg = resolve_config(SparseViTConfig, overrides=shared)
+    assert cfg.tuning_grids() == {
+        "adamw": [(0.001, None), (0.003, None)],
+        "horst": [(None, 1.0), (None, 10.0)],
+        "ham": [(None, 50.0), (None, 200.0)],
+    }
 
 
 def test_full_preset_protocol() -> None:
@@ -198,9 +260,13 @@ def test_full_preset_protocol() -> None:
     # the regime: every Linear/Conv weight prunable, at levels where the pilot saw AdamW lose >= 3 points
     assert cfg.acdc.prune == "all" and cfg.sparsities == [0.98, 0.99, 0.995] and cfg.seeds == [0, 1, 2]
     assert cfg.claim_sparsity == cfg.tune_sparsity == 0.99
-    assert cfg.tune and cfg.lr_from == "adamw" and cfg.workers == 2
-    # the last run chose HORST alpha = 1 and HAM alpha = 1000, at the grids' edges: both now lie inside
-    assert cfg.tune_alpha == {"horst": [0.3, 1.0, 3.0, 10.0, 30.0], "ham": [200.0, 1000.0, 5000.0]}
+    assert cfg.tune and cfg.lr_from is None and cfg.workers == 2
+    # tuned on a seed no evaluation uses, 4 candidates per method, each method its own lr
+    assert cfg.tune_seed not in cfg.seeds
+    grids = cfg.tuning_grids()
+    assert {k: len(g) for k, g in grids.items()} == {"adamw": 4, "horst": 4, "ham": 4}
+    assert all(lr is not None for g in grids.values() for lr, _ in g)
+    assert {a for _, a in grids["horst"]} == {0.3, 1.0} and {a for _, a in grids["ham"]} == {200.0, 1000.0}
     assert cfg.method.optimizer.schedule == "warmup_cosine" and cfg.method.optimizer.warmup_frac > 0
     total = cfg.train.total_steps(cfg.n_train)
     phases = cfg.acdc.phases(total)  # raises below acdc.min_phase_steps

@@ -10,6 +10,7 @@ from descentlab.optim.config import OptimizerConfig
 from descentlab.sparsity import ACDCConfig
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, check_method_names, methods_from_specs
+from descentlab.train.tuning import check_equal_budgets, check_tune_seed
 
 NAME = "sparse-vit"
 PAPER_LIKE = ("adamw", "horst")  # the methods of the paper-like arm
@@ -28,7 +29,12 @@ class SparseViTConfig:
         dense: label of the method also trained dense (AC/DC off) as the reference; null: none.
         tune_lr, tune_alpha: the validation grid (lr x α per label; a label without α candidates keeps its
             own α); used when ``tune`` is true. A chosen value at an edge of its grid is flagged in a note.
-        lr_from: with tuning, the label whose lr is tuned (over ``tune_lr``) first; every other method takes
+        tune_lr_by: label -> its own lr candidates, replacing ``tune_lr`` for that label (e.g. AdamW tunes 4
+            lrs where HORST and HAM tune 2 lrs x 2 α). Every compared method gets the same number of
+            candidates (``train.tuning.check_equal_budgets``); a method with one candidate is not tuned.
+        tune_seed: the seed every tuning run trains from; never one of ``seeds`` or ``paper_like_seeds``, and
+            no tuning run is reported.
+        lr_from: with tuning, the label whose lr is tuned (over its lrs) first; every other method takes
             its chosen lr and tunes α only (null: every method tunes lr x α).
         claim_sparsity: the sparsity of the primary endpoint (HORST against AdamW), of HORST against HAM and
             of the weight-shape claims (one of ``sparsities``).
@@ -68,6 +74,8 @@ class SparseViTConfig:
     tune_alpha: dict[str, list[float]] = field(
         default_factory=lambda: {"horst": [1.0, 10.0], "ham": [50.0, 200.0]}
     )
+    tune_lr_by: dict[str, list[float]] = field(default_factory=dict)
+    tune_seed: int = 1000
     lr_from: str | None = None
     claim_sparsity: float = 0.9
     small_weight: float = 1e-3
@@ -90,11 +98,27 @@ class SparseViTConfig:
             raise ConfigError(f"sparsities must lie in (0, 1), got {bad}; e.g. sparsities=[0.7,0.8,0.9]")
         if not self.seeds:
             raise ConfigError("seeds must list at least one seed")
-        check_method_names(self.specs, methods=self.methods, tune_alpha=list(self.tune_alpha))
+        check_method_names(
+            self.specs,
+            methods=self.methods,
+            tune_alpha=list(self.tune_alpha),
+            tune_lr_by=list(self.tune_lr_by),
+        )
+        bad_lrs = [lrs for lrs in [self.tune_lr, *self.tune_lr_by.values()] if not lrs or min(lrs) <= 0]
+        if bad_lrs:
+            raise ConfigError(f"every lr grid needs at least one value > 0, got {bad_lrs[0]}")
+        check_tune_seed(self.tune_seed, self.seeds, self.paper_like_seeds)
         if self.dense is not None and self.dense not in self.specs:
             raise ConfigError(f"dense={self.dense!r} is not a method; choose one of {sorted(self.specs)}")
         if self.tune and self.lr_from is not None and self.lr_from not in self.methods:
             raise ConfigError(f"lr_from={self.lr_from!r} must be one of methods {self.methods} (or null)")
+        if self.tune and self.lr_from is not None and (others := set(self.tune_lr_by) - {self.lr_from}):
+            raise ConfigError(
+                f"tune_lr_by names {sorted(others)}, but with lr_from={self.lr_from!r} they take its lr: "
+                "set lr_from=null to tune every method's own lr"
+            )
+        if self.tune:
+            check_equal_budgets(self.tuning_grids())
         if self.claim_sparsity not in self.sparsities:
             raise ConfigError(f"claim_sparsity={self.claim_sparsity} is not in sparsities {self.sparsities}")
         if not self.small_weight > 0:
@@ -110,6 +134,21 @@ class SparseViTConfig:
         for method in self.compared(list(self.specs)).values():
             if method.acdc is not None:
                 method.acdc.phases(total, per_epoch)
+
+    def tuning_lrs(self, label: str) -> list[float]:
+        """The lr candidates of ``label``: its ``tune_lr_by`` entry, else ``tune_lr``."""
+        return list(self.tune_lr_by.get(label, self.tune_lr))
+
+    def tuning_grids(self) -> dict[str, list[tuple[float | None, float | None]]]:
+        """Per method, the (lr, α) pairs it tunes over (None: the value it takes, not tunes): lr x α, or with
+        ``lr_from`` that method's lrs x α and α alone for the others."""
+        grids = {}
+        for label in self.methods:
+            alphas: list[float | None] = list(self.tune_alpha.get(label, [])) or [None]
+            shared = self.lr_from is not None and label != self.lr_from
+            lrs: list[float | None] = [None] if shared else list(self.tuning_lrs(label))
+            grids[label] = [(lr, a) for lr in lrs for a in alphas]
+        return grids
 
     def compared(self, labels: list[str] | None = None) -> dict[str, MethodConfig]:
         """The methods ``labels`` (default: ``methods``) as MethodConfigs, with the shared AC/DC."""
@@ -134,8 +173,9 @@ PRESETS = {
         "threads": 1,
         "workers": 1,
     },
-    # ~45 min on 2 idle cores. Every Linear/Conv weight prunable, extreme levels: with the block Linears only,
-    # or below 98 %, AC/DC costs AdamW < 3 points here (docs/sparse-vit.md, "Regime")
+    # 42 runs, ~50 min on 2 idle cores (the earlier protocol's 38 took ~45; an estimate, not measured). Every
+    # Linear/Conv weight prunable, extreme levels: with the block Linears only, or below 98 %, AC/DC costs
+    # AdamW < 3 points here (docs/sparse-vit.md, "Regime")
     "full": {
         "n_train": 55000,
         "n_val": 5000,
@@ -146,6 +186,7 @@ PRESETS = {
         "claim_sparsity": 0.99,
         "tune_sparsity": 0.99,
         "seeds": [0, 1, 2],
+        "tune_seed": 1000,
         "train.max_steps": 6000,
         "method.optimizer.lr": 2e-3,
         "method.optimizer.schedule": "warmup_cosine",
@@ -159,10 +200,12 @@ PRESETS = {
         "acdc.last_decompressed": 600,
         "acdc.final": 900,
         "acdc.min_phase_steps": 300,
+        # 4 candidates per method, each tuning its own lr on tune_seed: AdamW 4 lrs (the last run chose 4e-3,
+        # the top of its grid), HORST and HAM 2 lrs x their 2 best α on validation in the last run
         "tune": True,
-        "lr_from": "adamw",
-        "tune_lr": [1e-3, 2e-3, 4e-3],
-        "tune_alpha": {"horst": [0.3, 1.0, 3.0, 10.0, 30.0], "ham": [200.0, 1000.0, 5000.0]},
+        "tune_lr": [3e-3, 6e-3],
+        "tune_lr_by": {"adamw": [2e-3, 4e-3, 6e-3, 8e-3]},
+        "tune_alpha": {"horst": [0.3, 1.0], "ham": [200.0, 1000.0]},
         "threads": 1,
         "workers": 2,
     },

