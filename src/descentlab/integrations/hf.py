@@ -40,15 +40,32 @@ What the adapter does, and where:
   ``descent/lambda/l``, ``descent/u/l``) and the global sparsity (``sparsity/global``);
 * the sparsity controller's masks go into each checkpoint folder as ``descentlab_sparsity.pt`` (tensors only,
   loaded with ``weights_only=True``) and come back on resume.
+* gradient accumulation: the Lagrangian is a per-batch mean, so Trainer must divide it by the accumulation
+  steps k. Trainer decides that from ``loss_is_scaled_for_ga`` (transformers >= 5.19, set False here) or,
+  before, from the model not taking loss kwargs (``model_accepts_loss_kwargs``, set False here; so a
+  constraint and ``compute_loss_func`` exclude each other). Older Trainers (< 4.50) followed other rules
+  and are refused at construction. k micro-batches of B examples with the same number of targets equal
+  one batch of k·B (each micro-batch's mean weighs 1/k, as Trainer weighs any model without loss kwargs).
+* wrappers: the readout needs the model's structure, so it sees through ``torch.compile``'s
+  ``OptimizedModule`` and a one-device ``nn.DataParallel``; ``DistributedDataParallel`` and FSDP2 stay (the
+  readout runs inside their forward). A compiled model's backbone (``base_model``) forward runs through the
+  same compiler settings (``OptimizedModule.dynamo_ctx``) during the readout, outside its structure probe.
+  ``nn.DataParallel`` over several GPUs (Trainer's mode when one process sees several GPUs) is refused at
+  construction: launch one process per GPU with ``torchrun`` instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import transformers
+from packaging.version import Version
+from torch import nn
 from transformers import Trainer, TrainerCallback
 
 from descentlab.constrained.descent import descent_violations
@@ -57,6 +74,13 @@ from descentlab.errors import ConfigError
 from descentlab.train.protocols import MasksGradients, ReportsSparsity
 
 SPARSITY_FILE = "descentlab_sparsity.pt"
+
+# From 4.50 Trainer divides a custom loss by the accumulation steps when the model takes no loss kwargs and
+# there is no compute_loss_func (5.19 adds ``loss_is_scaled_for_ga``). 4.46-4.47 never divide it and
+# 4.48-4.49 only when the batch has no labels, so there the gradients would be k times too large.
+MIN_TRANSFORMERS = "4.50"
+
+_MISSING = object()
 
 
 class _SparsityHooks(TrainerCallback):
@@ -89,9 +113,6 @@ class DescentTrainer(Trainer):
         *args, **kwargs: everything ``Trainer`` takes.
     """
 
-    # The Lagrangian is a per-batch mean: Trainer divides it by the gradient-accumulation steps.
-    loss_is_scaled_for_ga = False
-
     def __init__(
         self,
         *args: Any,
@@ -101,6 +122,12 @@ class DescentTrainer(Trainer):
         sparsity: Callable[[torch.nn.Module, torch.optim.Optimizer], Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        if Version(transformers.__version__) < Version(MIN_TRANSFORMERS):
+            raise ConfigError(
+                f"DescentTrainer needs transformers >= {MIN_TRANSFORMERS} (installed: {transformers.__version__}): "
+                "older Trainers scale a custom loss for gradient accumulation by other rules, and the "
+                f"gradients would come out k times too large; pip install 'transformers>={MIN_TRANSFORMERS}'"
+            )
         if sparsity is not None and not callable(sparsity):
             raise ConfigError(
                 "sparsity must be a factory (model, optimizer) -> controller, e.g. lambda m, o: dl.ACDC(m, o)"
@@ -115,8 +142,28 @@ class DescentTrainer(Trainer):
         self._sparsity_factory = sparsity
         self.sparsity_controller: Any = None
         super().__init__(*args, **kwargs)
+        if constraint is not None:
+            self._loss_is_a_batch_mean()
+        if (constraint is not None or self.eval_layers) and self.args.n_gpu > 1:
+            raise ConfigError(_data_parallel_message(self.args.n_gpu))
         if sparsity is not None:
             self.add_callback(_SparsityHooks(self))
+
+    def _loss_is_a_batch_mean(self) -> None:
+        """Make Trainer divide the Lagrangian (a per-batch mean) by the gradient-accumulation steps.
+
+        Only with a constraint: without one, the model's own loss goes through Trainer's own rule (a causal
+        LM normalises by the accumulated token count itself and must not be divided again).
+        """
+        if self.compute_loss_func is not None:
+            raise ConfigError(
+                "compute_loss_func is not used with a constraint (the loss is the Lagrangian of the per-layer "
+                "losses); drop it, or give a readout (readout=fn) for a custom per-layer loss"
+            )
+        if hasattr(Trainer, "loss_is_scaled_for_ga"):  # transformers >= 5.19 asks
+            self.loss_is_scaled_for_ga = False
+        else:  # 4.50-5.18: a loss from a model without loss kwargs is divided by the accumulation steps
+            self.model_accepts_loss_kwargs = False
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
@@ -138,9 +185,7 @@ class DescentTrainer(Trainer):
             return super().compute_loss(
                 model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
             )
-        from descentlab.readout import layer_losses
-
-        f = layer_losses(model, inputs, readout=self.readout)
+        f = self._layer_losses(model, inputs)
         loss = self.constraint.lagrangian(f)
         task = f[-1].detach().to(torch.float64)  # stays on the device: read once, when a log line is written
         self._task_sum = task if self._task_sum is None else self._task_sum + task
@@ -156,11 +201,9 @@ class DescentTrainer(Trainer):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         if not self.eval_layers:
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
-        from descentlab.readout import layer_losses
-
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
-            f = layer_losses(model, inputs, readout=self.readout).detach()
+            f = self._layer_losses(model, inputs).detach()
         n = _batch_size(inputs)
         weighted = f.to(torch.float64) * n
         self._eval_sum = weighted if self._eval_sum is None else self._eval_sum + weighted
@@ -168,6 +211,14 @@ class DescentTrainer(Trainer):
         if prediction_loss_only and self.label_smoother is None:
             return f[-1], None, None  # f_L is the model's own loss: no second forward
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+
+    def _layer_losses(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        """``dl.layer_losses`` on the model inside Trainer's wrappers (see :func:`_readout_model`)."""
+        from descentlab.readout import layer_losses
+
+        target, compiler = _readout_model(model)
+        with _compiled_backbone(target, compiler):
+            return layer_losses(target, inputs, readout=self.readout)
 
     def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
         self._eval_sum, self._eval_count = None, 0
@@ -245,6 +296,100 @@ class DescentTrainer(Trainer):
         path = os.path.join(checkpoint, SPARSITY_FILE)
         if os.path.isfile(path):
             self.sparsity_controller.load_state_dict(torch.load(path, weights_only=True, map_location="cpu"))
+
+
+def _data_parallel_message(devices: int) -> str:
+    return (
+        f"the per-layer readout does not run under nn.DataParallel over {devices} GPUs (Trainer's mode when one "
+        "process sees several GPUs): it calls the model's sub-modules, which DataParallel neither scatters "
+        f"nor replicates. Start one process per GPU instead: torchrun --nproc_per_node={devices} train.py "
+        "(DistributedDataParallel, which the readout supports), or expose one GPU (CUDA_VISIBLE_DEVICES=0)"
+    )
+
+
+def _is_compiled(model: nn.Module) -> bool:
+    """Whether ``model`` is the ``OptimizedModule`` that ``torch.compile(model)`` returns."""
+    dynamo = getattr(torch, "_dynamo", None)
+    return dynamo is not None and isinstance(model, dynamo.eval_frame.OptimizedModule)
+
+
+def _readout_model(model: nn.Module) -> tuple[nn.Module, Callable[[Callable[..., Any]], Any] | None]:
+    """The module the readout reads, and the compiler of a ``torch.compile``-d model (None otherwise).
+
+    Strips, outside in, ``OptimizedModule`` (``torch.compile``) and an ``nn.DataParallel`` over at most one
+    device (which only calls its module), down to the model itself or to a ``DistributedDataParallel``
+    wrapper, which stays: the readout runs inside its forward so the gradients synchronise. The compiler is
+    the outermost ``OptimizedModule``'s ``dynamo_ctx``: ``dynamo_ctx(fn)`` compiles ``fn`` with that
+    ``torch.compile`` call's backend, mode and options.
+
+    Raises:
+        ConfigError: ``nn.DataParallel`` over several devices (use torchrun), or a compiled module inside
+            ``DistributedDataParallel`` (compile the wrapper, as Trainer and Accelerate do).
+    """
+    compiler = None
+    while True:
+        if isinstance(model, nn.DataParallel):
+            if len(model.device_ids) > 1:
+                raise ConfigError(_data_parallel_message(len(model.device_ids)))
+            model = model.module
+        elif _is_compiled(model):
+            compiler = compiler or model.dynamo_ctx
+            model = model._orig_mod
+        else:
+            break
+    inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    if isinstance(inner, nn.DataParallel) or _is_compiled(inner):
+        raise ConfigError(
+            f"a {type(inner).__name__} inside DistributedDataParallel: the readout needs the model itself "
+            "there; compile the DDP wrapper instead (torch.compile(DDP(model)), as Trainer and Accelerate do)"
+        )
+    return model, compiler
+
+
+_COMPILED_FORWARDS: weakref.WeakKeyDictionary[nn.Module, tuple[Any, Callable[..., Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@contextlib.contextmanager
+def _compiled_backbone(
+    model: nn.Module, compiler: Callable[[Callable[..., Any]], Any] | None
+) -> Iterator[None]:
+    """While the readout runs, the backbone's forward (the whole model's, without a ``base_model``) is
+    compiled by ``compiler``, so a ``torch.compile``-d model keeps its compiled forward in training.
+
+    The readout calls the backbone rather than the model, which would otherwise bypass the compiled wrapper.
+    Its structure probe (one small row under ``no_grad``, with recording hooks) stays eager. The instance
+    attribute ``forward`` is swapped and restored, as ``run_in_forward`` does; the compiled callable is kept
+    per module, and dynamo's cache keeps the graphs across steps.
+    """
+    if compiler is None:
+        yield
+        return
+    from descentlab.readout.structure import in_probe
+
+    structure = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    base = getattr(structure, "base_model", None)
+    target = base if isinstance(base, nn.Module) and base is not structure else structure
+    saved = target.__dict__.get("forward", _MISSING)
+    eager = saved if saved is not _MISSING else type(target).forward.__get__(target)
+    cached = _COMPILED_FORWARDS.get(target)
+    if cached is None or cached[0] is not compiler:
+        cached = (compiler, compiler(eager))
+        _COMPILED_FORWARDS[target] = cached
+    compiled = cached[1]
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return eager(*args, **kwargs) if in_probe() else compiled(*args, **kwargs)
+
+    target.forward = forward
+    try:
+        yield
+    finally:
+        if saved is _MISSING:
+            del target.forward
+        else:
+            target.forward = saved
 
 
 def _batch_size(inputs: dict[str, Any]) -> int:
