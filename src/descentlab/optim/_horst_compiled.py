@@ -16,6 +16,11 @@ one of those (or which parameters have gradients) compiles a new graph, at most
 :class:`~descentlab.optim.horst.HORST` then warns once, records the fallback and steps those tensors with its
 foreach path (``impl="compiled"`` raises).
 
+With stochastic rounding (bf16 / fp16 parameters in a ``stochastic_rounding`` group) each tensor's 32-bit
+key travels in one int64 vector, and the rounding (:func:`~descentlab.optim._horst_rounding.stochastic_round`:
+an integer hash of the element index, a few bit operations) is fused into the same kernel, so it adds no
+pass over memory; whether a bucket rounds stochastically is a compile-time constant.
+
 With ``nan_guard`` the reverted count is summed on the device and read back once per step (one host sync);
 without it HORST reads nothing back.
 Tensor subclasses (FSDP2's DTensor) do not come here: HORST steps them with its foreach path.
@@ -29,6 +34,7 @@ import logging
 import torch
 from torch import Tensor
 
+from descentlab.optim._horst_rounding import stochastic_round
 from descentlab.optim.functional import Bucket, HorstHyper
 
 logger = logging.getLogger(__name__)
@@ -48,8 +54,10 @@ def _step_lists(
     clamp: float | None,
     mirror: bool,
     guard: bool,
+    sr_keys: Tensor | None = None,
 ) -> Tensor:
-    """The HORST step of a list of tensors, in place; ``scalars`` = [decay, alpha, lr beta, ss_i..., bc2_i...].
+    """The HORST step of a list of tensors, in place; ``scalars`` = [decay, alpha, lr beta, ss_i..., bc2_i...];
+    ``sr_keys`` (int64, one per tensor): round bf16 / fp16 results stochastically with these keys.
 
     Returns:
         The number of elements the NaN guard reverted (a 0-dim int64 tensor; 0 without the guard).
@@ -80,7 +88,10 @@ def _step_lists(
             p = torch.where(ok, p, p0)
             m = torch.where(ok, m, m0)
             v = torch.where(ok, v, v0)
-        p_in.copy_(p)
+        if sr_keys is not None and low:
+            p_in.copy_(stochastic_round(p, p_in.dtype, sr_keys[i]))
+        else:
+            p_in.copy_(p)
         m0.copy_(m)
         v0.copy_(v)
     return bad
@@ -108,8 +119,11 @@ def can_compile(device: torch.device) -> bool:
     return False
 
 
-def horst_compiled_(bucket: Bucket, hp: HorstHyper, *, mirror: bool) -> Tensor:
-    """In-place compiled HORST step of plain tensors sharing one device (float32 moments).
+def horst_compiled_(
+    bucket: Bucket, hp: HorstHyper, *, mirror: bool, sr_keys: list[int] | None = None
+) -> Tensor:
+    """In-place compiled HORST step of plain tensors sharing one device (float32 moments); ``sr_keys``: one
+    rounding key per tensor to round bf16 / fp16 results stochastically (None: to nearest).
 
     Returns:
         The reverted count as a 0-dim tensor on the device (read it with ``int(...)``).
@@ -120,9 +134,12 @@ def horst_compiled_(bucket: Bucket, hp: HorstHyper, *, mirror: bool) -> Tensor:
     host = [1 - lr * weight_decay, alpha, lr * beta, *step_sizes, *bc2_sqrts]
     scalars = torch.tensor(host, dtype=torch.float32).to(params[0].device, non_blocking=True)
     clamp = None if exp_clamp is None else float(exp_clamp)
+    keys = None
+    if sr_keys is not None:
+        keys = torch.tensor(sr_keys, dtype=torch.int64).to(params[0].device, non_blocking=True)
     return compiled_step()(
         params, grads, exp_avgs, exp_avg_sqs, scalars, float(beta1), float(beta2), float(eps), clamp,
-        bool(mirror), bool(nan_guard),
+        bool(mirror), bool(nan_guard), keys,
     )  # fmt: skip
 
 

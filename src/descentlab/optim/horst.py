@@ -18,6 +18,18 @@ fused CPU kernel (:mod:`descentlab.optim._horst_kernel`, float32 only) and a ``t
 (:mod:`descentlab.optim._horst_compiled`, plain float32 / bf16 / fp16 tensors on CUDA or CPU; the default
 on CUDA). Low-precision parameters (bf16 / fp16) are updated in
 float32 and their moments are kept in float32.
+
+Writing the float32 result back into a bf16 / fp16 parameter rounds it. Round-to-nearest (the default)
+loses every change below half an ulp of the parameter, at every step: bf16 weights near 1 (ulp 2^-7) do not
+move under an Adam step of lr = 1e-3, nor under the mirror step's shrink theta * exp(-alpha |u|). The group
+key ``stochastic_rounding=True`` rounds stochastically instead: with lo <= x <= hi the neighbours of the
+float32 result x in the parameter's dtype::
+
+    SR(x) = hi with probability (x - lo) / (hi - lo), lo otherwise;     E[SR(x)] = x,
+
+so sub-ulp updates accumulate in expectation (:mod:`descentlab.optim._horst_rounding`). Its random bits are
+a hash of (``sr_seed``, the tensor's index in the optimizer, the step, the element's index): no generator
+state, the same bits on every path and device, and a resumed run continues bit for bit.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from torch.optim import Optimizer
 from descentlab.errors import ConfigError
 from descentlab.optim import _horst_compiled
 from descentlab.optim._horst_kernel import load_kernel
+from descentlab.optim._horst_rounding import can_round, rounding_key, stochastic_round_any
 from descentlab.optim.functional import (
     Bucket,
     HorstHyper,
@@ -79,6 +92,7 @@ def horst_reference(
     mirror: bool,
     exp_clamp: float | None = 5.0,
     nan_guard: bool = True,
+    sr_key: int | None = None,
 ) -> HorstStep:
     """One HORST step of one tensor, as a pure function (see the module docstring for the equations).
 
@@ -90,6 +104,8 @@ def horst_reference(
         exp_avg, exp_avg_sq: first and second moments after step ``step - 1``.
         step: the step number k >= 1 of this update.
         nan_guard: elements whose new value is not finite keep their old parameter and moments.
+        sr_key: for a bf16 / fp16 ``param``, round the float32 result stochastically with this key (see
+            :func:`~descentlab.optim._horst_rounding.stochastic_round`); None rounds to nearest.
 
     Returns:
         The new parameter (in ``param.dtype``), the new moments (in their input dtype) and the number of
@@ -112,11 +128,15 @@ def horst_reference(
         reverted = int((~ok).sum())
         p = torch.where(ok, p, param.to(compute))
         m, v = torch.where(ok, m, m0), torch.where(ok, v, v0)
+    if sr_key is not None and param.dtype in _LOW_PRECISION:
+        p = stochastic_round_any(p, param.dtype, sr_key)
     return HorstStep(p.to(param.dtype), m.to(exp_avg.dtype), v.to(exp_avg_sq.dtype), reverted)
 
 
-def _horst_foreach_(bucket: Bucket, hp: HorstHyper, *, mirror: bool) -> int:
+def _horst_foreach_(bucket: Bucket, hp: HorstHyper, *, mirror: bool, sr_keys: list[int] | None = None) -> int:
     """In-place HORST step of tensors sharing device and dtype, with ``torch._foreach_*`` ops.
+
+    ``sr_keys``: one key per tensor to round bf16 / fp16 results stochastically (None: to nearest).
 
     Returns:
         The number of elements the NaN guard reverted.
@@ -147,7 +167,10 @@ def _horst_foreach_(bucket: Bucket, hp: HorstHyper, *, mirror: bool) -> int:
                 p.copy_(torch.where(bad, old[0][i], p))
                 exp_avgs[i].copy_(torch.where(bad, old[1][i], exp_avgs[i]))
                 exp_avg_sqs[i].copy_(torch.where(bad, old[2][i], exp_avg_sqs[i]))
-    if low:
+    if low and sr_keys is not None:
+        for p, w, key in zip(params, work, sr_keys, strict=True):
+            p.copy_(stochastic_round_any(w, p.dtype, key))
+    elif low:
         torch._foreach_copy_(params, work)
     return reverted
 
@@ -238,13 +261,38 @@ def _unfusable(p: Tensor) -> str:
     return f"no fused path for {p.device.type} tensors"
 
 
+def _check_rounding(group: dict[str, Any]) -> None:
+    """The stochastic-rounding keys of a group: a bool, and None, a ``torch.Generator`` or an int seed."""
+    if not isinstance(group.get("stochastic_rounding", False), bool):
+        raise ConfigError(
+            f"HORST: stochastic_rounding must be True or False, got {group['stochastic_rounding']!r}"
+        )
+    seed = group.get("sr_seed")
+    if seed is None or isinstance(seed, torch.Generator):
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ConfigError(
+            f"HORST: sr_seed must be None, a torch.Generator or an int in [0, 2^64), got {seed!r}"
+        )
+
+
+def _resolve_seed(group: dict[str, Any]) -> None:
+    """Store the group's rounding seed as an int (saved with the state dict)."""
+    _check_rounding(group)
+    seed = group.get("sr_seed")
+    if seed is None:
+        group["sr_seed"] = torch.initial_seed()  # reads the default generator; draws nothing from it
+    elif isinstance(seed, torch.Generator):
+        group["sr_seed"] = seed.initial_seed()
+
+
 class HORST(Optimizer):
     """HORST as a :class:`torch.optim.Optimizer`; the update is in the module docstring.
 
     Args:
         params: parameters or param groups. Group keys: ``lr``, ``betas``, ``eps``, ``weight_decay``,
             ``alpha``, ``beta``, ``mirror`` (``True``/``False``/``None`` = ndim >= 2), ``exp_clamp``,
-            ``nan_guard``, ``impl``.
+            ``nan_guard``, ``impl``, ``stochastic_rounding``, ``sr_seed``.
         alpha: strength of the mirror (L1) step; 0 turns it off.
         beta: multiplicative decay exp(-lr * beta) of mirrored tensors.
         exp_clamp: clamp of the mirror exponent (``None``: none).
@@ -264,8 +312,18 @@ class HORST(Optimizer):
             that cannot raises ``ConfigError`` here, as AdamW does; one that falls back at a step (e.g. a
             non-contiguous tensor, a failed compile) warns once and is counted in ``fused_fallbacks``.
             ``fused=True`` with ``foreach=True`` is an error, as in AdamW.
-
-    No fallback is silent. If the compiled step fails to compile under ``impl="auto"``/``"fused"`` (for
+        stochastic_rounding: write the float32 result into bf16 / fp16 parameters by stochastic rounding,
+            SR(x) = hi with probability (x - lo) / (hi - lo) (lo <= x <= hi the neighbours of x in the
+            parameter's dtype), instead of to the nearest value, so that updates below half an ulp (small
+            Adam steps, the mirror step's small shrinks) are kept in expectation. float32 / float64
+            parameters are unaffected. Every path takes it (reference, foreach, compiled; the fused CPU
+            kernel steps float32 only) and draws the same bits. There is no fp32 master copy: a master
+            copy would undo in-place edits of the parameters such as AC/DC's and pruning's masks.
+        sr_seed: the seed of the rounding bits (an int, or a ``torch.Generator``, whose ``initial_seed()``
+            is taken); None takes ``torch.initial_seed()`` when the group is added, so ``torch.manual_seed``
+            makes a run reproducible. The resolved int is stored in the group and saved with the state
+            dict. Under DDP every rank must hold the same seed (seed torch alike on every rank, or pass
+            one), or the replicas drift apart. If the compiled step fails to compile under ``impl="auto"``/``"fused"`` (for
     instance past dynamo's ``recompile_limit``: all graphs share one code object compiled with
     ``fullgraph=True``, so dynamo raises there rather than running eagerly), HORST warns once and steps those
     tensors with the foreach path from then on; ``impl="compiled"`` raises instead. Every fallback is counted
@@ -298,6 +356,8 @@ class HORST(Optimizer):
         impl: str = "auto",
         fused: bool | None = None,
         foreach: bool | None = None,
+        stochastic_rounding: bool = False,
+        sr_seed: int | torch.Generator | None = None,
     ) -> None:
         defaults = dict(
             lr=lr,
@@ -311,16 +371,21 @@ class HORST(Optimizer):
             nan_guard=nan_guard,
             impl=_impl_of(impl, fused, foreach),
             fused=bool(fused),
+            stochastic_rounding=stochastic_rounding,
+            sr_seed=sr_seed,
             nan_reverted=0,
             fallbacks=0,
         )
         check_hyper("HORST", defaults)
+        _check_rounding(defaults)
         self.reverted = 0
         self.fused_fallbacks = 0
         #: reason -> tensor-steps that took the foreach path instead of the path asked for or chosen:
         #: "compile" (the compiled step failed to compile, e.g. dynamo's recompile limit; from then on every
         #: tensor that would take it is stepped by foreach), "fused_impl" (``impl="fused"``, a tensor neither
-        #: the CPU kernel nor, on CUDA, the compiled step could take). Each reason warns once. The per-group
+        #: the CPU kernel nor, on CUDA, the compiled step could take), "stochastic_rounding" (a bf16 / fp16
+        #: tensor subclass other than DTensor in a ``stochastic_rounding`` group: rounded to nearest
+        #: instead). Each reason warns once. The per-group
         #: sums are saved with the state dict (group key ``fallbacks``); see :attr:`fallbacks_total`.
         self.fallbacks: dict[str, int] = {}
         self._compile_failed = False
@@ -333,6 +398,7 @@ class HORST(Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         check_hyper("HORST", group)
+        _resolve_seed(group)
         impl = group["impl"]
         if impl not in IMPLS:
             raise ConfigError(f"HORST: impl must be one of {IMPLS}, got {impl!r}")
@@ -381,10 +447,13 @@ class HORST(Optimizer):
         loss = evaluate_closure(closure)
         for group in self.param_groups:  # python numbers only: no device read-back; nothing touched yet
             check_hyper("HORST", group, tensors=False)
+            _check_rounding(group)
         self.reverted = 0
         pending: list[tuple[dict[str, Any], Tensor]] = []  # the compiled path's device counts
+        first = 0  # the flat index of the group's first parameter (as in the state dict): the rounding key's
         for group in self.param_groups:
-            self.reverted += self._step_group(group, pending)
+            self.reverted += self._step_group(group, pending, first)
+            first += len(group["params"])
         if pending:  # read back once per step
             counts = torch.stack([c.cpu() for _, c in pending]).tolist()
             for (group, _), n in zip(pending, counts, strict=True):
@@ -419,47 +488,64 @@ class HORST(Optimizer):
                 )
         return "foreach", "fused_impl" if impl == "fused" else ""
 
-    def _step_group(self, group: dict[str, Any], pending: list[tuple[dict[str, Any], Tensor]]) -> int:
-        """Step one group; returns the elements its NaN guard reverted (the compiled path's go to pending)."""
+    def _step_group(
+        self, group: dict[str, Any], pending: list[tuple[dict[str, Any], Tensor]], first: int
+    ) -> int:
+        """Step one group (its parameters have flat indices ``first, first + 1, ...``); returns the elements
+        its NaN guard reverted (the compiled path's go to pending)."""
         hp = HorstHyper.of_group(group)
         reverted = 0
         impl = group["impl"]
         kernel = load_kernel() if impl in ("auto", "fused") else None
         buckets: dict[tuple, tuple[list, ...]] = {}
-        params = [p for p in group["params"] if p.grad is not None]
+        indexed = [(first + j, p) for j, p in enumerate(group["params"]) if p.grad is not None]
+        params = [p for _, p in indexed]
         if any(p.grad.is_sparse for p in params):
             raise ConfigError("HORST does not support sparse gradients; use dense embeddings")
         states = [self._init_state(p) for p in params]
-        for p, state, step in zip(params, states, _advance_steps([s["step"] for s in states]), strict=True):
+        stochastic, seed = group["stochastic_rounding"], group["sr_seed"]
+        unroundable = 0
+        steps = _advance_steps([s["step"] for s in states])
+        for (index, p), state, step in zip(indexed, states, steps, strict=True):
             mirror = p.ndim >= 2 if group["mirror"] is None else bool(group["mirror"])
+            key = None
+            if stochastic and p.dtype in _LOW_PRECISION:
+                if can_round(p):
+                    key = rounding_key(seed, index, step)
+                else:
+                    unroundable += 1
             if impl == "reference":
                 new = horst_reference(
-                    p, p.grad, state["exp_avg"], state["exp_avg_sq"], step=step, mirror=mirror, **hp._asdict()
-                )
+                    p, p.grad, state["exp_avg"], state["exp_avg_sq"], step=step, mirror=mirror, sr_key=key,
+                    **hp._asdict(),
+                )  # fmt: skip
                 reverted += new.reverted
                 for dst, src in zip((p, state["exp_avg"], state["exp_avg_sq"]), new[:3], strict=True):
                     dst.copy_(src)
                 continue
             path, why = self._path(impl, kernel, p, state["exp_avg"], state["exp_avg_sq"], p.grad)
-            key = (path, why, mirror, p.device, p.dtype)
-            lists = buckets.setdefault(key, ([], [], [], [], []))
+            bucket_key = (path, why, mirror, p.device, p.dtype, key is not None)
+            lists = buckets.setdefault(bucket_key, ([], [], [], [], [], []))
             for lst, item in zip(
-                lists, (p, p.grad, state["exp_avg"], state["exp_avg_sq"], step), strict=True
+                lists, (p, p.grad, state["exp_avg"], state["exp_avg_sq"], step, key), strict=True
             ):
                 lst.append(item)
-        for (path, why, mirror, _, _), lists in buckets.items():
+        if unroundable:
+            self._record_fallback(group, "stochastic_rounding", unroundable)
+        for (path, why, mirror, _, _, rounds), lists in buckets.items():
+            bucket, sr_keys = Bucket(*lists[:5]), lists[5] if rounds else None
             if path == "compiled":
-                if self._step_compiled(group, lists, hp, mirror, pending):
+                if self._step_compiled(group, bucket, hp, mirror, pending, sr_keys):
                     continue
                 why = "compile"
-            if path == "kernel":  # _path has checked the tensors
-                reverted += kernel.horst_step_(Bucket(*lists), hp, mirror=mirror, check=False)
+            if path == "kernel":  # _path has checked the tensors (float32: nothing to round)
+                reverted += kernel.horst_step_(bucket, hp, mirror=mirror, check=False)
             else:
                 if why:
                     self._record_fallback(group, why, len(lists[0]))
                 if group.get("fused"):
                     self._fell_back(len(lists[0]))
-                reverted += _horst_foreach_(Bucket(*lists), hp, mirror=mirror)
+                reverted += _horst_foreach_(bucket, hp, mirror=mirror, sr_keys=sr_keys)
         if group.get("fused") and impl == "reference" and params:
             self._fell_back(len(params))
         group["nan_reverted"] = int(group.get("nan_reverted", 0)) + reverted
@@ -474,6 +560,12 @@ class HORST(Optimizer):
                 "foreach path at this step, and every tensor that would take the compiled path takes foreach "
                 "from now on (slower, same result up to rounding). Shown once, counted in "
                 "optimizer.fallbacks['compile'] and optimizer.fallbacks_total"
+            )
+        elif why == "stochastic_rounding":
+            message = (
+                f"HORST: stochastic_rounding=True, but {n} bf16 / fp16 tensor(s) are tensor subclasses it cannot "
+                "round (only plain tensors and DTensors); they were rounded to nearest at this step. Shown once, "
+                "counted in optimizer.fallbacks['stochastic_rounding'] and optimizer.fallbacks_total"
             )
         else:
             message = (
@@ -495,14 +587,15 @@ class HORST(Optimizer):
     def _step_compiled(
         self,
         group: dict[str, Any],
-        lists: tuple[list, ...],
+        bucket: Bucket,
         hp: HorstHyper,
         mirror: bool,
         pending: list[tuple[dict[str, Any], Tensor]],
+        sr_keys: list[int] | None,
     ) -> bool:
         """Step one bucket with the compiled path; False (nothing modified) if ``auto`` could not compile it."""
         try:
-            bad = _horst_compiled.horst_compiled_(Bucket(*lists), hp, mirror=mirror)
+            bad = _horst_compiled.horst_compiled_(bucket, hp, mirror=mirror, sr_keys=sr_keys)
             if hp.nan_guard:  # without the guard the count is 0: no read-back, no host sync
                 pending.append((group, bad))
         except Exception as exc:  # compilation fails before the graph runs: the tensors are untouched
@@ -520,7 +613,9 @@ class HORST(Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict exactly, keeping float32 moments of low-precision parameters in float32.
 
-        AdamW state dicts load too (same state keys); group keys they lack take this optimizer's defaults.
+        AdamW state dicts load too (same state keys); group keys they lack take this optimizer's defaults
+        (``sr_seed`` None is resolved as at construction). The saved ``stochastic_rounding`` and ``sr_seed``
+        are restored with the other group keys, so a resumed run draws the same rounding bits.
 
         ``Optimizer.load_state_dict`` casts every state tensor to its parameter's dtype, which would round
         the float32 moments of bf16 parameters; they are restored from ``state_dict`` afterwards.
@@ -529,6 +624,8 @@ class HORST(Optimizer):
         for group in self.param_groups:  # e.g. a torch.optim.AdamW state dict: take HORST's defaults
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
+            _check_rounding(group)
+            _resolve_seed(group)
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
         for saved_id, p in zip(saved_ids, params, strict=True):
