@@ -250,44 +250,78 @@ def _ignore_sigint(_worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _micro_batch_source(
-    train_data: Sequence[Any],
-    collate: Callable[[list[Any]], Any],
-    batches: Sequence[torch.Tensor],
-    cfg: TrainConfig,
-    rank: int,
-    world: int,
-    pin_memory: bool,
-) -> Callable[[torch.Tensor], Any]:
-    """``fetch(rank_indices) -> collated batch`` for an epoch's ``batches``, called in loop order.
+class _EpochPlan:
+    """The batch sampler of ``fit``'s DataLoader: the current epoch's rank shares, replaced every epoch.
 
-    ``cfg.loader_workers == 0``: each call collates its examples in this process. Otherwise a DataLoader
-    walks the same rank shares of the same micro-batches, in the same order, in worker processes, and each
-    call takes its next batch (the loop asks in that order, so ``part`` is not read again).
+    The main process walks it and hands the indices to the workers, so the workers live on across epochs."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class _MicroBatchSource:
+    """``epoch(batches)`` gives ``fetch(rank_indices) -> collated batch`` for that epoch, called in loop order.
+
+    ``cfg.loader_workers == 0``: each call collates its examples in this process. Otherwise one DataLoader for
+    the whole ``fit`` walks the same rank shares of the same micro-batches, in the same order, in worker
+    processes that persist across epochs (``persistent_workers``), and each call takes its next batch (the
+    loop asks in that order, so ``part`` is not read again). The workers' seeds (torch, ``random`` and numpy:
+    a base seed + the worker id) come from the loader's own generator, seeded by (seed, rank): drawn from the
+    global RNG, as a DataLoader without a generator does, the base seed would shift the loop's dropout masks
+    against ``loader_workers=0``. Used as a context manager: on exit the workers go.
     """
-    if cfg.loader_workers == 0:
-        return lambda part: collate([train_data[int(i)] for i in part])
-    from torch.utils.data import DataLoader
 
-    plan = [
-        rank_share(m, rank, world).tolist()
-        for indices in batches
-        for m in _micro_batches(indices, cfg.batch_size, cfg.grad_accum_steps)
-    ]
-    loader = DataLoader(
-        train_data,  # type: ignore[arg-type]
-        batch_sampler=plan,
-        collate_fn=collate,
-        num_workers=cfg.loader_workers,
-        pin_memory=pin_memory,
-        worker_init_fn=_ignore_sigint,
-    )
-    ahead = iter(loader)
+    def __init__(
+        self,
+        train_data: Sequence[Any],
+        collate: Callable[[list[Any]], Any],
+        cfg: TrainConfig,
+        rank: int,
+        world: int,
+        pin_memory: bool,
+    ) -> None:
+        self._data, self._collate, self._cfg, self._rank, self._world = train_data, collate, cfg, rank, world
+        self._plan = _EpochPlan()
+        self._loader: Any = None
+        self._ahead: Iterator[Any] | None = None
+        if cfg.loader_workers > 0:
+            from torch.utils.data import DataLoader
 
-    def fetch(part: torch.Tensor) -> Any:
-        return next(ahead)
+            self._loader = DataLoader(
+                train_data,  # type: ignore[arg-type]
+                batch_sampler=self._plan,
+                collate_fn=collate,
+                num_workers=cfg.loader_workers,
+                pin_memory=pin_memory,
+                worker_init_fn=_ignore_sigint,
+                persistent_workers=True,
+                generator=torch.Generator().manual_seed(int(cfg.seed) * 65_537 + rank),
+            )
 
-    return fetch
+    def epoch(self, batches: Sequence[torch.Tensor]) -> Callable[[torch.Tensor], Any]:
+        if self._loader is None:
+            data, collate = self._data, self._collate
+            return lambda part: collate([data[int(i)] for i in part])
+        cfg = self._cfg
+        self._plan.batches = [
+            rank_share(m, self._rank, self._world).tolist()
+            for indices in batches
+            for m in _micro_batches(indices, cfg.batch_size, cfg.grad_accum_steps)
+        ]
+        self._ahead = iter(self._loader)  # the same workers, restarted on this epoch's plan
+        return lambda part: next(self._ahead)  # type: ignore[arg-type]
+
+    def __enter__(self) -> _MicroBatchSource:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._ahead = self._loader = None  # the last references: the iterator shuts its workers down
 
 
 def _accelerator(mixed_precision: str) -> Any:
@@ -405,7 +439,8 @@ def fit(
         dynamic_ncols=True,
         leave=False,
     )
-    with _SignalGuard() as guard, _plain_forward_after(accelerator, model):
+    source = _MicroBatchSource(train_data, collate, cfg, rank, world, accelerator.device.type == "cuda")
+    with _SignalGuard() as guard, _plain_forward_after(accelerator, model), source:
         while step < total:
             epoch, start = divmod(step, steps_per_epoch)
             batches = list(
@@ -413,9 +448,7 @@ def fit(
                     n, cfg.step_size, cfg.seed, epoch, start, lengths=lengths, group=cfg.group_by_length
                 )
             )
-            fetch = _micro_batch_source(
-                train_data, collate, batches, cfg, rank, world, accelerator.device.type == "cuda"
-            )
+            fetch = source.epoch(batches)
             for indices in batches:
                 if callable(begin_step):
                     begin_step()
