@@ -82,6 +82,8 @@ class TextRobustnessConfig:
         default_factory=lambda: TrainConfig(epochs=2, batch_size=32, log_every=5, group_by_length=50)
     )
     workers: int = 1  # >1: train/evaluate (method, seed) jobs in that many 1-thread processes
+    # recompute each encoder block in the backward pass: activations of 512-token reviews fit at a larger batch
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in self.specs]
@@ -151,5 +153,34 @@ PRESETS = {
     "full": {
         "workers": 2,
         "train.progress": False,
+    },
+    # The paper's scale on one GPU (docs/paper-scale.md): RoBERTa-base (model=roberta-large or
+    # distilbert-base; hub ids with DESCENTLAB_ONLINE=1, else a local folder) with its own [CLS] head, on IMDb
+    # (data.name=imdb, or the aclImdb folder / the hub's parquet or csv export), or on MNLI with
+    # data.name=mnli (or GLUE's MNLI folder) and data.shift=[mnli@validation_mismatched]; 512 tokens, bf16,
+    # activation checkpointing, 2 micro-batches of 16 per step, DataLoader workers; 5 evaluation seeds.
+    "paper": {
+        "model": "roberta-base",
+        "pooling": "cls",
+        "data.name": "imdb",
+        "data.n_train": None,
+        "data.n_eval": 5000,
+        "data.max_length": 512,
+        "data.eval_batch_size": 64,
+        "method.optimizer.lr": 2e-5,
+        "method.optimizer.schedule": "warmup_cosine",
+        "method.optimizer.warmup_frac": 0.06,
+        "seeds": [1, 2, 3, 4, 5],
+        "train.epochs": 2,
+        "train.batch_size": 16,
+        "train.grad_accum_steps": 2,
+        "train.mixed_precision": "bf16",
+        "train.group_by_length": 50,
+        "train.loader_workers": 4,
+        "train.log_every": 50,
+        "train.checkpoint_every": 500,
+        "train.progress": False,
+        "activation_checkpointing": True,
+        "workers": 1,
     },
 }

@@ -74,21 +74,37 @@ def _layer_loss(run_dir: Path) -> list[dict[str, Any]]:
     arrays = load(run_dir, LAYER_LOSS)
     if not arrays:
         return []
-    fig, axes = new_figure(1, 1)
+    depth = max(x.shape[1] for x in arrays.values())
+    fig, axes = new_figure(1, 1, panel_size=(max(4.2, 0.28 * depth), 3.4))
     ax = axes[0][0]
-    for m, x in arrays.items():  # [seed, L+1, example]
+    for m, x in arrays.items():  # [seed, L+1, example]: every layer, 0..L
         stats = np.array([mean_interval(x[:, layer]) for layer in range(x.shape[1])])
         layers = np.arange(x.shape[1])
         ax.plot(layers, stats[:, 0], marker="o", ms=3, label=m)
         ax.fill_between(layers, stats[:, 1], stats[:, 2], alpha=0.15)
+    caption = "Per-layer clean test loss at every layer, mean and seed-level 95 % interval"
+    spike = largest_rise(arrays[ERM]) if ERM in arrays else None
+    if spike is not None:  # the paper: ERM's loss spikes at layer 19 of RoBERTa-large's 24
+        layer, rise = spike
+        ax.axvline(layer, color="grey", ls=":", lw=1.0)
+        caption += f"; dotted: ERM's largest rise, at layer {layer} (+{rise:.3g} nats over layer {layer - 1})"
+    ax.set_xticks(np.arange(depth))
     ax.set_xlabel("layer (0 = embedding output)")
     ax.set_ylabel("clean test loss read out at the layer")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, run_dir / "figures" / "layer-loss-ci.png")
-    caption = "Per-layer clean test loss, mean and seed-level 95 % interval"
     return [{"path": "figures/layer-loss-ci.png", "caption": caption}]
+
+
+def largest_rise(losses: np.ndarray) -> tuple[int, float] | None:
+    """``(l, f_l − f_{l−1})`` of the largest rise of the mean per-layer loss ``losses [seed, L+1, example]``,
+    l in 1..L; None when the mean loss never rises."""
+    mean = np.asarray(losses, dtype=np.float64).mean(axis=(0, 2))
+    rises = np.diff(mean)
+    layer = int(np.argmax(rises)) + 1
+    return (layer, float(rises[layer - 1])) if rises[layer - 1] > 0 else None
 
 
 def _lambda(run_dir: Path) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from typing import Any
 from descentlab.data import load_encoder_classifier
 from descentlab.data.text_batches import Prepared
 from descentlab.experiments.text_robustness.config import TextRobustnessConfig
+from descentlab.models.checkpointing import enable_activation_checkpointing
 from descentlab.robustness import RobustnessCurves
 from descentlab.robustness.text_eval import evaluate_classifier, validation_scores
 from descentlab.train.loop import fit, seed_everything
@@ -37,6 +38,9 @@ def train_model(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir
     """
     seed_everything(job.seed)
     model, _ = load_encoder_classifier(cfg.model, num_labels=data.num_labels, pooling=cfg.pooling)
+    if cfg.activation_checkpointing:  # mean pooling wraps the HF encoder: checkpoint its blocks
+        hf = hasattr(model, "gradient_checkpointing_enable")
+        enable_activation_checkpointing(model if hf else model.base_model)
     train_cfg = replace(cfg.train, seed=job.seed)
     total = train_cfg.total_steps(len(data.train))
     if job.label in cfg.frozen_zero:
