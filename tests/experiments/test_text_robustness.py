@@ -37,8 +37,10 @@ def test_bad_config_is_rejected_before_anything_runs() -> None:
         resolve_config(cfg_cls, overrides=['specs.extra="constraint.no_such_key=1"'])
     with pytest.raises(ConfigError, match="gammas"):
         resolve_config(cfg_cls, presets=presets, overrides=["evaluation.gammas=[0.5,1.0]"])
+    with pytest.raises(ConfigError, match="tune_seed=2 is also an evaluation seed"):
+        resolve_config(cfg_cls, overrides=["tune_seed=2"])
     for preset in presets:
-        resolve_config(cfg_cls, preset=preset, presets=presets)
+        assert resolve_config(cfg_cls, preset=preset, presets=presets).tune_seed == 1000
 
 
 def test_methods_are_one_base_edited_by_specs() -> None:
@@ -204,6 +206,7 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
             "evaluation.kinds=[gaussian,uniform,discrete]",
             "methods=[erm,erm-readout,constrained,resilient]",
             'selection.candidates.constrained=["alpha=0.1", "alpha_from=erm"]',
+            "tune_seed=7",
         ],
     )
     res = json.loads((out / "results.json").read_text())
@@ -236,6 +239,7 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
     assert "follows constrained" in res["protocol"]["selection"]["resilient"]
     assert res["protocol"]["seeds"] == [0, 1] and res["protocol"]["n_eval"] == 24
     assert "validation" in res["protocol"]["selection"]["constrained"]
+    assert "tuning seed 7" in res["protocol"]["selection"]["constrained"]
     for block in res["methods"].values():
         assert set(block["curves"]) == {"gaussian", "uniform", "discrete"}
         for curve in block["curves"].values():
@@ -251,21 +255,33 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
     assert any("Selection" in t for t in titles) and any("Dataset shift" in t for t in titles)
     selection = next(t for t in res["tables"] if "Selection" in t["title"])
     assert [r[-1] for r in selection["rows"] if r[0] == "constrained"].count("yes") == 1
-    # the chosen first-seed candidate is evaluated from its selection checkpoint, not trained again
+    assert "tuning seed 7" in selection["title"]
+    # the selection trains ERM and every candidate from the tuning seed 7 (validation only); the chosen
+    # candidate then trains afresh on each evaluation seed: no tuning run is an evaluation run
     tags = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert tags == sorted(
         [
             "erm-seed0",
             "erm-seed1",
+            "erm-seed7",
             "erm-readout-seed0",
             "erm-readout-seed1",
-            "constrained-cand0-seed0",
-            "constrained-cand1-seed0",
+            "constrained-cand0-seed7",
+            "constrained-cand1-seed7",
+            "constrained-seed0",
             "constrained-seed1",
             "resilient-seed0",
             "resilient-seed1",
         ]
     )
+    jobs = {p.name for p in (out / "jobs").iterdir() if not p.name.startswith(".")}
+    assert {j for j in jobs if "seed7" in j} == {
+        "erm-seed7-validation.json", "constrained-cand0-seed7-validation.json",
+        "constrained-cand1-seed7-validation.json",
+    }  # fmt: skip
+    # alpha_from=erm, if chosen, takes ERM's validation profile on the tuning seed
+    erm7 = json.loads((out / "jobs" / "erm-seed7-validation.json").read_text())
+    assert len(erm7["val_profile"]) == 3 and 0.0 <= erm7["clean"] <= 1.0
     report = (out / "report.md").read_text()
     assert "gaussian: accuracy vs gamma" in report and "figures/paired-gap.png" in report
     assert "**Primary endpoint.** primary graceful-gaussian" in report
@@ -311,17 +327,16 @@ def test_worker_processes_give_the_same_layout(tiny_encoder_dir, tmp_path) -> No
     curve = res["methods"]["constrained"]["curves"]["gaussian"]
     assert curve["x"] == [0.0, 2.0] and len(curve["per_model"]) == 2
     logged = {r.get("tag") for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
-    assert {"eval-erm-seed0", "eval-erm-seed1", "eval-constrained-seed1"} <= logged
-    selection = next(t for t in res["tables"] if "Selection" in t["title"])
-    chosen = [r[-1] for r in selection["rows"]].index("yes")
+    assert {"eval-erm-seed0", "eval-erm-seed1", "eval-constrained-seed0", "eval-constrained-seed1"} <= logged
     cached = sorted(p.name for p in (out / "jobs").iterdir() if not p.name.startswith("."))  # not bookkeeping
     assert cached == sorted(
         [
             "erm-seed0-test.json",
             "erm-seed1-test.json",
-            "constrained-cand0-seed0-validation.json",
-            "constrained-cand1-seed0-validation.json",
-            f"constrained-cand{chosen}-seed0-test.json",
+            "erm-seed1000-validation.json",
+            "constrained-cand0-seed1000-validation.json",
+            "constrained-cand1-seed1000-validation.json",
+            "constrained-seed0-test.json",
             "constrained-seed1-test.json",
         ]
     )

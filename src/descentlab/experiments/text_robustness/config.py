@@ -3,7 +3,8 @@ the noise evaluation, the training budget and the validation selection; and the 
 
 Every method trains on the same split, with the same optimizer, budget and seeds. The
 :class:`~descentlab.constrained.config.DescentConfig` of each constrained method is chosen among a small grid
-of candidates (override specs) on the *validation* split (first seed only), never on test.
+of candidates (override specs) on the *validation* split, trained from ``tune_seed`` (never an evaluation
+seed), never on test.
 
 What is judged, and the primary endpoint, are declared in :mod:`.claims`, not here.
 """
@@ -20,7 +21,7 @@ from descentlab.optim.config import OptimizerConfig
 from descentlab.robustness import NoiseEvalConfig
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, with_overrides
-from descentlab.train.tuning import Selection, candidate_methods
+from descentlab.train.tuning import Selection, candidate_methods, check_tune_seed
 
 # each method is the base `method` edited by its spec (dotted MethodConfig keys). Controls: "erm-readout"
 # trains through the per-layer readout path with λ frozen at 0 (`frozen_zero`), so it differs from the
@@ -67,7 +68,9 @@ class TextRobustnessConfig:
     frozen_zero: list[str] = field(default_factory=lambda: [CONTROL])  # constrained labels, λ ≡ 0
     # label -> γ_train: trained on gaussian embedding noise at that level (fresh noise every step)
     train_noise: dict[str, float] = field(default_factory=lambda: {"erm-noise": 1.0})
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # the evaluation seeds, every one reported
+    # the selection's runs (ERM's and every candidate's, validation only) train from it; never one of seeds
+    tune_seed: int = 1000
     data: TextDataConfig = field(default_factory=lambda: TextDataConfig(n_train=3000, n_eval=1000))
     selection: Selection = field(default_factory=Selection)
     evaluation: NoiseEvalConfig = field(
@@ -95,6 +98,7 @@ class TextRobustnessConfig:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if not self.seeds:
             raise ConfigError("seeds must list at least one training seed")
+        check_tune_seed(self.tune_seed, self.seeds)
         if self.selection.criterion not in ("robust", "clean"):
             raise ConfigError(
                 f"selection.criterion must be robust or clean, got {self.selection.criterion!r}"

@@ -9,9 +9,11 @@ from typing import Any
 
 from descentlab.data import load_encoder_classifier
 from descentlab.data.text_batches import Prepared
+from descentlab.experiments.text_robustness.claims import ERM
 from descentlab.experiments.text_robustness.config import TextRobustnessConfig
 from descentlab.models.checkpointing import enable_activation_checkpointing
 from descentlab.robustness import RobustnessCurves
+from descentlab.robustness.layer_profile import layer_loss_examples
 from descentlab.robustness.text_eval import evaluate_classifier, validation_scores
 from descentlab.train.loop import fit, seed_everything
 from descentlab.train.objectives import EmbeddingNoise
@@ -27,7 +29,8 @@ class Job:
     method: MethodConfig
     seed: int
     tag: str  # the checkpoint folder; a job's cache key is "<tag>-<split>"
-    split: str  # "validation": selection numbers only; "test": the full evaluation
+    # "validation": selection numbers only (ERM's with its validation profile); "test": the full evaluation
+    split: str
 
 
 def train_model(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) -> tuple[Any, Any, dict]:
@@ -82,7 +85,12 @@ def run_job(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) ->
     """One job end to end; returns JSON-able numbers (the JobRunner caches them under ``jobs/``)."""
     model, constraint, trace = train_model(cfg, job, data, run)
     if job.split == "validation":
-        return validation_scores(model, data.val, cfg.evaluation, job.seed, cfg.selection.draws)
+        scores: dict[str, Any] = validation_scores(
+            model, data.val, cfg.evaluation, job.seed, cfg.selection.draws
+        )
+        if job.label == ERM:  # the reference profile of alpha_from=erm: mean validation loss per layer
+            scores["val_profile"] = layer_loss_examples(model, data.val).mean(1).tolist()
+        return scores
     out = evaluate_classifier(model, data.test, data.val, data.shift, cfg.evaluation, job.seed)
     run.log(tag=f"eval-{job.tag}", clean_accuracy=out["extra"]["accuracy"])
     out["multipliers"] = constraint.multipliers.tolist() if constraint is not None else None

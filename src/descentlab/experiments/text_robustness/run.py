@@ -1,10 +1,13 @@
-"""text-robustness's run: data -> selection of each constrained method's settings on validation (first
+"""text-robustness's run: data -> selection of each constrained method's settings on validation (tuning
 seed) -> every (method, seed) job on test -> the arrays the claims and figures read -> results.
 
 Every method is one :class:`~descentlab.train.recipe.MethodConfig` (:mod:`.config`). The
 :class:`~descentlab.constrained.config.DescentConfig` of each constrained method is chosen among a small
-grid of candidates on the *validation* split (first seed only), never on test; the choice and the reason go
-into the protocol. Test evaluation: clean accuracy, accuracy against γ for each noise kind (``draws``
+grid of candidates on the *validation* split, trained from ``tune_seed`` (never an evaluation seed), never on
+test; ERM's run on that seed gives the clean-accuracy margin and the ``alpha_from=erm`` reference profile.
+The chosen settings then train afresh on every evaluation seed: no tuning run is reported. A method with one
+candidate is not tuned, and without tuning or ``alpha_from=erm`` there is no tuning run at all. The choice
+and the reason go into the protocol. Test evaluation: clean accuracy, accuracy against γ for each noise kind (``draws``
 realisations per model, content-keyed so that every method sees the same noisy inputs), the per-layer test
 loss clean and at γ = ``profile_gamma``, and clean accuracy on optional dataset-shift sets; with
 ``evaluation.ldp_kinds``, accuracy against the local-DP ε and its privacy accounting.
@@ -29,13 +32,19 @@ from descentlab.robustness import EmbeddingGeometry, RobustnessCurves, mean_sequ
 from descentlab.train.jobs import JobRunner
 from descentlab.train.recipe import MethodConfig
 from descentlab.train.rundir import RunDir
-from descentlab.train.tuning import candidate_methods, choose_candidate, settings_diff, with_reference
+from descentlab.train.tuning import (
+    Selection,
+    candidate_methods,
+    choose_candidate,
+    settings_diff,
+    with_reference,
+)
 
 NAME = "text-robustness"
 
 
 def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
-    d, ev, seed0, sel = cfg.data, cfg.evaluation, cfg.seeds[0], cfg.selection
+    d, ev, sel, tune_seed = cfg.data, cfg.evaluation, cfg.selection, cfg.tune_seed
     data = prepare_data(cfg.data, cfg.model)
     methods = cfg.resolved_methods()
     geometry = None
@@ -53,7 +62,7 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
     chosen = dict.fromkeys(tuned, 0)
     selection_rows: list[list[Any]] = []
     reasons = {m: f"only candidate {specs[m][0] or '(defaults)'!r}" for m in tuned}
-    reference: list[float] | None = None  # ERM's validation profile, first seed (alpha_from=erm)
+    reference: list[float] | None = None  # ERM's validation profile, tuning seed (alpha_from=erm)
     resolved: dict[str, list[MethodConfig]] = {}
 
     def candidates(label: str) -> list[MethodConfig]:
@@ -72,10 +81,9 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
             if label in followers:
                 return Job(label, candidates(label)[0], seed, f"{label}-seed{seed}", split)
             return Job(label, with_reference(methods[label], reference), seed, f"{label}-seed{seed}", split)
-        # the first seed's chosen candidate resumes from its selection checkpoint
-        cand = chosen[label] if cand is None else cand
-        tag = f"{label}-cand{cand}-seed{seed}" if seed == seed0 else f"{label}-seed{seed}"
-        return Job(label, candidates(label)[cand], seed, tag, split)
+        if cand is None:  # an evaluation run of the chosen candidate, trained afresh
+            return Job(label, candidates(label)[chosen[label]], seed, f"{label}-seed{seed}", split)
+        return Job(label, candidates(label)[cand], seed, f"{label}-cand{cand}-seed{seed}", split)
 
     with JobRunner(run_job, workers=cfg.workers, cache_dir=run.path / "jobs", decode=decode_output) as jobs:
 
@@ -85,15 +93,17 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
         plain = [m for m in cfg.methods if m not in tuned and m not in followers]
         order = [(m, s) for s in cfg.seeds for m in plain]
         pending: dict[tuple[str, int], Any] = {}
-        # ERM's first seed (and one more job, for a second worker) before the candidates, which need it
-        first = [(ERM, seed0), *[o for o in order if o != (ERM, seed0)][:1]] if ERM in plain else []
-        pending.update({o: submit(job(*o)) for o in first})
+        # 1. ERM on the tuning seed (validation numbers only), when a candidate is chosen or one takes ERM's
+        # profile; ERM's evaluation runs, which need nothing from it, keep the other workers busy meanwhile
+        selecting = any(len(specs[m]) > 1 for m in tuned)
         erm_clean = None
-        if (ERM, seed0) in pending:
-            erm0 = pending[(ERM, seed0)].result()
-            erm_clean, reference = erm0["extra"]["val_accuracy"], erm0["val_profile"]
+        if ERM in plain and (selecting or _takes_erm_profile(methods, tuned, followers, specs, sel)):
+            erm_tuning = submit(job(ERM, tune_seed, "validation"))
+            pending.update({(ERM, s): submit(job(ERM, s)) for s in cfg.seeds})
+            erm_scores = erm_tuning.result()
+            erm_clean, reference = erm_scores["clean"], erm_scores["val_profile"]
         val_futures = {
-            m: [submit(job(m, seed0, "validation", i)) for i in range(len(specs[m]))]
+            m: [submit(job(m, tune_seed, "validation", i)) for i in range(len(specs[m]))]
             for m in tuned
             if len(specs[m]) > 1
         }
@@ -134,7 +144,7 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
         blocks[m] = tables.method_block(joined[m], profiles, extra, lams, ev.kinds[0])
         blocks[m].extra["layer_loss_ci"] = tables.layer_loss_ci(losses[m])
         if methods[m].constrained:
-            blocks[m].extra["constraint"] = asdict(job(m, seed0).method.constraint)
+            blocks[m].extra["constraint"] = asdict(job(m, cfg.seeds[0]).method.constraint)
         ldp.add_ldp_curves(blocks[m], ldp_joined.get(m))  # no-op without the ε kinds
     protocol = tables.protocol(
         cfg,
@@ -143,7 +153,7 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
         n_val=sum(len(b["labels"]) for b in data.val),
         selection={
             m: f"{why}; candidates {sel.candidates.get(m, [''])}; settings differ from the base in: "
-            f"{settings_diff(asdict(job(m, seed0).method.constraint), asdict(methods[m].constraint))}"
+            f"{settings_diff(asdict(job(m, cfg.seeds[0]).method.constraint), asdict(methods[m].constraint))}"
             for m, why in reasons.items()
         },
     )
@@ -154,7 +164,30 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
         config=config_to_dict(cfg),
         protocol=protocol,
         methods=blocks,
-        tables=[*tables.extra_tables(joined, blocks, selection_rows, list(d.shift)), *ldp_tables],
+        tables=[
+            *tables.extra_tables(joined, blocks, selection_rows, list(d.shift), tune_seed=tune_seed),
+            *ldp_tables,
+        ],
         notes=tables.notes(blocks, len(cfg.seeds)),
     )
     return results.to_dict()
+
+
+def _takes_erm_profile(
+    methods: dict[str, MethodConfig],
+    tuned: list[str],
+    followers: dict[str, str],
+    specs: dict[str, list[str]],
+    sel: Selection,
+) -> bool:
+    """Whether any setting the run may train takes ERM's validation profile (``alpha_from=erm``): a tuned
+    method's candidates, a follower with each of its leader's candidates, or a method as configured."""
+    settings = [c for m in tuned for c in candidate_methods(m, methods[m], sel)]
+    for m, leader in followers.items():
+        for spec in specs.get(leader, [""]):
+            settings += candidate_methods(m, methods[m], replace(sel, candidates={m: [spec]}))
+    settings += [mc for m, mc in methods.items() if m not in tuned and m not in followers]
+    return any(
+        c.constrained and c.constraint.alpha_from == ERM and c.constraint.alpha_reference is None
+        for c in settings
+    )
