@@ -14,6 +14,7 @@ from descentlab.sparsity.masks import (
     exact_topk_mask_reference,
     find_blocks,
     global_masks,
+    global_masks_reference,
     layer_masks,
     nm_mask,
     nm_mask_reference,
@@ -51,6 +52,33 @@ def test_global_masks_one_threshold() -> None:
     assert kept.min() >= dropped.max()
     # the larger-scale tensor keeps more of its entries: the threshold is shared, not per tensor
     assert masks["b"].float().mean() > masks["a"].float().mean()
+
+
+@pytest.mark.parametrize(
+    "dtypes", [(torch.float32,) * 3, (torch.bfloat16,) * 3, (torch.bfloat16, torch.float32, torch.float16)]
+)
+@pytest.mark.parametrize("levels", [None, 7])
+def test_global_masks_device_paths_equal_the_host_twin(dtypes, levels) -> None:
+    """kthvalue over the concatenated scores and the radix select without a concatenated copy (forced with
+    concat_limit=0) give the host twin's masks, heavy ties (7 levels) and mixed dtypes included."""
+    gen = torch.Generator().manual_seed(5)
+    shapes = [(33, 17), (64,), (9, 8, 5)]
+    weights = {}
+    for i, (shape, dtype) in enumerate(zip(shapes, dtypes, strict=True)):
+        w = torch.randn(shape, generator=gen) * (i + 1)
+        if levels is not None:
+            w = torch.round(w * levels / 3) / levels
+        weights[f"w{i}"] = w.to(dtype)
+    for sparsity in (0.0, 0.3, 0.7, 0.95):
+        slow = global_masks_reference(weights, sparsity)
+        for fast in (global_masks(weights, sparsity), global_masks(weights, sparsity, concat_limit=0)):
+            assert fast.keys() == slow.keys()
+            for name in weights:
+                assert fast[name].shape == weights[name].shape
+                assert torch.equal(fast[name], slow[name]), (name, sparsity)
+    total = sum(w.numel() for w in weights.values())
+    kept = sum(int(m.sum()) for m in global_masks(weights, 0.7, concat_limit=0).values())
+    assert kept == total - round(0.7 * total)
 
 
 @pytest.mark.parametrize("in_dim", [0, 1])

@@ -7,6 +7,8 @@ never re-parametrised, so its state-dict keys stay the same and pruned weights a
 The mask functions are pure: they take score tensors and return masks. Every top-k here is *exact*: the
 number of kept entries is exactly ``n - round(sparsity * n)``, whatever the ties; among tied scores the
 entry with the lowest flat index is kept, so the result is deterministic.
+
+Thresholds are found on the scores' device: nothing is copied to the host but a few counts.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "exact_topk_mask_reference",
     "find_blocks",
     "global_masks",
+    "global_masks_reference",
     "layer_masks",
     "nm_mask",
     "nm_mask_reference",
@@ -207,16 +210,16 @@ def num_pruned(numel: int, sparsity: float) -> int:
 def exact_topk_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Boolean mask of the ``k`` largest entries of a flat score tensor, ties to the lowest index.
 
-    Fast path: one ``kthvalue`` gives the threshold t; entries > t are kept, then the first
-    ``k - #(scores > t)`` entries equal to t (in index order) fill up to exactly k.
+    Fast path: one ``kthvalue`` on the scores' device gives the threshold t; entries > t are kept, then the
+    first ``k - #(scores > t)`` entries equal to t (in index order) fill up to exactly k. One count is read
+    back (the ties to fill); the scores stay where they are.
     """
     n = scores.numel()
     if k >= n:
         return torch.ones(n, dtype=torch.bool, device=scores.device)
     if k <= 0:
         return torch.zeros(n, dtype=torch.bool, device=scores.device)
-    threshold = torch.kthvalue(scores.float().cpu() if scores.is_cuda else scores, n - k + 1).values
-    threshold = threshold.to(scores.device)
+    threshold = torch.kthvalue(scores, n - k + 1).values
     keep = scores > threshold
     missing = k - int(keep.sum())
     if missing > 0:
@@ -244,8 +247,21 @@ def layer_masks(weights: Mapping[str, torch.Tensor], sparsity: float) -> dict[st
     return masks
 
 
-def global_masks(weights: Mapping[str, torch.Tensor], sparsity: float) -> dict[str, torch.Tensor]:
-    """One magnitude threshold over all tensors together (global top-k of |w|).
+#: Above this many scores in all, :func:`global_masks` does not concatenate them: it selects with a radix
+#: select over the tensors in place (:func:`~descentlab.sparsity.sharded.sharded_topk_masks`). 2^27 fp32
+#: scores are a 512 MiB copy.
+CONCAT_LIMIT = 1 << 27
+
+
+def global_masks(
+    weights: Mapping[str, torch.Tensor], sparsity: float, *, concat_limit: int = CONCAT_LIMIT
+) -> dict[str, torch.Tensor]:
+    """One magnitude threshold over all tensors together (global top-k of |w|), found on their device.
+
+    Up to ``concat_limit`` scores in all: one ``kthvalue`` over the concatenated |w| (:func:`exact_topk_mask`).
+    Beyond: a radix select over the scores' bits, histograms on the device, one tensor at a time, with no
+    concatenated copy (:func:`~descentlab.sparsity.sharded.sharded_topk_masks`). Both give the masks of
+    :func:`global_masks_reference` (the host-side slow twin), ties to the lowest flat index.
 
     If ``torch.distributed`` is initialised, rank 0's masks are broadcast so that every data-parallel rank
     prunes exactly the same entries even when replicas differ by float noise.
@@ -253,10 +269,32 @@ def global_masks(weights: Mapping[str, torch.Tensor], sparsity: float) -> dict[s
     names = list(weights)
     if not names:
         return {}
+    total = sum(weights[n].numel() for n in names)
+    kept = total - num_pruned(total, sparsity)
+    if total > concat_limit:
+        selected = sharded_topk_masks([[weights[n] for n in names]], [kept])[0]
+        return {n: _broadcast_from_rank0(m) for n, m in zip(names, selected, strict=True)}
     scores = torch.cat([weights[n].detach().abs().flatten() for n in names])
+    keep = _broadcast_from_rank0(exact_topk_mask(scores, kept))
+    return _split(keep, names, weights)
+
+
+def global_masks_reference(weights: Mapping[str, torch.Tensor], sparsity: float) -> dict[str, torch.Tensor]:
+    """Slow twin of :func:`global_masks`: every score copied to the host, one lexicographic sort there."""
+    names = list(weights)
+    if not names:
+        return {}
+    scores = torch.cat([weights[n].detach().abs().flatten() for n in names]).cpu()
     total = scores.numel()
-    keep = exact_topk_mask(scores, total - num_pruned(total, sparsity))
-    keep = _broadcast_from_rank0(keep)
+    keep = exact_topk_mask_reference(scores, total - num_pruned(total, sparsity))
+    device = weights[names[0]].device
+    return {n: m.to(device) for n, m in _split(keep, names, weights).items()}
+
+
+def _split(
+    keep: torch.Tensor, names: list[str], weights: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The per-tensor views of a mask over the concatenated tensors."""
     masks, offset = {}, 0
     for n in names:
         w = weights[n]

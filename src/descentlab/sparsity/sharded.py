@@ -14,6 +14,11 @@ fp32, 2 for bf16). Ties at the threshold are then kept lowest flat index first, 
 each shard how many tied entries precede it in the one-process order (tensors in selection order, then
 rows). The masks are therefore bit for bit the one-process masks whatever the ties. Plain (replicated)
 tensors in a sharded run count once (on rank 0) and are masked alike on every rank.
+
+The same selection, with no process group, is :func:`~descentlab.sparsity.masks.global_masks`'s path for
+scores too many to concatenate: it makes no copy of all the scores. The integer keys of one tensor at a
+time are recomputed at each pass (in the scores' own width, int16 for bf16), so the memory it needs is a
+few times the largest tensor, not the sum of them.
 """
 
 from __future__ import annotations
@@ -80,11 +85,12 @@ def _group_of(tensors: Sequence[Tensor]) -> dist.ProcessGroup | None:
     return None
 
 
-def _keys(t: Tensor, dtype: torch.dtype) -> tuple[Tensor, int]:
-    """|t| in ``dtype`` as non-negative integers that sort like the values (int64), and the bit width."""
+def _keys(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """|t| in ``dtype`` as non-negative integers that sort like the values, in the signed integer type of the
+    same width (the sign bit is clear, so every key is >= 0)."""
     scores = local_part(t).detach().abs().to(dtype).contiguous().flatten()
     width = scores.element_size()
-    return scores.view(_INT_OF[width]).to(torch.int64) & ((1 << (8 * width - 1)) - 1), 8 * width
+    return scores.view(_INT_OF[width]) & ((1 << (8 * width - 1)) - 1)  # a NaN's sign bit too
 
 
 @torch.no_grad()
@@ -107,31 +113,32 @@ def sharded_topk_masks(groups: Sequence[Sequence[Tensor]], keep: Sequence[int]) 
         if not dtype.is_floating_point:
             raise ConfigError(f"magnitude masks need floating-point weights, got {dtype}")
         dtypes.append(dtype)
-    keys = [[_keys(t, dtypes[g]) for t in group] for g, group in enumerate(groups)]
+    widths = [8 * torch.empty((), dtype=d).element_size() for d in dtypes]  # key bits per group
     # a replicated tensor is counted once, on rank 0
     weight = [[0 if (is_replicated(t) and rank != 0) else 1 for t in group] for group in groups]
     totals = [sum(t.numel() for t in group) for group in groups]
-    bits = max(b for row in keys for _, b in row)
     prefix = [0] * len(groups)
     remaining = [int(k) for k in keep]
     active = [0 < remaining[g] < totals[g] for g in range(len(groups))]
-    for shift in range(bits - 8, -1, -8):
+    for shift in range(max(widths) - 8, -1, -8):  # the top byte first; every rank runs every pass
         hist = torch.zeros(len(groups), 257, dtype=torch.int64, device=device)
-        for g, row in enumerate(keys):
-            if not active[g]:
+        now = [active[g] and shift < widths[g] for g in range(len(groups))]
+        for g, group in enumerate(groups):
+            if not now[g]:
                 continue
-            for (k, _), w in zip(row, weight[g], strict=True):
-                if not w or k.numel() == 0:
+            for t, w in zip(group, weight[g], strict=True):
+                if not w or local_part(t).numel() == 0:
                     continue
+                k = _keys(t, dtypes[g])  # one tensor's keys at a time, recomputed at each pass
                 byte = (k >> shift) & 255
-                if shift + 8 < 64:
+                if shift + 8 < widths[g]:  # only entries whose higher bytes match the prefix so far
                     byte = torch.where((k >> (shift + 8)) == (prefix[g] >> (shift + 8)), byte, 256)
                 hist[g] += torch.bincount(byte, minlength=257)
         if pg is not None:
             dist.all_reduce(hist, group=pg)
         counts = hist[:, :256].tolist()
         for g in range(len(groups)):
-            if not active[g]:
+            if not now[g]:
                 continue
             above = 0
             for b in range(255, -1, -1):
@@ -143,9 +150,9 @@ def sharded_topk_masks(groups: Sequence[Sequence[Tensor]], keep: Sequence[int]) 
     # ties at the threshold: how many precede each shard in the one-process order
     ties = torch.zeros(len(flat), 2, dtype=torch.int64, device=device)
     i = 0
-    for g, row in enumerate(keys):
-        for t, (k, _) in zip(groups[g], row, strict=True):
-            ties[i, 0] = (k == prefix[g]).sum() if active[g] else 0
+    for g, group in enumerate(groups):
+        for t in group:
+            ties[i, 0] = (_keys(t, dtypes[g]) == prefix[g]).sum() if active[g] else 0
             ties[i, 1] = _row_offset(t) if is_sharded(t) and not is_replicated(t) else 0
             i += 1
     if pg is not None:
@@ -156,14 +163,15 @@ def sharded_topk_masks(groups: Sequence[Sequence[Tensor]], keep: Sequence[int]) 
         every = [ties.tolist()]
     masks: list[list[Tensor]] = []
     i = 0
-    for g, row in enumerate(keys):
+    for g, group in enumerate(groups):
         out, before = [], 0
-        for t, (k, _) in zip(groups[g], row, strict=True):
-            shape = local_part(t).shape
+        for t in group:
+            local = local_part(t)
             if not active[g]:
-                out.append(torch.full(shape, remaining[g] > 0, dtype=torch.bool, device=k.device))
+                out.append(torch.full(local.shape, remaining[g] > 0, dtype=torch.bool, device=local.device))
                 i += 1
                 continue
+            k = _keys(t, dtypes[g])
             if is_replicated(t):
                 mine, total_here = before, every[0][i][0]
             else:
@@ -173,7 +181,7 @@ def sharded_topk_masks(groups: Sequence[Sequence[Tensor]], keep: Sequence[int]) 
                 total_here = sum(every[r][i][0] for r in range(world))
             tie = k == prefix[g]
             rank_in_ties = torch.cumsum(tie.to(torch.int64), 0) + mine
-            out.append(((k > prefix[g]) | (tie & (rank_in_ties <= remaining[g]))).view(shape))
+            out.append(((k > prefix[g]) | (tie & (rank_in_ties <= remaining[g]))).view(local.shape))
             before += total_here
             i += 1
         masks.append(out)
