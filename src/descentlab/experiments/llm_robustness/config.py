@@ -23,6 +23,18 @@ from descentlab.train.recipe import MethodConfig, with_overrides
 class ModelConfig:
     name: str = "smollm2"  # "smollm2" (offline) or any HF causal-LM id / local folder
     gradient_checkpointing: bool = False  # recompute each block in backward: pays only for long sequences
+    dtype: str = "float32"  # the loaded model's parameter dtype: "float32" or "bfloat16" (half the memory)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+
+    @property
+    def torch_dtype(self) -> Any:
+        """``dtype`` as a ``torch.dtype``."""
+        import torch
+
+        return getattr(torch, self.dtype)
 
 
 @dataclass

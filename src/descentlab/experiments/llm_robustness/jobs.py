@@ -43,12 +43,14 @@ _WORKER: dict[str, Any] = {}
 
 def model_for(cfg: Any) -> tuple[torch.nn.Module, Any]:
     """This process's model, reset to the pretrained weights (loaded once per process)."""
-    if _WORKER.get("name") != cfg.model.name:
-        model, tok = load_causal_lm(cfg.model.name)
+    if (_WORKER.get("name"), _WORKER.get("dtype")) != (cfg.model.name, cfg.model.dtype):
+        model, tok = load_causal_lm(cfg.model.name, dtype=cfg.model.torch_dtype)
         if cfg.model.gradient_checkpointing:
             enable_activation_checkpointing(model)
         pretrained = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        _WORKER.update(name=cfg.model.name, model=model, tok=tok, pretrained=pretrained)
+        _WORKER.update(
+            name=cfg.model.name, dtype=cfg.model.dtype, model=model, tok=tok, pretrained=pretrained
+        )
     model = _WORKER["model"]
     model.load_state_dict(_WORKER["pretrained"])
     return model, _WORKER["tok"]
