@@ -18,8 +18,9 @@ foreach path (``impl="compiled"`` raises).
 
 With stochastic rounding (bf16 / fp16 parameters in a ``stochastic_rounding`` group) each tensor's 32-bit
 key travels in one int64 vector, and the rounding (:func:`~descentlab.optim._horst_rounding.stochastic_round`:
-an integer hash of the element index, a few bit operations) is fused into the same kernel, so it adds no
-pass over memory; whether a bucket rounds stochastically is a compile-time constant.
+an integer hash of the element index, a few bit operations) is part of the same graph, for Inductor to
+fuse into the step's kernel (its cost is not measured yet); whether a bucket rounds stochastically is a
+compile-time constant.
 
 With ``nan_guard`` the reverted count is summed on the device and read back once per step (one host sync);
 without it HORST reads nothing back.

@@ -31,7 +31,8 @@ The random bits. No generator state: the bits of element i (its row-major index 
 step number) on the host. So the reference, foreach and compiled paths draw the same bits, one step's bits
 do not depend on what ran before, a run is reproducible from its seed, and a resumed run continues
 exactly (the seed is a param-group key, the step is in the state). The hash works in int64 on 32-bit values
-(every product stays below 2^63), so it gives the same bits on CPU, CUDA and under Inductor.
+(every product stays below 2^63), so that CPU, CUDA and Inductor compute the same bits: tested on CPU
+(eager and Inductor's C++); not yet run on a GPU.
 """
 
 from __future__ import annotations

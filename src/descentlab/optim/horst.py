@@ -29,7 +29,8 @@ float32 result x in the parameter's dtype::
 
 so sub-ulp updates accumulate in expectation (:mod:`descentlab.optim._horst_rounding`). Its random bits are
 a hash of (``sr_seed``, the tensor's index in the optimizer, the step, the element's index): no generator
-state, the same bits on every path and device, and a resumed run continues bit for bit.
+state, the same bits on every path (tested on CPU; the CUDA path has not run on a GPU yet), and a resumed
+run continues bit for bit.
 """
 
 from __future__ import annotations
