@@ -29,13 +29,10 @@ TINY = [
     "sparsities=[0.5,0.9]",
     "smollm2=false",
 ]
-TUNED = [
-    "seeds=[0,1]",
-    "tune=true",
-    "tune_lr=[1e-3,3e-3]",
-    "tune_alpha.horst=[1.0,10.0]",
-    "tune_alpha.ham=[200.0]",
-]
+TUNE_SEED = 1000  # the config's default tuning seed, never an evaluation seed
+TUNED_COMMON = ["seeds=[0,1]", "tune=true", "tune_lr=[1e-3,3e-3]", "tune_alpha.horst=[1.0,10.0]"]
+# the joint grid with equal budgets: 2 lrs x (AdamW: 2 weight decays; HORST, HAM: 2 alphas)
+TUNED = [*TUNED_COMMON, "lr_from=null", "tune_alpha.ham=[50.0,200.0]", "tune_weight_decay.adamw=[0.1,0.5]"]
 
 
 def _run(tmp_path, *extra: str):
@@ -108,8 +105,10 @@ def test_claims_are_judged_from_the_saved_per_block_test_nlls(seq_run):
     assert curve["per_seed"][1] == pytest.approx(np.exp(a[1].mean(1)).tolist(), rel=1e-12)
     # matched-ols: the slope of the 90 % validation NLL on the dense one over the tuning runs (seed 0)
     runs = res["runs"]
-    assert len(runs) == 8  # adamw 2 lrs + horst 2 alphas + ham 1 (seed 0) + 3 methods on seed 1
-    grid = [r for r in runs if r["seed"] == 0]
+    assert len(runs) == 18  # 3 methods x 4 candidates on the tuning seed + 3 methods x 2 evaluation seeds
+    assert res["protocol"]["candidates"] == {"adamw": 4, "horst": 4, "ham": 4}
+    grid = [r for r in runs if r["seed"] == TUNE_SEED]
+    assert len(grid) == 12 and {r["seed"] for r in runs} == {0, 1, TUNE_SEED}
     k = grid_slope(np.asarray([r["val_nll"] for r in grid]), np.asarray([r["label"] for r in grid]), 2)
     ols = _claim(res, "matched-ols")
     adjusted = (h[:, 2] - k * h[:, 0]) - (a[:, 2] - k * a[:, 0])
@@ -122,7 +121,12 @@ def test_claims_are_judged_from_the_saved_per_block_test_nlls(seq_run):
         float((shape["frac_below/horst"] - shape["frac_below/adamw"]).mean())
     )
     (spread,) = [c for c in res["checks"] if c["method"] == "horst"]
-    ppl = [math.exp(r["val_nll"][0]) for r in runs if r["label"] == "horst" and r["alpha"] == 10.0]
+    chosen = res["protocol"]["alpha"]["horst"]
+    ppl = [
+        math.exp(r["val_nll"][0])
+        for r in runs
+        if r["label"] == "horst" and r["alpha"] == chosen and r["seed"] != TUNE_SEED
+    ]
     assert spread["spread"] == pytest.approx((max(ppl) - min(ppl)) / np.mean(ppl), rel=1e-12)
 
 
@@ -133,10 +137,15 @@ def test_tune_on_dense_picks_the_best_dense_validation_model(tmp_path):
     assert tune_score([3.0, 4.0, 6.0], [0.0, 0.5, 0.9], 0.0) == 3.0
     assert tune_score([3.0, 4.0, 6.0], [0.0, 0.5, 0.9], 0.9) == 6.0
     _, res = _run(tmp_path, *TUNED, "tune_on=0")
-    dense = {(r["label"], r["lr"], r["alpha"]): r["val_nll"][0] for r in res["runs"] if r["seed"] == 0}
+    dense = {
+        (r["label"], r["lr"], r["alpha"], r["weight_decay"]): r["val_nll"][0]
+        for r in res["runs"]
+        if r["seed"] == TUNE_SEED
+    }
     for label, sel in res["selection"].items():
         for g in sel["grid"]:  # every candidate was scored by its dense validation log-ppl
-            assert g["val"] == pytest.approx(math.exp(dense[label, g["lr"], g["alpha"]]), rel=1e-9)
+            key = (label, g["lr"], g["alpha"], g.get("weight_decay", 0.1))
+            assert g["val"] == pytest.approx(math.exp(dense[key]), rel=1e-9)
         assert sel["chosen"]["val"] == min(g["val"] for g in sel["grid"]), label
     assert "at 0 % sparsity" in res["protocol"]["tuning"]
 
@@ -160,8 +169,10 @@ def test_tune_dense_within_picks_among_near_best_dense_models(tmp_path):
     it ran among the candidates within 0.5 % of the best dense validation perplexity."""
     from descentlab.experiments.sparse_lm.jobs import pick_candidate
 
-    _, res = _run(tmp_path, *TUNED, "lr_from=null", "lr_first=true", "tune_on=0.9", "tune_dense_within=0.005")
-    horst = [r for r in res["runs"] if r["label"] == "horst" and r["seed"] == 0]
+    _, res = _run(
+        tmp_path, *TUNED_COMMON, "lr_from=null", "lr_first=true", "tune_on=0.9", "tune_dense_within=0.005"
+    )
+    horst = [r for r in res["runs"] if r["label"] == "horst" and r["seed"] == TUNE_SEED]
     stage1 = [r for r in horst if r["alpha"] == 10.0 and r["lr"] in (1e-3, 3e-3)]  # the spec's alpha
     lr1 = stage1[pick_candidate(stage1, 0.005)]["lr"]
     expected = {(1e-3, 10.0), (3e-3, 10.0), (lr1, 1.0)}
@@ -169,7 +180,7 @@ def test_tune_dense_within_picks_among_near_best_dense_models(tmp_path):
     assert {(r["lr"], r["alpha"]) for r in horst} == expected  # one job each: the repeat is the same job
     (grid_table,) = [t for t in res["tables"] if t["title"].startswith("Validation grid")]
     assert "within 0.5 % of the grid's best dense ppl" in grid_table["title"]
-    runs = {(r["label"], r["lr"], r["alpha"]): r for r in res["runs"] if r["seed"] == 0}
+    runs = {(r["label"], r["lr"], r["alpha"]): r for r in res["runs"] if r["seed"] == TUNE_SEED}
     for label, sel in res["selection"].items():
         cands = [runs[label, g["lr"], g["alpha"]] for g in sel["grid"]]
         best = min(r["val_nll"][0] for r in cands)
@@ -177,7 +188,7 @@ def test_tune_dense_within_picks_among_near_best_dense_models(tmp_path):
         chosen = runs[label, sel["chosen"]["lr"], sel["chosen"]["alpha"]]
         assert chosen in ok and chosen["tune_score"] == min(r["tune_score"] for r in ok), label
         assert chosen["tune_score"] == pytest.approx(chosen["val_nll"][2])  # the 90 % level's log-ppl
-    eligible = [row[5] for row in grid_table["rows"]]
+    eligible = [row[6] for row in grid_table["rows"]]
     assert (
         "yes" in eligible
         and "no (dense)" in eligible
@@ -251,11 +262,12 @@ def test_reported_nlls_are_reproduced_from_the_saved_checkpoint(seq_run):
 def test_horst_without_mirror_is_adamw_and_workers_do_not_change_results(seq_run, tmp_path):
     """HORST with alpha = beta = 0 is AdamW: same init, data order and schedule give the same curves.
 
-    Run untuned in two worker processes; AdamW's numbers must match the tuned run's seed-0 AdamW at lr 3e-3.
+    Run untuned in two worker processes on the tuning seed; AdamW's numbers must match the tuned run's grid
+    candidate at the same settings (lr 3e-3, weight decay 0.1).
     """
     _, res = _run(
         tmp_path,
-        "seeds=[0]",
+        f"seeds=[{TUNE_SEED}]",
         "specs.horst0=optimizer.name=horst optimizer.alpha=0 optimizer.beta=0",
         "methods=[adamw,horst0]",
         "workers=2",
@@ -263,7 +275,11 @@ def test_horst_without_mirror_is_adamw_and_workers_do_not_change_results(seq_run
     assert list(res["methods"]) == ["adamw", "horst0"]
     adamw = res["methods"]["adamw"]["curves"]["layerwise"]["per_seed"][0]
     assert res["methods"]["horst0"]["curves"]["layerwise"]["per_seed"][0] == pytest.approx(adamw, rel=1e-4)
-    (grid,) = [r for r in seq_run[1]["runs"] if r["label"] == "adamw" and r["lr"] == 3e-3 and r["seed"] == 0]
+    (grid,) = [
+        r
+        for r in seq_run[1]["runs"]
+        if (r["label"], r["lr"], r["weight_decay"], r["seed"]) == ("adamw", 3e-3, 0.1, TUNE_SEED)
+    ]
     assert adamw == pytest.approx([math.exp(v) for v in grid["test_nll"]], rel=1e-4)
     # no "horst" among the methods: its claims pend; the AdamW-only control has one seed: no verdict
     assert _claim(res, "horst-adamw")["verdict"] == _claim(res, "matched-ols")["verdict"] == "pending re-run"
@@ -295,7 +311,7 @@ def test_resume_takes_finished_jobs_from_the_cache(seq_run, tmp_path):
 
     path = tmp_path / "run"
     shutil.copytree(seq_run[0], path)
-    assert len(list((path / "jobs").glob("*.json"))) == 8
+    assert len(list((path / "jobs").glob("*.json"))) == 18
     shutil.rmtree(path / "checkpoints")  # a job that ran again would write its checkpoint back
     run_experiment("sparse-lm", resume=path)
     assert not (path / "checkpoints").exists() or not any((path / "checkpoints").iterdir())
@@ -322,6 +338,11 @@ def test_config_errors_are_clear():
         "tune_on=0.65 must be 0": ["tune_on=0.65"],
         "lr_first=true tunes every method's own lr": ["lr_first=true"],
         "tune_dense_within=0.0 must be > 0": ["tune_dense_within=0"],
+        "tune_seed=1 is an evaluation seed": ["tune=true", "tune_seed=1", "seeds=[0,1]"],
+        "unequal tuning budgets": ["tune=true", "lr_from=null", "tune_alpha.ham=[200.0]"],
+        "tune_weight_decay is for the joint grid": ["tune_weight_decay.adamw=[0.1]", "lr_from=adamw"],
+        "tune_lr_by names unknown methods": ["tune_lr_by.lion=[1e-3]"],
+        "tune_lr_by must list positive": ["tune_lr_by.adamw=[0.0]"],
         "unknown config key 'optimizers'": ["optimizers=[adamw]"],
     }
     for message, overrides in cases.items():
@@ -341,13 +362,13 @@ def test_presets_resolve():
 
     quick = resolve_config(SparseLMConfig, preset="quick", presets=PRESETS)
     full = resolve_config(SparseLMConfig, preset="full", presets=PRESETS)
-    assert quick.train.max_steps < full.train.max_steps and len(full.seeds) == 3 and full.tune
-    assert full.lr_from is None and full.lr_first and set(full.tune_alpha) == {"horst", "ham"}
-    # every choice is interior-able: each grid brackets the spec value it starts the search from
-    methods = full.method_configs()
-    for label, alphas in full.tune_alpha.items():
-        assert min(alphas) < methods[label].optimizer.alpha < max(alphas), label
-    assert min(full.tune_lr) < 4e-3 < max(full.tune_lr)
+    pilot = resolve_config(SparseLMConfig, preset="pilot", presets=PRESETS)
+    assert quick.train.max_steps < full.train.max_steps and full.tune and len(full.seeds) >= 8
+    # the protocol: a tuning seed of its own, equal budgets (the joint grid), pilot seeds apart from both
+    assert full.tune_seed not in full.seeds and full.lr_from is None and not full.lr_first
+    assert set(full.candidate_counts().values()) == {4}
+    assert not set(pilot.seeds) & {*full.seeds, full.tune_seed} and not pilot.tune
+    assert pilot.model == full.model and pilot.train == full.train
     assert full.tune_on == full.claim_high and full.tune_dense_within == full.seed_spread
     assert {0.5, 0.9} <= set(full.sparsities) and full.test_blocks >= 256
-    assert [m.optimizer.name for m in full.method_configs().values()] == ["adamw", "horst", "ham", "adamw"]
+    assert [m.optimizer.name for m in full.method_configs().values()] == ["adamw", "horst", "ham"]

@@ -217,19 +217,20 @@ def tensor_shape_stats(tensors: Sequence[torch.Tensor], threshold: float) -> dic
 def selection_record(
     grids: Mapping[str, Sequence[Mapping[str, Any]]], chosen: Mapping[str, int]
 ) -> tuple[dict[str, Any], list[str]]:
-    """The record of an (lr, α) tuning grid per method: every candidate ``{lr, alpha, val}``, the chosen one,
-    and which of its values lie at an edge of a grid of more than one value (then a note says so: the grid
-    should be widened).
+    """The record of a tuning grid per method: every candidate's settings (``lr``, ``alpha`` and, where the
+    grid tunes it, ``weight_decay``) and ``val`` (the criterion), the chosen one, and which of its values
+    lie at an edge of a grid of more than one value (then a note says so: the grid should be widened).
 
     Args:
-        grids: method -> its candidates' results, each with ``lr``, ``alpha`` and ``val`` (the criterion).
+        grids: method -> its candidates' results, each with its settings and ``val``.
         chosen: method -> the index of the chosen candidate.
     """
     record, notes = {}, []
     for label, runs in grids.items():
         best = runs[chosen[label]]
+        keys = [k for k in ("lr", "alpha", "weight_decay") if k in runs[0]]
         edges = []
-        for key in ("lr", "alpha"):
+        for key in keys:
             values = sorted({r[key] for r in runs})
             if len(values) > 1 and best[key] in (values[0], values[-1]):
                 edges.append(key)
@@ -238,8 +239,8 @@ def selection_record(
                     "may lie outside it (widen the grid)."
                 )
         record[label] = {
-            "grid": [{"lr": r["lr"], "alpha": r["alpha"], "val": r["val"]} for r in runs],
-            "chosen": {"lr": best["lr"], "alpha": best["alpha"], "val": best["val"]},
+            "grid": [{k: r[k] for k in [*keys, "val"]} for r in runs],
+            "chosen": {k: best[k] for k in [*keys, "val"]},
             "at_edge": edges,
         }
     return record, notes

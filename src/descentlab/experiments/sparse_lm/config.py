@@ -61,6 +61,8 @@ class SparseLMConfig:
         tune_lr_by: label -> that method's own lr candidates, in place of ``tune_lr`` (joint grid only), so
             that a method with no α (AdamW) can get as many candidates as one that tunes lr x α.
         tune_alpha: label -> α candidates (a label without them keeps its own α).
+        tune_weight_decay: label -> weight-decay candidates, crossed with its lrs in the joint grid: AdamW's
+            own shrinkage axis, as α is HORST's and HAM's (0.5 is the strong-L2 baseline).
         lr_from: with ``tune``, the label whose lr is tuned first; the others take it and tune α only.
         lr_first: with ``tune`` and no ``lr_from``: each method tunes its lr at its own α first, then its α
             at that lr (a coordinate search; the choice is the best of all the candidates it ran). False:
@@ -83,6 +85,10 @@ class SparseLMConfig:
             do not depend on this beyond float summation order).
         threads: torch threads per job (None: torch's default with one worker, 1 with several).
         train: loop settings; the budget is ``train.max_steps`` (or ``train.epochs``).
+        token_cache: tokenize each split once into a memory-mapped token file next to the corpus and train
+            from it (:mod:`~descentlab.experiments.sparse_lm.token_data`; ``corpus`` may then be
+            ``hf:<dataset id>``, streamed with ``DESCENTLAB_ONLINE=1``); needs ``tokenizer=gpt2`` or a
+            tokenizer folder. False: the splits are read into RAM and tokenized at every start.
     """
 
     corpus: str = "austen"
@@ -104,6 +110,7 @@ class SparseLMConfig:
     tune_seed: int = 1000
     tune_lr: list[float] = field(default_factory=lambda: [1.5e-3, 3e-3, 6e-3])
     tune_lr_by: dict[str, list[float]] = field(default_factory=dict)
+    tune_weight_decay: dict[str, list[float]] = field(default_factory=dict)
     tune_alpha: dict[str, list[float]] = field(
         default_factory=lambda: {"horst": [1.0, 3.0, 10.0, 30.0], "ham": [50.0, 200.0, 1000.0]}
     )
@@ -123,6 +130,7 @@ class SparseLMConfig:
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(max_steps=3000, batch_size=16, grad_clip=1.0, log_every=100)
     )
+    token_cache: bool = False
 
     def __post_init__(self) -> None:
         check_method_names(self.specs, methods=self.methods, tune_alpha=list(self.tune_alpha))
@@ -157,12 +165,16 @@ class SparseLMConfig:
                 f"tune_seed={self.tune_seed} is an evaluation seed {self.seeds}: tuning seeds are never "
                 "evaluation seeds; pick another tune_seed"
             )
-        if unknown := sorted(set(self.tune_lr_by) - set(self.specs)):
-            raise ConfigError(f"tune_lr_by names unknown methods {unknown}; known: {sorted(self.specs)}")
-        if any(not lrs or any(lr <= 0 for lr in lrs) for lrs in self.tune_lr_by.values()):
-            raise ConfigError(f"tune_lr_by must list positive learning rates, got {self.tune_lr_by}")
-        if self.tune_lr_by and (self.lr_from is not None or self.lr_first):
-            raise ConfigError("tune_lr_by is for the joint grid: it needs lr_from=null and lr_first=false")
+        for key in ("tune_lr_by", "tune_weight_decay"):
+            grid: dict[str, list[float]] = getattr(self, key)
+            if unknown := sorted(set(grid) - set(self.specs)):
+                raise ConfigError(f"{key} names unknown methods {unknown}; known: {sorted(self.specs)}")
+            if any(
+                not xs or any(x < 0 or (x == 0 and key == "tune_lr_by") for x in xs) for xs in grid.values()
+            ):
+                raise ConfigError(f"{key} must list positive values, got {grid}")
+            if grid and (self.lr_from is not None or self.lr_first):
+                raise ConfigError(f"{key} is for the joint grid: it needs lr_from=null and lr_first=false")
         if self.tune and self.lr_from is None and not self.lr_first:
             counts = self.candidate_counts()
             if len(set(counts.values())) > 1:
@@ -176,8 +188,13 @@ class SparseLMConfig:
         return list(self.tune_lr_by.get(label, self.tune_lr))
 
     def candidate_counts(self) -> dict[str, int]:
-        """Tuning candidates per method in the joint grid: ``|lrs| x max(1, |alphas|)``."""
-        return {k: len(self.lr_candidates(k)) * max(1, len(self.tune_alpha.get(k, []))) for k in self.methods}
+        """Tuning candidates per method in the joint grid: ``|lrs| x max(1, |alphas|) x max(1, |decays|)``."""
+        return {
+            k: len(self.lr_candidates(k))
+            * max(1, len(self.tune_alpha.get(k, [])))
+            * max(1, len(self.tune_weight_decay.get(k, [])))
+            for k in self.methods
+        }
 
     def method_configs(self) -> dict[str, MethodConfig]:
         """The methods to train, by label, in ``methods`` order."""
@@ -239,5 +256,51 @@ PRESETS: dict[str, dict] = {
         "workers": 2,
         "threads": 1,
         "train.progress": False,
+    },
+    # GPT-2 small (124M: 12 x 768, 12 heads, context 1,024, the GPT-2 BPE) on SlimPajama-6B, on one GPU
+    # (docs/paper-scale.md: the command, GPU hours and memory, estimated). The corpus is tokenized once to
+    # uint16 token files next to it (hf:... streams it with DESCENTLAB_ONLINE=1; corpus=/a/folder of
+    # .txt/.jsonl/.parquet reads local files). GPT-2 small's batch and schedule: 16 x 1,024 tokens per
+    # micro-batch x 32 accumulated = 524,288 tokens per step, peak lr 6e-4, betas (0.9, 0.95), weight decay
+    # 0.1 on matrices, 700 warm-up steps then cosine, clip 1.0, bf16 autocast; 10,000 steps = 5.2 B tokens
+    # (under one epoch). Equal tuning budgets as in full (4 candidates per optimizer, tuning seed 1000, the
+    # 90 % validation ppl among candidates within 3 % of the best dense one), then 5 evaluation seeds:
+    # 27 runs; one-shot layer-wise pruning at 50-90 % after each
+    "paper": {
+        "corpus": "hf:DKYoon/SlimPajama-6B",
+        "tokenizer": "gpt2",
+        "token_cache": True,
+        "model.n_layer": 12,
+        "model.n_embd": 768,
+        "model.n_head": 12,
+        "model.n_positions": 1024,
+        "methods": ["adamw", "horst", "ham"],
+        "method.optimizer.lr": 6e-4,
+        "method.optimizer.betas": [0.9, 0.95],
+        "method.optimizer.weight_decay": 0.1,
+        "method.optimizer.warmup_frac": 0.07,
+        "tune": True,
+        "tune_seed": 1000,
+        "lr_from": None,
+        "lr_first": False,
+        "tune_lr": [6e-4, 1.2e-3],
+        "tune_weight_decay.adamw": [0.1, 0.5],
+        "tune_alpha.horst": [3.0, 10.0],
+        "tune_alpha.ham": [50.0, 200.0],
+        "tune_on": 0.9,
+        "tune_dense_within": 0.03,
+        "seeds": [100, 101, 102, 103, 104],
+        "sparsities": [0.5, 0.6, 0.7, 0.8, 0.9],
+        "eval_blocks": 512,
+        "test_blocks": 2048,
+        "eval_batch_size": 32,
+        "smollm2": False,
+        "train.max_steps": 10_000,
+        "train.batch_size": 16,
+        "train.grad_accum_steps": 32,
+        "train.mixed_precision": "bf16",
+        "train.log_every": 50,
+        "train.checkpoint_every": 500,
+        "workers": 1,
     },
 }

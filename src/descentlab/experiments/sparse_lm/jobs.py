@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from descentlab.data.lm_blocks import LMBlocks, lm_blocks, load_local_corpus
+from descentlab.data.token_cache import MemmapBlocks
 from descentlab.errors import AssetMissingError, NumericalError
 from descentlab.experiments.sparse_lm.config import SparseLMConfig
 from descentlab.io import save_arrays
@@ -126,7 +127,8 @@ def train_and_prune(
     run = RunDir(Path(run_path))
     seed_everything(seed)
     model = build_gpt2(cfg.model, data["vocab"], eos_id=data["eos"], seed=seed)
-    train_data = LMBlocks(data["train"])
+    train = data["train"]  # an in-RAM tensor of blocks, or the token cache's on-disk blocks
+    train_data = train if isinstance(train, MemmapBlocks) else LMBlocks(train)
     train_cfg = replace(cfg.train, seed=seed, progress=cfg.train.progress and cfg.workers == 1)
     recipe = build_recipe(method, model, total_steps=train_cfg.total_steps(len(train_data)))
     info = {

@@ -20,6 +20,7 @@ switches to the real GPT-2 BPE and a local corpus.
 from __future__ import annotations
 
 from concurrent.futures import Future
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ from descentlab.experiments.sparse_lm.jobs import (
     train_and_prune,
 )
 from descentlab.experiments.sparse_lm.tables import summarise
+from descentlab.experiments.sparse_lm.token_data import cached_lm_data
 from descentlab.io import load_arrays
 from descentlab.report.results import Results
 from descentlab.train.jobs import JobRunner
@@ -49,12 +51,17 @@ from descentlab.train.tuning import lr_alpha_grid
 
 def run(cfg: SparseLMConfig, run: RunDir) -> dict:
     # 1. data: the tokenizer learns from the training split only; blocks are fixed-length and deterministic
-    splits = load_corpus(cfg)
-    tok = make_tokenizer(cfg.tokenizer, splits["train"], BPEConfig(vocab_size=cfg.bpe_vocab))
     ctx = cfg.model.n_positions
-    train_blocks = lm_blocks(tok, splits["train"], ctx, max_blocks=cfg.max_train_blocks).blocks
-    val_blocks = evenly_spaced(lm_blocks(tok, splits["validation"], ctx).blocks, cfg.eval_blocks)
-    test_blocks = evenly_spaced(lm_blocks(tok, splits["test"], ctx).blocks, cfg.test_blocks)
+    if cfg.token_cache:  # paper scale: token files next to the corpus; the training blocks stay on disk
+        cached = cached_lm_data(cfg)
+        splits, tok = {"test": cached.test_text}, cached.tokenizer
+        train_blocks, val_blocks, test_blocks = cached.train, cached.val, cached.test
+    else:
+        splits = load_corpus(cfg)
+        tok = make_tokenizer(cfg.tokenizer, splits["train"], BPEConfig(vocab_size=cfg.bpe_vocab))
+        train_blocks = lm_blocks(tok, splits["train"], ctx, max_blocks=cfg.max_train_blocks).blocks
+        val_blocks = evenly_spaced(lm_blocks(tok, splits["validation"], ctx).blocks, cfg.eval_blocks)
+        test_blocks = evenly_spaced(lm_blocks(tok, splits["test"], ctx).blocks, cfg.test_blocks)
     data = {"train": train_blocks, "val": val_blocks, "test": test_blocks, "vocab": tok.vocab_size}
     data["eos"] = tok.eos_id
 
@@ -74,6 +81,7 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
                 tag = (
                     f"{label}-lr{opt.lr:g}"
                     + ("" if opt.alpha is None else f"-a{opt.alpha:g}")
+                    + (f"-wd{opt.weight_decay:g}" if label in cfg.tune_weight_decay else "")
                     + f"-seed{seed}"
                 )
                 return jobs.submit(tag, cfg, label, method, seed, data, str(run.path), tag)
@@ -90,6 +98,8 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
                     grid = lr_alpha_grid(
                         base, lrs or [base.optimizer.lr], cfg.tune_alpha.get(k, []) if alphas else []
                     )
+                    decays = cfg.tune_weight_decay.get(k, [])
+                    grid = [with_weight_decay(m, wd) for m in grid for wd in decays] if decays else grid
                     out[k] = (grid, [submit(k, m, seed0) for m in grid])
                 return out
 
@@ -166,6 +176,7 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
             "epochs": round(steps * cfg.train.batch_size / int(train_blocks.shape[0]), 3),
             "lr": {k: m.optimizer.lr for k, m in chosen.items()},
             "alpha": {k: m.optimizer.alpha for k, m in chosen.items()},
+            "weight_decay": {k: m.optimizer.weight_decay for k, m in chosen.items()},
             "tuning": (
                 f"validation novel only ({int(val_blocks.shape[0])} blocks), seed {seed0}, {criterion}"
                 + (f"; lr from {cfg.lr_from}" if cfg.lr_from else "")
@@ -198,6 +209,11 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
             "runs": body["runs"],
         },
     ).to_dict()
+
+
+def with_weight_decay(method: MethodConfig, weight_decay: float) -> MethodConfig:
+    """``method`` with its optimizer's weight decay set to ``weight_decay``."""
+    return replace(method, optimizer=replace(method.optimizer, weight_decay=weight_decay))
 
 
 def _cells(run: RunDir, jobs: list[dict]) -> torch.Tensor:

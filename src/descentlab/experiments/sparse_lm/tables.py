@@ -200,7 +200,8 @@ def summarise(
     xs = final[labels[0]][0]["x"]
     checks = seed_spread_checks(final, seed_spread)
     selection, edge_notes = selection_record(
-        {k: [{"lr": r["lr"], "alpha": r["alpha"], "val": math.exp(r["tune_score"])} for r in g] for k, g in grids.items()},
+        {k: [{"lr": r["lr"], "alpha": r["alpha"], "weight_decay": r["weight_decay"], "val": math.exp(r["tune_score"])}
+             for r in g] for k, g in grids.items()},
         picks,
     )  # fmt: skip
     out = {name: b.to_dict() for name, b in blocks.items()}
@@ -209,11 +210,12 @@ def summarise(
         ok = {k: set(range(len(g))) if eligible is None else set(eligible[k]) for k, g in grids.items()}
         tables.append(
             {
-                "title": f"Validation grid (first seed): the criterion ({criterion}) as a perplexity, and the "
+                "title": f"Validation grid (the tuning seed): the criterion ({criterion}) as a perplexity, and the "
                 "dense validation perplexity; the test novel is never read",
-                "columns": ["method", "lr", "alpha", "criterion (val ppl)", "dense val ppl", "eligible", "chosen"],
+                "columns": ["method", "lr", "alpha", "weight decay", "criterion (val ppl)", "dense val ppl",
+                            "eligible", "chosen"],
                 "rows": [
-                    [k, r["lr"], r["alpha"], f"{math.exp(r['tune_score']):.2f}", f"{math.exp(r['val_nll'][0]):.2f}",
+                    [k, r["lr"], r["alpha"], r["weight_decay"], f"{math.exp(r['tune_score']):.2f}", f"{math.exp(r['val_nll'][0]):.2f}",
                      "yes" if i in ok[k] else "no (dense)", "✓" if i == picks[k] else ""]
                     for k, g in grids.items() for i, r in enumerate(g)
                 ],
