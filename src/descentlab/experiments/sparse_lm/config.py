@@ -293,7 +293,7 @@ PRESETS: dict[str, dict] = {
         "sparsities": [0.5, 0.6, 0.7, 0.8, 0.9],
         "eval_blocks": 512,
         "test_blocks": 2048,
-        "eval_batch_size": 32,
+        "eval_batch_size": 16,
         "smollm2": False,
         "train.max_steps": 10_000,
         "train.batch_size": 16,

@@ -180,7 +180,7 @@ def train_and_prune(
         # a fixed generator: the sample does not touch the global RNG and is the same on every rerun
         keep = w if w.numel() <= HISTOGRAM_SAMPLE else w[_sample(w.numel())]
         sweep["weights"] = f"arrays/weights-{tag}.npz"
-        save_arrays(run.path / sweep["weights"], weights=keep.float().numpy(), total=w.numel())
+        save_arrays(run.path / sweep["weights"], weights=keep.float().cpu().numpy(), total=w.numel())
     return sweep
 
 
