@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from descentlab.data.instructions import austen_examples, encode_example, load_alpaca_json, split_examples
+from descentlab.data.instructions import austen_examples, encode_example, load_alpaca, split_examples
 from descentlab.errors import ConfigError
 
 
@@ -19,7 +19,7 @@ from descentlab.errors import ConfigError
 class CausalLMDataConfig:
     """Fine-tuning and held-out data of a causal LM: Austen continuation windows or an Alpaca file."""
 
-    source: str = "austen"  # "austen" (continuation) or "alpaca" (instruction file at `path`)
+    source: str = "austen"  # "austen" (continuation) or "alpaca" (instruction file or hub dataset at `path`)
     path: str | None = None
     seq_len: int = 128  # training window (austen) or token budget per example (alpaca)
     n_train: int | None = 4000
@@ -28,12 +28,18 @@ class CausalLMDataConfig:
     n_eval: int = 200
     max_chars: int | None = None  # read at most this many characters of each Austen split
     seed: int = 0
+    # alpaca: held-out prompts from this Alpaca-format file instead of a hold-out of `path` (e.g. AlpacaEval's
+    # 805 instructions, alpaca_eval.json: instruction, output); its first n_eval records, every record of
+    # `path` trains
+    eval_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.source not in ("austen", "alpaca"):
             raise ConfigError(f"data.source must be 'austen' or 'alpaca', got {self.source!r}")
         if self.source == "alpaca" and not self.path:
             raise ConfigError("data.source=alpaca needs data.path=<Alpaca-format JSON or JSONL file>")
+        if self.eval_path and self.source != "alpaca":
+            raise ConfigError("data.eval_path is the held-out Alpaca file of data.source=alpaca")
         if min(self.seq_len, self.prompt_tokens, self.continuation_tokens, self.n_eval) < 1:
             raise ConfigError("data.seq_len, prompt_tokens, continuation_tokens and n_eval must be >= 1")
 
@@ -43,11 +49,16 @@ def prepare_causal_lm_data(
 ) -> tuple[list[dict], list[dict], dict[str, Any]]:
     """(training examples, held-out examples, protocol entries) of ``cfg``, encoded with ``tokenizer``."""
     if cfg.source == "alpaca":
-        records = load_alpaca_json(cfg.path)
-        train, held = split_examples(records, eval_size=min(cfg.n_eval, len(records) - 1), seed=cfg.seed)
+        records = load_alpaca(cfg.path)
+        if cfg.eval_path:
+            train, held = records, load_alpaca(cfg.eval_path)[: cfg.n_eval]
+            split = f"held-out prompts: the first {len(held)} of {cfg.eval_path}; labels on responses"
+        else:
+            train, held = split_examples(records, eval_size=min(cfg.n_eval, len(records) - 1), seed=cfg.seed)
+            split = "seeded hold-out, labels on responses"
         enc = [encode_example(tokenizer, x, max_length=cfg.seq_len) for x in train[: cfg.n_train]]
         evl = [encode_example(tokenizer, x, max_length=cfg.seq_len) for x in held]
-        return enc, evl, {"dataset": f"alpaca:{cfg.path}", "split": "seeded hold-out, labels on responses"}
+        return enc, evl, {"dataset": f"alpaca:{cfg.path}", "split": split}
     train, held = austen_examples(
         tokenizer,
         seq_len=cfg.seq_len,

@@ -80,16 +80,45 @@ def load_alpaca_json(path: str | Path) -> list[PromptExample]:
         data = [data]
     if not isinstance(data, list):
         raise DataError(f"{path} must hold a list of records with 'instruction' and 'output' keys")
+    return alpaca_examples(data, str(path))
+
+
+def alpaca_examples(records: Sequence[Any], where: str) -> list[PromptExample]:
+    """Alpaca records (``instruction``, optional ``input``, ``output``) as prompt/reference pairs; records with
+    an empty instruction or output are dropped. ``where`` names the source in errors."""
     out = []
-    for i, rec in enumerate(data):
+    for i, rec in enumerate(records):
         if not isinstance(rec, Mapping) or "instruction" not in rec or "output" not in rec:
-            raise DataError(f"{path}: record {i} lacks 'instruction' or 'output' (Alpaca format expected)")
+            raise DataError(f"{where}: record {i} lacks 'instruction' or 'output' (Alpaca format expected)")
         instruction, output = str(rec["instruction"]).strip(), str(rec["output"]).strip()
         if instruction and output:
             out.append(PromptExample(format_alpaca(instruction, str(rec.get("input") or "")), output))
     if not out:
-        raise DataError(f"{path} holds no record with a non-empty instruction and output")
+        raise DataError(f"{where} holds no record with a non-empty instruction and output")
     return out
+
+
+def load_alpaca(source: str | Path) -> list[PromptExample]:
+    """Alpaca-format records from a local JSON / JSON Lines file (:func:`load_alpaca_json`) or, when no such
+    file exists, from a Hugging Face dataset id with those columns (``tatsu-lab/alpaca``; its ``train``
+    split; needs the network, ``DESCENTLAB_ONLINE=1`` on the command line).
+
+    Raises:
+        DataError: no such file and no such dataset, or no usable record.
+    """
+    path = Path(source).expanduser()
+    if path.exists() or str(source).startswith(("/", ".", "~")) or path.suffix in (".json", ".jsonl"):
+        return load_alpaca_json(path)
+    import datasets
+
+    try:
+        records = datasets.load_dataset(str(source), split="train")
+    except (OSError, ValueError) as e:  # ConnectionError and DatasetNotFoundError are OSErrors
+        raise DataError(
+            f"{source!r} is no local file, and the hub dataset cannot load: {e}. Offline, pass the path of "
+            "an Alpaca-format JSON file"
+        ) from e
+    return alpaca_examples(list(records), str(source))
 
 
 def split_examples(
@@ -281,6 +310,7 @@ __all__ = [
     "IGNORE_INDEX",
     "CausalCollator",
     "PromptExample",
+    "alpaca_examples",
     "austen_examples",
     "collate_causal",
     "continuation_examples",
@@ -288,6 +318,7 @@ __all__ = [
     "example_prompt",
     "format_alpaca",
     "lm_windows",
+    "load_alpaca",
     "load_alpaca_json",
     "split_examples",
 ]

@@ -12,6 +12,7 @@ from typing import Any
 from descentlab.constrained.config import DescentConfig
 from descentlab.data.causal_lm import CausalLMDataConfig
 from descentlab.errors import ConfigError
+from descentlab.experiments.llm_robustness.judged import GenerativeJudgeConfig
 from descentlab.optim.config import OptimizerConfig
 from descentlab.readout import CausalLMReadout
 from descentlab.robustness.perturb import EMBEDDING_KINDS
@@ -195,6 +196,8 @@ class LlmRobustnessConfig:
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(max_steps=250, batch_size=2, log_every=10, progress=False)
     )
+    # generate then judge with a judge LM, AlpacaEval-style (judged.py); off while generative.model is null
+    generative: GenerativeJudgeConfig = field(default_factory=GenerativeJudgeConfig)
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in self.specs]
@@ -241,5 +244,45 @@ PRESETS: dict[str, dict[str, Any]] = {
         "data.max_chars": 1_500_000,
         "grid.ratios": [1.5, 3.0, 10.0],
         "grid.neftune_ratios": [3.0],
+    },
+    # The paper's scale (docs/paper-scale.md): Llama 3.1 8B Instruct (any causal-LM id or local folder) fine-tuned
+    # on Alpaca (the hub's tatsu-lab/alpaca with DESCENTLAB_ONLINE=1, or a local Alpaca-format JSON; held-out
+    # prompts from data.eval_path, e.g. AlpacaEval's 805, else 805 held out of the file), bf16 autocast,
+    # activation checkpointing, 8 micro-batches of 8 per step, DataLoader workers; the likelihood judge of
+    # record, and generate-then-judge by a judge LM (raw and length-controlled win rates). FSDP2 across GPUs:
+    # accelerate launch --config_file examples/accelerate/fsdp2.yaml (docs/paper-scale.md).
+    "paper": {
+        "model.name": "meta-llama/Llama-3.1-8B-Instruct",
+        "model.gradient_checkpointing": True,
+        "data.source": "alpaca",
+        "data.path": "tatsu-lab/alpaca",
+        "data.seq_len": 512,
+        "data.n_train": None,
+        "data.n_eval": 805,
+        "method.optimizer.lr": 1e-5,
+        "method.optimizer.schedule": "warmup_cosine",
+        "method.optimizer.warmup_frac": 0.03,
+        "readout.sample_tokens": 64,
+        "readout.chunk_size": 4096,
+        "constraints.val_examples": 64,
+        "grid.val_examples": 64,
+        "grid.draws": 2,
+        "grid.neftune_ratios": [3.0],
+        "eval.batch_size": 16,
+        "eval.layer_examples": 32,
+        "eval.layer_chunk": 4096,
+        "val_n": 128,
+        "workers": 1,
+        "torch_threads": 0,
+        "train.max_steps": 800,
+        "train.batch_size": 8,
+        "train.grad_accum_steps": 8,
+        "train.mixed_precision": "bf16",
+        "train.loader_workers": 2,
+        "train.log_every": 10,
+        "train.checkpoint_every": 100,
+        "generative.model": "Qwen/Qwen2.5-72B-Instruct",
+        "generative.conditions": ["clean", "gaussian-x3", "neftune@1.5"],
+        "generative.max_new_tokens": 512,
     },
 }

@@ -31,6 +31,7 @@ from descentlab.robustness.judge import Noise, score_examples
 from descentlab.robustness.levels import levels_for_ratios
 from descentlab.robustness.lm_eval import evaluate_levels, layer_profile
 from descentlab.robustness.perturb import embedding_rms, input_embedding_module
+from descentlab.sparsity.sharded import is_sharded
 from descentlab.train.checkpoint import load_latest
 from descentlab.train.loop import fit, seed_everything
 from descentlab.train.objectives import EmbeddingNoise
@@ -52,7 +53,14 @@ def model_for(cfg: Any) -> tuple[torch.nn.Module, Any]:
             name=cfg.model.name, dtype=cfg.model.dtype, model=model, tok=tok, pretrained=pretrained
         )
     model = _WORKER["model"]
-    model.load_state_dict(_WORKER["pretrained"])
+    if any(is_sharded(p) for p in model.parameters()):
+        # FSDP2 (accelerate launch): the first fine-tune sharded the model in place; every rank loads the
+        # whole pretrained tensors into its own rows (load_state_dict would copy a tensor into a DTensor)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, _WORKER["pretrained"], options=StateDictOptions(full_state_dict=True))
+    else:
+        model.load_state_dict(_WORKER["pretrained"])
     return model, _WORKER["tok"]
 
 

@@ -16,6 +16,12 @@ from descentlab.experiments.llm_robustness.claims import CLAIM_ARRAYS
 from descentlab.experiments.llm_robustness.config import LlmRobustnessConfig
 from descentlab.experiments.llm_robustness.headtohead import claim_cells, conditions, summarise
 from descentlab.experiments.llm_robustness.jobs import grid_levels, job, model_for, validation_examples
+from descentlab.experiments.llm_robustness.judged import (
+    JUDGED_ARRAYS,
+    judged_arrays,
+    judged_table,
+    run_generative_judge,
+)
 from descentlab.io import save_arrays
 from descentlab.train.jobs import JobRunner
 from descentlab.train.rundir import RunDir
@@ -67,6 +73,14 @@ def run(cfg: LlmRobustnessConfig, run: RunDir) -> dict:
     if run.writer:
         cells = claim_cells(evaluations, baseline=base, conds=conds, draws=g.draws, tol=cfg.eval.tie_tol)
         save_arrays(run.path / CLAIM_ARRAYS, **cells)
+    judged = None
+    # generate then judge (AlpacaEval-style); the likelihood judge stays of record. Under several processes
+    # (FSDP2) every rank would load the judge: that phase runs afterwards in one process, resume=RUN_DIR
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if cfg.generative.model and world == 1:
+        judged = run_generative_judge(cfg, held, conds, run, tok)
+        if run.writer:
+            save_arrays(run.path / JUDGED_ARRAYS, **judged_arrays(judged["verdicts"]))
     body = summarise(
         evaluations=evaluations,
         facts=facts,
@@ -114,8 +128,24 @@ def run(cfg: LlmRobustnessConfig, run: RunDir) -> dict:
         "readout": f"logit lens, {cfg.readout.sample_tokens or 'all'} sampled targets at the read layers "
         f"(l and l-1 of each constrained l), every target at layer L",
         "judge": "likelihood: lower NLL of the reference continuation wins, ties split",
+        **(
+            {
+                "generative_judge": f"{cfg.generative.model}: greedy answers of up to "
+                f"{cfg.generative.max_new_tokens} tokens to {judged['examples']} held-out prompts at "
+                f"{judged['conditions']}, each pair judged in both orders; win rate raw and length-controlled "
+                "(logistic length term, AlpacaEval 2.0 without its instruction term); a table, not a claim"
+            }
+            if judged
+            else {
+                "generative_judge": f"skipped under {world} processes: resume=RUN_DIR in one process runs it"
+            }
+            if cfg.generative.model
+            else {}
+        ),
         "workers": cfg.workers,
         "torch_threads": cfg.torch_threads,
         "wall_seconds": time.perf_counter() - started,
     }
+    if judged:
+        body["tables"].append(judged_table(judged, base, str(cfg.generative.model)))
     return {"protocol": protocol, **body}
