@@ -18,6 +18,13 @@ the validation log-ppl at ``hi`` on the dense validation log-ppl over the tuning
 method, OLS). ``k`` comes from the tuning runs' validation blocks, not from the test cells; the interval
 treats it as known.
 
+Power, declared before the full run. The pilot preset (AdamW and HORST at the full preset's model and
+1,500 steps, pilot seeds 900-902, apart from the tuning and evaluation seeds) gave per-seed differences at
+90 % of −0.103, +0.008 and −0.148 log-ppl (sd 0.080). With the full preset's 8 evaluation seeds the
+seed-level minimum detectable effect (80 % power, 95 % interval) is 0.092 at that sd, 0.144 at the sd of
+the earlier 3,000-step run (0.125): the run can reproduce a gain of about 0.1 and refute one of 0.05 only
+if the true gain is near 0.
+
 Smallest effects of interest (log-ppl). 0.05 (a 5 % perplexity ratio) for the comparisons after pruning to
 80-90 %: there the perplexity is 2-4x the dense one, so a smaller ratio is not a practical gain, and it is
 under a third of the committed 90 % estimate (−0.18); 0.01 (1 %) for the damage at 50 %, where AdamW's
