@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from descentlab.errors import ConfigError
+from descentlab.experiments.sparse_vit.timm_setup import TimmSetup
 from descentlab.models.vit import ViTSpec
 from descentlab.optim.config import OptimizerConfig
 from descentlab.sparsity import ACDCConfig
@@ -43,6 +44,9 @@ class SparseViTConfig:
             with AC/DC over the block Linears only (``acdc.prune=blocks``) at this sparsity, one run per
             seed; no seeds: no such arm (its claim is then pending).
         workers, threads: (spawned) job processes, and torch threads in each (0: torch's default).
+        timm: a timm model (DeiT) on the image folder ``dataset`` through timm's data pipeline, in place of
+            the small ViT of ``vit`` (:class:`~descentlab.experiments.sparse_vit.timm_setup.TimmSetup`; the
+            ``paper`` preset). ``timm.model`` null: the small ViT.
     """
 
     dataset: str = "fashion_mnist"
@@ -89,6 +93,7 @@ class SparseViTConfig:
             epochs=8, batch_size=64, grad_clip=1.0, log_every=50, progress=False
         )
     )
+    timm: TimmSetup = field(default_factory=TimmSetup)
 
     def __post_init__(self) -> None:
         if min(self.n_train, self.n_val, self.n_test) < 1:
@@ -208,6 +213,52 @@ PRESETS = {
         "tune_alpha": {"horst": [0.3, 1.0], "ham": [200.0, 1000.0]},
         "threads": 1,
         "workers": 2,
+    },
+    # DeiT on ImageNet with AC/DC at 70 / 80 / 90 %, on one GPU (docs/paper-scale.md: the command, GPU hours
+    # and memory, estimated). dataset= an ImageNet-style folder (train/<class>/*.JPEG, val/<class>/*.JPEG);
+    # timm.model=deit_small_patch16_224 (default here) or deit_base_patch16_224, random init. DeiT's recipe
+    # through timm: 300 epochs at batch 1,024 (256 x 4 accumulated), AdamW lr 1e-3 (5e-4 x 1024 / 512), wd
+    # 0.05 on matrices, 5 warm-up epochs then cosine, bf16, RandAugment m9, random erasing 0.25, Mixup 0.8 /
+    # CutMix 1.0, label smoothing 0.1, drop path 0.1, 224 px; 10 loader workers. AC/DC on the block Linears
+    # (as the paper prunes), the reference schedule scaled to the run: dense 10 %, alternating 5 % phases,
+    # decompressed 10 %, compressed 15 % to the end. 10,000 training images held out for tuning (tuning seed
+    # 1000, at 90 %): AdamW 2 lrs, HORST and HAM 2 alphas at the DeiT lr; then 3 evaluation seeds on ImageNet
+    # val (the test split): 6 tuning + 27 sparse + 3 dense runs
+    "paper": {
+        "dataset": "imagenet",
+        "n_train": 1_271_167,
+        "n_val": 10_000,
+        "n_test": 50_000,
+        "timm.model": "deit_small_patch16_224",
+        "timm.img_size": 224,
+        "sparsities": [0.7, 0.8, 0.9],
+        "claim_sparsity": 0.9,
+        "tune_sparsity": 0.9,
+        "paper_like_sparsity": 0.9,
+        "seeds": [0, 1, 2],
+        "tune": True,
+        "tune_seed": 1000,
+        "lr_from": None,
+        "tune_lr": [1e-3],
+        "tune_lr_by": {"adamw": [5e-4, 1e-3]},
+        "tune_alpha": {"horst": [1.0, 10.0], "ham": [50.0, 200.0]},
+        "method.optimizer.lr": 1e-3,
+        "method.optimizer.weight_decay": 0.05,
+        "method.optimizer.decay": "matrices",
+        "method.optimizer.schedule": "warmup_cosine",
+        "method.optimizer.warmup_frac": 0.0167,
+        "acdc.prune": "blocks",
+        "acdc.unit": "steps",
+        "acdc.min_phase_steps": 1000,
+        "train.epochs": 300,
+        "train.batch_size": 256,
+        "train.grad_accum_steps": 4,
+        "train.mixed_precision": "bf16",
+        "train.loader_workers": 10,
+        "train.log_every": 100,
+        "train.checkpoint_every": 2000,
+        "workers": 1,
+        "threads": 0,
     },
 }
 

@@ -12,11 +12,19 @@ from dataclasses import replace
 import torch
 from safetensors.torch import load_file
 
+from descentlab.data.image_folder import FolderImages
 from descentlab.data.images import ImageSet, load_image_splits
 from descentlab.experiments.sparse_vit.config import SparseViTConfig
 from descentlab.experiments.sparse_vit.tables import BEFORE, FINAL
+from descentlab.experiments.sparse_vit.timm_setup import (
+    build_model,
+    correct_on,
+    load_folder_data,
+    num_classes,
+    train_collate,
+    uses_timm,
+)
 from descentlab.io import atomic_write_text, load_arrays
-from descentlab.models.vit import build_vit, correct_predictions
 from descentlab.sparsity import select_prunable, sparsity_report
 from descentlab.sparsity.report import tensor_shape_stats
 from descentlab.train.checkpoint import load_latest
@@ -24,20 +32,26 @@ from descentlab.train.loop import fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe, prunable_filter
 from descentlab.train.rundir import RunDir
 
-DATA: dict[str, ImageSet] = {}  # the splits, loaded once per process (main, or each worker)
+# the splits, loaded once per process (main, or each worker): tensors, or an image folder read on demand
+DATA: dict[str, ImageSet | FolderImages] = {}
 
 
 def load_data(cfg: SparseViTConfig) -> str:
-    """Load the train / val / test splits into :data:`DATA`; returns the dataset's name."""
-    data, name = load_image_splits(
-        cfg.dataset, n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test, split_seed=cfg.split_seed
-    )
+    """Load the train / val / test splits into :data:`DATA`; returns the dataset's name. With ``timm.model``
+    they are the image folder's, decoded on demand (:mod:`~descentlab.experiments.sparse_vit.timm_setup`)."""
+    if uses_timm(cfg):
+        data, name = load_folder_data(cfg)
+    else:
+        data, name = load_image_splits(
+            cfg.dataset, n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test, split_seed=cfg.split_seed
+        )
     DATA.update(data)
     return name
 
 
 def _block_weights(prunable: list) -> torch.Tensor:
-    return torch.cat([t.param.detach().flatten() for t in prunable]).clone()
+    # on the CPU: saved as numpy arrays (twice a run, at the final pruning and at the end)
+    return torch.cat([t.param.detach().flatten() for t in prunable]).cpu()
 
 
 def train_job(
@@ -52,7 +66,8 @@ def train_job(
     end. The result holds every test image's correctness (``test_correct``), the cells of the claims.
     """
     seed_everything(seed)
-    model = build_vit(cfg.vit, seed=seed)
+    classes = num_classes(cfg, DATA)
+    model = build_model(cfg, seed, classes)  # the small transformers ViT, or timm's (timm.model)
     train_cfg = replace(cfg.train, seed=seed)
     n_train = len(DATA["train"])
     select = (method.acdc or cfg.acdc).selection()  # a dense run: the set its sparse twins prune
@@ -78,7 +93,17 @@ def train_job(
             if capture:
                 run.save_arrays(weights, **{BEFORE: _block_weights(prunable)})
 
-    fit(model, DATA["train"], cfg=train_cfg, run=run, tag=tag, callbacks=(snapshot,), **recipe.fit_kwargs())
+    collate = train_collate(cfg, seed, classes)
+    fit(
+        model,
+        DATA["train"],
+        cfg=train_cfg,
+        run=run,
+        tag=tag,
+        callbacks=(snapshot,),
+        collate_fn=collate,
+        **recipe.fit_kwargs(),
+    )
     if recipe.sparsity is None:
         record_shape()
     ckpt = load_latest(run.checkpoint_dir(tag))
@@ -86,9 +111,9 @@ def train_job(
     if capture:
         earlier = load_arrays(run.path / weights) if (run.path / weights).is_file() else {}
         run.save_arrays(weights, **{**earlier, FINAL: _block_weights(prunable)})
-    hits = correct_predictions(model, DATA["test"].x, DATA["test"].y)
+    hits = correct_on(cfg, model, DATA["test"])
     out = {
-        "val": float(correct_predictions(model, DATA["val"].x, DATA["val"].y).double().mean()),
+        "val": float(correct_on(cfg, model, DATA["val"]).double().mean()),
         "test": float(hits.double().mean()),
         "checkpoint_sparsity": saved.global_sparsity,
         "block_sparsity": [c.sparsity for c in saved.blocks.values()],

@@ -30,6 +30,7 @@ from descentlab.experiments.sparse_vit.claims import key
 from descentlab.experiments.sparse_vit.config import NAME, PAPER_LIKE, SparseViTConfig
 from descentlab.experiments.sparse_vit.jobs import DATA, load_data, train_job
 from descentlab.experiments.sparse_vit.tables import DENSE_SUFFIX, method_blocks, summarise
+from descentlab.experiments.sparse_vit.timm_setup import describe_model
 from descentlab.io import load_arrays
 from descentlab.report.results import Results
 from descentlab.train.jobs import JobRunner
@@ -177,6 +178,10 @@ def _results(
         sparse, dense, grids, picks, weights=weights, paper_like=paper, **{k: getattr(cfg, k) for k in keys}
     )
     budget = f"{cfg.train.max_steps} steps" if cfg.train.max_steps else f"{cfg.train.epochs} epochs"
+    accum = cfg.train.grad_accum_steps
+    batch = f"{cfg.train.step_size}" + (
+        f" ({cfg.train.batch_size} x {accum} accumulated)" if accum > 1 else ""
+    )
     protocol = {
         "dataset": dataset_name,
         "split": "test",
@@ -184,8 +189,8 @@ def _results(
         "n_val": len(DATA["val"]),
         "n_eval": len(DATA["test"]),
         "seeds": list(cfg.seeds),
-        "model": f"ViT {cfg.vit.num_layers}x{cfg.vit.hidden_size}, patch {cfg.vit.patch_size}",
-        "budget": f"{budget}, batch {cfg.train.batch_size}, wd {cfg.method.optimizer.weight_decay}, "
+        "model": describe_model(cfg),
+        "budget": f"{budget}, batch {batch}, wd {cfg.method.optimizer.weight_decay}, "
         f"lr schedule {cfg.method.optimizer.schedule}",
         "acdc": f"global magnitude over the {_PRUNED[cfg.acdc.prune]}; "
         + (str(cfg.acdc) if cfg.acdc.warmup else "reference"),
