@@ -44,19 +44,21 @@ def evaluate_denoiser(
         ``{"rmse": [per level], "noisy_rmse": [per level], "layer_mse": [per level: [MSE_0..MSE_L]]}``.
     """
     model.eval()
+    device = next(model.parameters()).device  # the clips stay where they are; each batch visits the model
     rmse, noisy_rmse, layer_mse, examples = [], [], [], []
     for noisy in noisy_levels:
         sse = None
         per_clip = []
         for s in range(0, len(clean), batch_size):
-            out = model(noisy[s : s + batch_size])
-            sq = (out.layer_estimates - clean[s : s + batch_size]).pow(2).flatten(2)  # [L+1, B, pixels]
+            out = model(noisy[s : s + batch_size].to(device))
+            target = clean[s : s + batch_size].to(device)
+            sq = (out.layer_estimates - target).pow(2).flatten(2)  # [L+1, B, pixels]
             if per_example:
                 per_clip.append(sq.mean(2))
             err = sq.flatten(1).sum(1)
             sse = err if sse is None else sse + err
         if per_example:
-            examples.append(torch.cat(per_clip, 1).float())
+            examples.append(torch.cat(per_clip, 1).float().cpu())
         per_layer = (sse / clean.numel()).tolist()
         layer_mse.append(per_layer)
         rmse.append(math.sqrt(per_layer[-1]))
@@ -77,7 +79,7 @@ def denoise_frames(model: nn.Module, noisy: Tensor, tile: int) -> Tensor:
     t, h, w = noisy.shape
     nh, nw = h // tile, w // tile
     x = noisy[:, : nh * tile, : nw * tile].reshape(t, nh, tile, nw, tile).permute(1, 3, 0, 2, 4)
-    out = model(x.reshape(nh * nw, t, tile, tile)).final
+    out = model(x.reshape(nh * nw, t, tile, tile).to(next(model.parameters()).device)).final.cpu()
     return out.reshape(nh, nw, t, tile, tile).permute(2, 0, 3, 1, 4).reshape(t, nh * tile, nw * tile)
 
 

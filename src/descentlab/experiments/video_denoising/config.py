@@ -219,4 +219,36 @@ PRESETS = {
         "workers": 2,
         "val_every": 200,
     },
+    # The paper's datasets on one GPU (docs/paper-scale.md): UCSD Ped2 as its release unpacks under ./data
+    # (data.video= a UCSD Ped1 / Ped2, CUHK Avenue or ShanghaiTech folder), trained on its training clips and
+    # tested on its testing clips; 240-pixel-high frames cut into 8-frame 16x16 sequences, UT and DUST of
+    # depth 8 and width 128, 16,000 steps of 256 sequences in bf16, the full run's equal grids on tune_seed,
+    # 5 evaluation seeds, ERM's convergence checked at twice the steps (budget_check).
+    "paper": {
+        "data.video": "data/UCSD_Anomaly_Dataset.v1p2/UCSDped2",
+        "data.split": "release",
+        "data.size": 240,
+        "data.num_frames": 8,
+        "data.crop": 16,
+        "data.time_stride": 4,
+        "data.val_frac": 0.1,
+        "data.n_train": None,
+        "data.n_val": 5000,
+        "data.n_test": 20000,
+        "model.patch_size": 16,
+        "model.depth": 8,
+        "model.width": 128,
+        "model.num_atoms": 256,
+        "seeds": [0, 1, 2, 3, 4],
+        "train.max_steps": 16000,
+        "train.batch_size": 256,
+        "train.mixed_precision": "bf16",
+        "train.checkpoint_every": 2000,
+        "lr_grid": [1e-3, 3e-3],
+        "unconstrained_lr_grid": [3e-4, 1e-3, 3e-3, 1e-2],
+        "val_every": 500,
+        "eval_batch_size": 1024,
+        "torch_threads": 0,
+        "workers": 1,
+    },
 }
