@@ -282,7 +282,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.log_every": 10,
         "train.checkpoint_every": 100,
         "generative.model": "Qwen/Qwen2.5-72B-Instruct",
-        "generative.conditions": ["clean", "gaussian-x3", "neftune@1.5"],
+        "generative.conditions": ["clean", "gaussian-x3"],  # the primary endpoint's condition, and clean
         "generative.max_new_tokens": 512,
     },
 }
