@@ -231,6 +231,8 @@ def test_warmup_cosine_lr_values():
         ({"name": "ham", "base": "sgd"}, "optimizer.base"),
         ({"name": "horst", "alpha": float("nan")}, "optimizer.alpha"),
         ({"fused": "yes"}, "optimizer.fused"),
+        ({"name": "horst", "stochastic_rounding": 1}, "optimizer.stochastic_rounding"),
+        ({"stochastic_rounding": True}, "optimizer.stochastic_rounding"),
         ({"schedule": "linear"}, "optimizer.schedule"),
         ({"schedule": "warmup_cosine", "warmup_frac": 1.0}, "optimizer.warmup_frac"),
         ({"warmup_frac": 0.1}, "optimizer.warmup_frac"),
@@ -249,6 +251,21 @@ def test_horst_takes_adamws_fused_flag():
     assert opt.param_groups[0]["impl"] == "foreach" and not opt.param_groups[0]["fused"]
     with pytest.raises(ConfigError, match="fused=True"):
         build_optimizer(OptimizerConfig(name="horst", fused=True), model.double())
+
+
+def test_stochastic_rounding_reaches_horsts_groups():
+    """The config key turns on HORST's stochastic rounding for every group; a bf16 parameter whose update is
+    below half an ulp then moves (it does not by round-to-nearest)."""
+    torch.manual_seed(0)
+    moved = {}
+    for sr in (False, True):
+        w = torch.nn.Parameter(torch.full((256,), 1.0, dtype=torch.bfloat16))
+        opt = build_optimizer(OptimizerConfig(name="horst", lr=1e-4, alpha=0.0, stochastic_rounding=sr), [w])
+        assert all(g["stochastic_rounding"] is sr for g in opt.param_groups)
+        w.grad = torch.ones_like(w)
+        opt.step()
+        moved[sr] = int((w != 1.0).sum())
+    assert moved[False] == 0 and moved[True] > 0
 
 
 def test_bad_params_and_steps_raise():

@@ -73,6 +73,8 @@ class OptimizerConfig:
         base: the optimizer HAM wraps: ``"adamw"`` or ``"adam"`` (only with ``name="ham"``).
         fused: torch's ``fused`` flag of AdamW / Adam, and HORST's (``None``: the optimizer's default; for
             HORST ``true`` demands its fused kernel or compiled step for every tensor, ``false`` forbids them).
+        stochastic_rounding: HORST only: round each step's fp32 result stochastically into bf16 / fp16
+            parameters (unbiased, so updates below half an ulp are not lost; ``HORST``'s docstring).
         schedule: ``"constant"``, ``"cosine"`` or ``"warmup_cosine"`` (module docstring).
         warmup_frac: linear warm-up fraction of the steps, in [0, 1) (``warmup_cosine`` only).
     """
@@ -88,6 +90,7 @@ class OptimizerConfig:
     mirror: str = "matrices"
     base: str = "adamw"
     fused: bool | None = None
+    stochastic_rounding: bool = False
     schedule: str = "constant"
     warmup_frac: float = 0.0
 
@@ -125,6 +128,14 @@ class OptimizerConfig:
         if self.base != "adamw" and self.name != "ham":
             raise ConfigError(
                 f"optimizer.base is the optimizer HAM wraps; set name=ham or drop base={self.base!r}"
+            )
+        if not isinstance(self.stochastic_rounding, bool):
+            raise ConfigError(
+                f"optimizer.stochastic_rounding must be true or false, got {self.stochastic_rounding!r}"
+            )
+        if self.stochastic_rounding and self.name != "horst":
+            raise ConfigError(
+                "optimizer.stochastic_rounding applies to horst only; drop it or set name=horst"
             )
         if self.fused is not None and not isinstance(self.fused, bool):
             raise ConfigError(f"optimizer.fused must be true, false or null, got {self.fused!r}")
@@ -249,6 +260,7 @@ def build_optimizer(
             eps=cfg.eps,
             weight_decay=cfg.weight_decay,
             fused=cfg.fused,
+            stochastic_rounding=cfg.stochastic_rounding,
             **extra,
         )
     return HAM(_adam(cfg.base, groups, cfg), **extra)
