@@ -21,7 +21,14 @@ from descentlab.experiments.text_robustness.tables import is_monotone, method_bl
 from descentlab.report.claims import PENDING, VERDICTS
 from descentlab.robustness import RobustnessCurves
 from descentlab.train.recipe import build_recipe
-from descentlab.train.tuning import candidate_methods, choose_candidate, settings_diff, with_reference
+from descentlab.train.tuning import (
+    Selection,
+    binding_level,
+    candidate_methods,
+    choose_candidate,
+    settings_diff,
+    with_reference,
+)
 from tiny_models import tiny_bert
 
 
@@ -72,7 +79,7 @@ def test_methods_are_one_base_edited_by_specs() -> None:
 
 
 def test_candidates_edit_the_methods_own_constraint() -> None:
-    cfg = resolve_config(tr.CONFIG, preset="full", presets=tr.PRESETS)
+    cfg = resolve_config(tr.CONFIG)  # the default candidates: the base settings and ERM's profile
     methods = cfg.resolved_methods()
     cands = candidate_methods("constrained", methods["constrained"], cfg.selection)
     assert [c.constraint.alpha_from for c in cands] == [None, "erm"]
@@ -84,8 +91,9 @@ def test_candidates_edit_the_methods_own_constraint() -> None:
     assert resolved.alphas(6) == pytest.approx(expected)
     assert with_reference(cands[0], ref) == cands[0]
     assert candidate_methods("erm", methods["erm"], cfg.selection) == [methods["erm"]]
-    # the full protocol of issue 14
-    assert (cfg.data.n_train, cfg.data.n_eval, cfg.train.epochs, len(cfg.seeds)) == (3000, 1000, 2, 3)
+    # the full protocol: the defaults' data and budget, 5 evaluation seeds
+    cfg = resolve_config(tr.CONFIG, preset="full", presets=tr.PRESETS)
+    assert (cfg.data.n_train, cfg.data.n_eval, cfg.train.epochs, len(cfg.seeds)) == (3000, 1000, 2, 5)
     assert cfg.evaluation.draws >= 2 and len(cfg.evaluation.kinds) == 4
 
 
@@ -153,6 +161,73 @@ def test_selection_prefers_robust_among_candidates_that_keep_clean_accuracy() ->
     assert settings_diff({"alpha": 0.1, "dual_lr": 0.5}, {"alpha": 0.1, "dual_lr": 0.05}) == "dual_lr=0.5"
 
 
+def test_binding_level_is_the_late_time_average_of_the_summed_multipliers() -> None:
+    steps = [5, 10, 15, 20]  # T = 20: the second half is t > 10
+    lam = [[0.0, 0.0], [1.0, 1.0], [0.2, 0.4], [0.0, 0.2]]
+    assert binding_level(steps, lam) == pytest.approx((0.6 + 0.2) / 2)
+    # a λ that rose early and fell back to 0 does not bind
+    assert binding_level(steps, [[0.0, 0.0], [3.0, 2.0], [0.0, 0.0], [0.0, 0.0]]) == 0.0
+    assert binding_level([], []) == 0.0
+    with pytest.raises(ValueError, match="multiplier rows"):
+        binding_level(steps, lam[:2])
+
+
+def test_a_candidate_whose_constraint_does_not_bind_is_not_eligible() -> None:
+    scores = [
+        {"clean": 0.80, "robust": 0.70, "binding": 0.0},  # the most robust, but λ ended at 0
+        {"clean": 0.80, "robust": 0.60, "binding": 0.30},
+        {"clean": 0.79, "robust": 0.65, "binding": 0.04},  # binds, below the threshold
+    ]
+    best, rows, why = choose_candidate("constrained", ["a", "b", "c"], scores, 0.80, min_binding=0.05)
+    assert best == 1 and rows[1][-1] == "yes" and rows[1][-2] == 0.30
+    assert "1 of 3 candidates bind" in why and "'b'" in why
+    # not enforced unless set: the usual rule picks the most robust
+    assert choose_candidate("constrained", ["a", "b", "c"], scores, 0.80)[0] == 0
+    assert choose_candidate("constrained", ["a", "b", "c"], scores, 0.80, min_binding=0.03)[0] == 2
+    # none binds: said so, and the usual rule chooses among all
+    best, _, why = choose_candidate("constrained", ["a", "b", "c"], scores, 0.80, min_binding=0.5)
+    assert best == 0 and "no candidate binds" in why
+    with pytest.raises(ConfigError, match="min_binding"):
+        Selection(min_binding=-0.1)
+
+
+def test_alpha_fraction_scales_the_descent_of_the_erm_reference() -> None:
+    ref = [0.70, 0.60, 0.62, 0.45, 0.44]  # rises at layer 2: running min 0.60 there
+    running = [0.70, 0.60, 0.60, 0.45, 0.44]
+    own = [1 - running[i] / running[i - 1] for i in range(1, 5)]
+    base = DescentConfig(alpha_reference=ref)
+    assert base.alphas(4) == pytest.approx(own)
+    doubled = DescentConfig(alpha_reference=ref, alpha_fraction=2.0, alpha_cap=0.45)
+    assert doubled.alphas(4) == pytest.approx([min(0.45, 2 * a) for a in own])
+    assert doubled.alphas(4)[2] == 0.45  # 2 x 0.25 = 0.5, capped
+    # the reference meets its own chain (gap 0), and misses the doubled one by (F - 1)(r̃_{l-1} - r̃_l)
+    for layer in (1, 2, 4):  # uncapped layers
+        gap = running[layer] - (1 - doubled.alphas(4)[layer - 1]) * running[layer - 1]
+        assert gap == pytest.approx(running[layer - 1] - running[layer])
+        assert running[layer] - (1 - base.alphas(4)[layer - 1]) * running[layer - 1] == pytest.approx(0.0)
+    with pytest.raises(ConfigError, match="alpha_fraction"):
+        DescentConfig(alpha_from="erm").with_overrides("alpha_fraction=0")
+
+
+def test_the_full_preset_asks_for_a_constraint_that_binds() -> None:
+    cfg = resolve_config(tr.CONFIG, preset="full", presets=tr.PRESETS)
+    assert cfg.methods == ["erm", "erm-readout", "constrained", "erm-noise"]
+    assert cfg.seeds == [100, 101, 102, 103, 104] and cfg.tune_seed == 1000
+    assert cfg.tune_seed not in cfg.seeds
+    assert cfg.selection.min_binding == 0.05 and cfg.frozen_zero == ["erm-readout"]
+    methods = cfg.resolved_methods()
+    cands = candidate_methods("constrained", methods["constrained"], cfg.selection)
+    assert 3 <= len(cands) <= 4
+    base = methods["constrained"].constraint
+    for c in cands:  # each asks for at least ERM's own descent, or a larger fixed α than the base
+        k = c.constraint
+        assert (k.alpha_from == "erm" and k.alpha_fraction >= 1.0) or (
+            k.alpha_from is None and k.alpha > base.alpha
+        )
+    # the size of the run: ERM's tuning run + the candidates on validation + every (method, seed) on test
+    assert 1 + len(cands) + len(cfg.methods) * len(cfg.seeds) == 24
+
+
 # a two-seed ERM-vs-constrained run on the tiny encoder, small enough for seconds
 TWO_SEED_RUN = [
     "methods=[erm,constrained]",
@@ -206,6 +281,7 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
             "evaluation.kinds=[gaussian,uniform,discrete]",
             "methods=[erm,erm-readout,constrained,resilient]",
             'selection.candidates.constrained=["alpha=0.1", "alpha_from=erm"]',
+            "selection.min_binding=0.0",
             "tune_seed=7",
         ],
     )
@@ -256,6 +332,25 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
     selection = next(t for t in res["tables"] if "Selection" in t["title"])
     assert [r[-1] for r in selection["rows"] if r[0] == "constrained"].count("yes") == 1
     assert "tuning seed 7" in selection["title"]
+    assert "binding" in selection["columns"][-2] and "bind" in res["protocol"]["selection"]["constrained"]
+    # λ per constrained layer at every log step: each evaluation run of each trained constrained method,
+    # and each candidate's tuning run; the notes give the end-of-training λ
+    lam = np.load(out / "arrays" / "lambda.npz")
+    assert set(lam.files) == {"constrained", "constrained__steps", "resilient", "resilient__steps"}
+    assert lam["constrained"].shape == (2, len(lam["constrained__steps"]), 2)  # [seed, T, L]
+    assert lam["constrained__steps"][-1] == 3 and (lam["constrained"] >= 0).all()  # 48 / 16 steps
+    tuning = np.load(out / "arrays" / "lambda-selection.npz")
+    assert set(tuning.files) == {f"constrained__cand{i}{s}" for i in (0, 1) for s in ("", "__steps")}
+    assert tuning["constrained__cand0"].shape == (len(tuning["constrained__cand0__steps"]), 2)
+    for i in (0, 1):
+        cand = json.loads((out / "jobs" / f"constrained-cand{i}-seed7-validation.json").read_text())
+        assert cand["binding"] == pytest.approx(
+            binding_level(tuning[f"constrained__cand{i}__steps"], tuning[f"constrained__cand{i}"])
+        )
+    assert sum(n.startswith("constrained: λ at the end of training") for n in res["notes"]) == 1
+    assert np.load(out / "arrays" / "erm-val-profile.npz")["profile"].tolist() == pytest.approx(
+        json.loads((out / "jobs" / "erm-seed7-validation.json").read_text())["val_profile"]
+    )
     # the selection trains ERM and every candidate from the tuning seed 7 (validation only); the chosen
     # candidate then trains afresh on each evaluation seed: no tuning run is an evaluation run
     tags = sorted(p.name for p in (out / "checkpoints").iterdir())
@@ -287,7 +382,8 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
     assert "**Primary endpoint.** primary graceful-gaussian" in report
     figures = {p.name: p.read_bytes() for p in (out / "figures").iterdir()}
     assert set(figures) == {
-        "curves.png", "layer-loss.png", "paired-gap.png", "accuracy-ci.png", "layer-loss-ci.png", "lambda.png"
+        "curves.png", "layer-loss.png", "paired-gap.png", "accuracy-ci.png", "layer-loss-ci.png",
+        "lambda-trajectory.png",
     }  # fmt: skip
 
     # the report is a function of the run directory: deleting it and the figures, `descentlab report`

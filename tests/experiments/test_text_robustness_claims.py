@@ -126,6 +126,23 @@ def test_monotone_is_untestable_when_erm_already_descends() -> None:
     )
 
 
+def test_monotone_is_untestable_when_erms_validation_profile_never_rises() -> None:
+    # ERM spikes on test (testable on its test profile alone), but its validation profile never rises
+    arrays = _arrays(dict.fromkeys(ALL, 0.6), erm_spike=0.1)
+    flat_then_down = np.array([0.7, 0.7, 0.6, 0.55, 0.5, 0.45, 0.4])  # p_l <= p_{l-1}: ties count
+    row = _rows(arrays | {"val_profile:erm": flat_then_down})[
+        "monotone", "constrained", "erm", "clean per-layer test loss"
+    ]
+    assert row.verdict == UNTESTABLE and "validation loss (tuning seed) is already monotone" in row.reason
+    # one rise anywhere in the validation profile: judged on the test cells as before
+    rising = flat_then_down.copy()
+    rising[3] = 0.61
+    row = _rows(arrays | {"val_profile:erm": rising})[
+        "monotone", "constrained", "erm", "clean per-layer test loss"
+    ]
+    assert row.verdict == "reproduced"
+
+
 def test_missing_arrays_give_pending_rows() -> None:
     rows = judge(CLAIMS, {})
     assert {c.verdict for c in rows} == {PENDING}
@@ -148,5 +165,9 @@ def test_claim_arrays_reads_the_files_the_run_saves(tmp_path) -> None:
     save_arrays(tmp_path / saved.LAYER_LOSS, **{m: synthetic[f"loss:{m}"] for m in ALL})
     read = claim_arrays(tmp_path)
     assert set(read) == set(synthetic)
+    save_arrays(tmp_path / saved.ERM_VAL_PROFILE, profile=np.linspace(0.7, 0.4, LAYERS + 1))
+    assert claim_arrays(tmp_path)["val_profile:erm"].tolist() == pytest.approx(
+        np.linspace(0.7, 0.4, 7).tolist()
+    )
     assert [c.to_dict() for c in judge(CLAIMS, read)] == [c.to_dict() for c in judge(CLAIMS, synthetic)]
     assert claim_arrays(tmp_path / "no-such-run") == {}

@@ -11,6 +11,10 @@ pretrained model's validation profile), a schedule the reference itself meets, s
     r̃_l = min(r_0, ..., r_l),     α_l = min(alpha_cap, alpha_fraction · (1 - r̃_l / r̃_{l-1}))
 
 (α_l = 0 where the reference rises: "do not get worse"). Π_l (1 - α_l) >= r̃_L / r̃_0 for fraction <= 1.
+A fraction > 1 scales the reference's own per-layer descent up (until ``alpha_cap``): at every layer where
+the reference descends and the cap is not reached, the reference meets its constraint with a gap
+r̃_l − (1 − α_l) r̃_{l−1} = (fraction − 1)(r̃_{l−1} − r̃_l) > 0, so a model that only matches the reference
+keeps its multiplier growing: the way to make a constraint that ERM already meets bind.
 ``alpha_from`` names where an experiment takes the reference from (it fills ``alpha_reference``).
 """
 
@@ -38,7 +42,8 @@ class DescentConfig:
         layer_alphas: α_1..α_L, one per layer (None: from ``alpha`` / ``early_alpha``).
         alpha_reference: a reference profile r_0..r_L (L+1 losses); when set, α_l follows it (module
             docstring) and ``alpha`` / ``early_alpha`` are not used.
-        alpha_fraction: the fraction of the reference's per-layer descent asked for (> 0).
+        alpha_fraction: the fraction of the reference's per-layer descent asked for (> 0; > 1 asks for
+            more descent than the reference achieved, so the reference itself violates the constraint).
         alpha_cap: the largest α_l a reference may give.
         alpha_from: the source of ``alpha_reference`` that an experiment resolves (text-robustness: "erm",
             the first seed's ERM validation profile); None: no reference, or one given directly.

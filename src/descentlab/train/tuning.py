@@ -21,6 +21,7 @@ from descentlab.train.recipe import MethodConfig
 
 __all__ = [
     "Selection",
+    "binding_level",
     "candidate_methods",
     "check_equal_budgets",
     "check_tune_seed",
@@ -147,6 +148,27 @@ def candidate_methods(label: str, method: MethodConfig, selection: Any) -> list[
     return out
 
 
+def binding_level(steps: Sequence[float], multipliers: Sequence[Sequence[float]]) -> float:
+    """How hard a constraint bound in one training run: the time-average of Σ_l λ_l over its second half.
+
+    With λ_l(t) logged at steps t_1 < ... < t_n (``multipliers[i]`` = λ_1..λ_L at ``steps[i]``) and T = t_n
+    the last step,
+
+        B = mean_{i : t_i > T/2} Σ_l λ_l(t_i),
+
+    0 for a run with no trace. λ >= 0 grows only while a constraint is violated (λ ← [λ + η_λ ĝ]_+), so B > 0
+    says that the constraints were still active after the first half of training; a λ that rose early and
+    decayed back to 0 (a constraint met once the model fits) gives B = 0.
+    """
+    if len(steps) != len(multipliers):
+        raise ValueError(f"binding_level: {len(steps)} steps but {len(multipliers)} multiplier rows")
+    if not len(steps):
+        return 0.0
+    half = float(steps[-1]) / 2.0
+    late = [sum(float(x) for x in lam) for t, lam in zip(steps, multipliers, strict=True) if float(t) > half]
+    return sum(late) / len(late) if late else 0.0
+
+
 def choose_candidate(
     method: str,
     candidates: Sequence[str],
@@ -155,27 +177,45 @@ def choose_candidate(
     *,
     criterion: str = "robust",
     max_clean_drop: float = 0.01,
+    min_binding: float | None = None,
 ) -> tuple[int, list[list[Any]], str]:
-    """Pick a candidate from its validation numbers ``{"clean": .., "robust": ..}``.
+    """Pick a candidate from its validation numbers ``{"clean": .., "robust": .., "binding": ..}``.
 
-    Candidates whose clean validation accuracy is within ``max_clean_drop`` of ERM's are eligible; among
-    them the highest ``criterion`` score wins (ties: higher clean accuracy, then the earlier candidate). If
-    none is eligible, the same order applies to all. Returns (index, selection-table rows, reason).
+    With ``min_binding`` set, only candidates whose constraint binds are eligible: ``binding``
+    (:func:`binding_level` of the candidate's own tuning run) > ``min_binding``. If none binds, the reason
+    says so and every candidate goes on to the usual rule. The usual rule: candidates whose clean validation
+    accuracy is within ``max_clean_drop`` of ERM's come first; among them the highest ``criterion`` score
+    wins (ties: higher clean accuracy, then the earlier candidate). If none is within the margin, the same
+    order applies to all. Returns (index, selection-table rows, reason).
     """
     key = "robust" if criterion == "robust" else "clean"
-    ranked = [
-        (erm_clean is None or s["clean"] >= erm_clean - max_clean_drop, s[key], s["clean"], -i)
-        for i, s in enumerate(scores)
-    ]
-    best = max(range(len(ranked)), key=lambda i: ranked[i])
+    binds = [min_binding is None or s.get("binding", 0.0) > min_binding for s in scores]
+    pool = [i for i, b in enumerate(binds) if b] or list(range(len(scores)))
+    ranked = {
+        i: (erm_clean is None or scores[i]["clean"] >= erm_clean - max_clean_drop, scores[i][key],
+            scores[i]["clean"], -i)
+        for i in pool
+    }  # fmt: skip
+    best = max(pool, key=lambda i: ranked[i])
     rows = [
-        [method, c or "(defaults)", s["clean"], s["robust"], "yes" if i == best else ""]
+        [method, c or "(defaults)", s["clean"], s["robust"], s.get("binding", ""), "yes" if i == best else ""]
         for i, (c, s) in enumerate(zip(candidates, scores, strict=True))
     ]
     what = "mean accuracy over the gaussian γ grid" if key == "robust" else "clean accuracy"
     eligible = "" if ranked[best][0] else " (no candidate was within the clean-accuracy margin)"
+    bound = ""
+    if min_binding is not None:
+        n_bind = sum(binds)
+        bound = (
+            f"{n_bind} of {len(scores)} candidates bind (time-average of Σλ over the second half of training "
+            f"> {min_binding:g}); "
+            if n_bind
+            else f"no candidate binds (time-average of Σλ over the second half of training <= {min_binding:g} "
+            "for all), so the usual rule chose among all; "
+        )
+    among = "binding candidates" if min_binding is not None and any(binds) else "candidates"
     why = (
-        f"highest validation {what} among candidates within {max_clean_drop} clean accuracy of ERM"
+        f"{bound}highest validation {what} among {among} within {max_clean_drop} clean accuracy of ERM"
         f"{eligible}: {candidates[best] or '(defaults)'!r}"
     )
     return best, rows, why
@@ -198,6 +238,9 @@ class Selection:
         criterion: ``robust``: validation accuracy averaged over the gaussian γ grid; ``clean``: clean accuracy.
         max_clean_drop: candidates losing more clean validation accuracy than this vs ERM are a last resort.
         draws: noise realisations of the validation curve.
+        min_binding: when set, a candidate is eligible only if its constraint binds on its own tuning run:
+            :func:`binding_level` (the time-average of Σ_l λ_l over the second half of training) >
+            ``min_binding``; None: not enforced. When no candidate binds, the usual rule picks among all.
     """
 
     candidates: dict[str, list[str]] = field(default_factory=lambda: {"constrained": ["", "alpha_from=erm"]})
@@ -205,6 +248,11 @@ class Selection:
     criterion: str = "robust"
     max_clean_drop: float = 0.01
     draws: int = 1
+    min_binding: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_binding is not None and not self.min_binding >= 0:
+            raise ConfigError(f"selection.min_binding must be >= 0 or null, got {self.min_binding}")
 
 
 def with_reference(method: MethodConfig, reference: list[float] | None) -> MethodConfig:

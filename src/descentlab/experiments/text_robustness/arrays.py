@@ -7,6 +7,10 @@
   ``[seed, L+1, example]``;
 * ``arrays/lambda.npz``: ``<method>__steps`` ``[T]`` and ``<method>``: λ ``[seed, T, L]`` of every trained
   constrained method;
+* ``arrays/lambda-selection.npz``, when the selection trained candidates: ``<method>__cand<i>__steps`` [T]
+  and ``<method>__cand<i>``: λ [T, L] of each candidate's tuning run (validation only, tuning seed);
+* ``arrays/erm-val-profile.npz``, when ERM trained on the tuning seed: ``profile`` [L+1], ERM's mean
+  per-layer validation loss (the ``alpha_from=erm`` reference);
 * ``arrays/ldp.npz``, when the run evaluated the local-DP kinds: ``epsilons`` and ``<method>__<kind>``:
   correctness ``[seed, draw, ε, example]``.
 
@@ -29,6 +33,8 @@ ACCURACY = "arrays/accuracy.npz"
 EXAMPLES = "arrays/examples.npz"
 LAYER_LOSS = "arrays/layer_loss.npz"
 LAMBDA = "arrays/lambda.npz"
+LAMBDA_SELECTION = "arrays/lambda-selection.npz"
+ERM_VAL_PROFILE = "arrays/erm-val-profile.npz"
 LDP = "arrays/ldp.npz"
 SEP = "__"  # "<method>__<kind>"
 
@@ -89,4 +95,17 @@ def lambda_arrays(
         n = min(len(t["steps"]) for t in traces)
         out[f"{m}{SEP}steps"] = np.asarray(traces[0]["steps"][:n], dtype=np.float64)
         out[m] = np.asarray([t["lambda"][:n] for t in traces], dtype=np.float64)
+    return out
+
+
+def selection_lambda_arrays(scores: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, np.ndarray]:
+    """``arrays/lambda-selection.npz``: ``<m>__cand<i>__steps`` [T] and ``<m>__cand<i>`` λ [T, L] of every
+    constrained candidate's tuning run (``scores``: method -> each candidate's validation scores)."""
+    out = {}
+    for m, cands in scores.items():
+        for i, s in enumerate(cands):
+            trace = s.get("lambda_trace")
+            if trace and trace["steps"]:
+                out[f"{m}{SEP}cand{i}{SEP}steps"] = np.asarray(trace["steps"], dtype=np.float64)
+                out[f"{m}{SEP}cand{i}"] = np.asarray(trace["lambda"], dtype=np.float64)
     return out

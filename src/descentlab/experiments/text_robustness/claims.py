@@ -35,7 +35,9 @@ Smallest effects of interest (the units are the metric's):
 * 0.01 nats for the summed rise of the per-layer loss: a rise below that is a kink smaller than 1.5 % of
   the chance-level loss ln 2, not the spike the paper shows for ERM. The claim is untestable whenever
   ERM's own rise is already below it (ERM is then monotone or nearly so): the rise is bounded below by
-  0, so the constrained model cannot beat ERM by an effect of interest.
+  0, so the constrained model cannot beat ERM by an effect of interest. It is also untestable whenever
+  ERM's per-layer *validation* loss profile (the tuning seed's, the ``alpha_from=erm`` reference) is already
+  monotone, p_l <= p_{l−1} for every l: there is no spike for the constraint to remove.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from descentlab.experiments.text_robustness.arrays import EXAMPLES, LAYER_LOSS, SEP, load
+from descentlab.experiments.text_robustness.arrays import ERM_VAL_PROFILE, EXAMPLES, LAYER_LOSS, SEP, load
 from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays
 
 ERM, CONTROL = "erm", "erm-readout"  # the paper's reference; the matched λ ≡ 0 control
@@ -63,13 +65,16 @@ ROBUST_METRIC = "test accuracy under embedding noise, mean over γ >= 1"
 
 def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
     """What the cells read, from the files the run saved (:mod:`.arrays`): ``gammas``,
-    ``correct:<m>__<kind>`` and ``loss:<m>``; {} when the run saved none of them."""
+    ``correct:<m>__<kind>``, ``loss:<m>`` and ``val_profile:erm``; {} when the run saved none of them."""
     out: dict[str, np.ndarray] = {}
     examples = load(run_dir, EXAMPLES)
     if "gammas" in examples:
         out["gammas"] = examples.pop("gammas")
     out.update({f"correct:{k}": v for k, v in examples.items()})
     out.update({f"loss:{k}": v for k, v in load(run_dir, LAYER_LOSS).items()})
+    profile = load(run_dir, ERM_VAL_PROFILE)
+    if "profile" in profile:
+        out[f"val_profile:{ERM}"] = profile["profile"]
     return out
 
 
@@ -162,7 +167,13 @@ def _monotone(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
         a, b = layer_rise(arrays, m), layer_rise(arrays, ERM)
         erm_rise = b.mean(axis=-1)  # per seed
         untestable = None
-        if erm_rise.mean() < RISE_SESOI:
+        val_profile = arrays.get(f"val_profile:{ERM}")
+        if val_profile is not None and bool(np.all(np.diff(np.asarray(val_profile, dtype=np.float64)) <= 0)):
+            untestable = (
+                "ERM's per-layer validation loss (tuning seed) is already monotone (non-increasing over "
+                f"layers 0..{len(val_profile) - 1}): there is no rise for the constraint to remove"
+            )
+        elif erm_rise.mean() < RISE_SESOI:
             untestable = (
                 f"ERM's per-layer test loss already rises by only {erm_rise.mean():.4g} nats (mean over "
                 f"seeds; {int((erm_rise <= 1e-12).sum())} of {erm_rise.size} seeds never rise), below the "

@@ -108,6 +108,9 @@ def largest_rise(losses: np.ndarray) -> tuple[int, float] | None:
 
 
 def _lambda(run_dir: Path) -> list[dict[str, Any]]:
+    """λ_l over training for every trained constrained method, one panel each: per constrained layer the
+    mean over the evaluation seeds (thick) and each seed (thin, same colour). Layers whose λ is 0 in every
+    seed and step (e.g. layer 1 with ``constrain_first=False``) are left out."""
     arrays = load(run_dir, LAMBDA)
     methods = [m for m in arrays if SEP not in m]
     if not methods:
@@ -116,16 +119,25 @@ def _lambda(run_dir: Path) -> list[dict[str, Any]]:
     for ax, m in zip(axes[0], methods, strict=True):
         steps, lam = arrays[f"{m}{SEP}steps"], arrays[m]  # [seed, T, L]
         for layer in range(lam.shape[2]):
-            if np.any(lam[:, :, layer] != 0):
-                ax.plot(steps, lam[:, :, layer].mean(0), label=f"λ_{layer + 1}")
-        ax.set_title(m)
+            if not np.any(lam[:, :, layer] != 0):
+                continue
+            color = f"C{layer % 10}"
+            for seed in lam[:, :, layer]:
+                ax.plot(steps, seed, color=color, lw=0.6, alpha=0.4)
+            ax.plot(steps, lam[:, :, layer].mean(0), color=color, lw=1.8, label=f"λ_{layer + 1}")
+        ax.set_title(f"{m} ({lam.shape[0]} seeds)")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("multiplier (mean over seeds)")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("multiplier λ_l")
     fig.tight_layout()
-    save_figure(fig, run_dir / "figures" / "lambda.png")
-    return [{"path": "figures/lambda.png", "caption": "Multipliers over training, mean over seeds"}]
+    save_figure(fig, run_dir / "figures" / "lambda-trajectory.png")
+    caption = (
+        "Multipliers λ_l over training per constrained layer: mean over the evaluation seeds (thick) and "
+        "each seed (thin); layers whose λ stayed 0 throughout are not drawn"
+    )
+    return [{"path": "figures/lambda-trajectory.png", "caption": caption}]
 
 
 def _paired_gap(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:

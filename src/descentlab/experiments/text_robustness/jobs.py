@@ -19,6 +19,7 @@ from descentlab.train.loop import fit, seed_everything
 from descentlab.train.objectives import EmbeddingNoise
 from descentlab.train.recipe import MethodConfig, build_frozen_recipe, build_recipe
 from descentlab.train.rundir import RunDir
+from descentlab.train.tuning import binding_level
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,9 @@ def run_job(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) ->
         )
         if job.label == ERM:  # the reference profile of alpha_from=erm: mean validation loss per layer
             scores["val_profile"] = layer_loss_examples(model, data.val).mean(1).tolist()
+        if constraint is not None:  # a candidate is eligible only if its constraint binds (Selection)
+            scores["binding"] = binding_level(trace["steps"], trace["lambda"])
+            scores["lambda_trace"] = trace
         return scores
     out = evaluate_classifier(model, data.test, data.val, data.shift, cfg.evaluation, job.seed)
     run.log(tag=f"eval-{job.tag}", clean_accuracy=out["extra"]["accuracy"])

@@ -108,10 +108,12 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
             if len(specs[m]) > 1
         }
         pending.update({o: submit(job(*o)) for o in order if o not in pending})
+        val_scores: dict[str, list[dict]] = {}
         for m, futures in val_futures.items():
+            val_scores[m] = [f.result() for f in futures]
             chosen[m], rows, reasons[m] = choose_candidate(
-                m, specs[m], [f.result() for f in futures], erm_clean,
-                criterion=sel.criterion, max_clean_drop=sel.max_clean_drop,
+                m, specs[m], val_scores[m], erm_clean,
+                criterion=sel.criterion, max_clean_drop=sel.max_clean_drop, min_binding=sel.min_binding,
             )  # fmt: skip
             selection_rows += rows
         for m, leader in followers.items():
@@ -130,6 +132,11 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
     lam = arrays.lambda_arrays(outputs, cfg.frozen_zero)
     if lam:
         run.save_arrays(arrays.LAMBDA, **lam)
+    if reference is not None:  # the monotone claim is untestable when ERM's own profile never rises
+        run.save_arrays(arrays.ERM_VAL_PROFILE, profile=np.asarray(reference, dtype=np.float64))
+    tuning_lam = arrays.selection_lambda_arrays(val_scores)
+    if tuning_lam:
+        run.save_arrays(arrays.LAMBDA_SELECTION, **tuning_lam)
     ldp_joined, ldp_tables, ldp_protocol = {}, [], {}  # type: ignore[var-annotated]
     if geometry is not None:
         ldp_joined, ldp_tables, ldp_protocol = ldp.summarise(
@@ -168,7 +175,7 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
             *tables.extra_tables(joined, blocks, selection_rows, list(d.shift), tune_seed=tune_seed),
             *ldp_tables,
         ],
-        notes=tables.notes(blocks, len(cfg.seeds)),
+        notes=[*tables.notes(blocks, len(cfg.seeds)), *tables.lambda_notes(lam)],
     )
     return results.to_dict()
 

@@ -23,6 +23,7 @@ from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import column_mean_std, mean_std, paired_interval
 from descentlab.report.tables import multiplier_tables
 from descentlab.robustness import RobustnessCurves
+from descentlab.train.tuning import binding_level
 
 
 def is_monotone(values: Sequence[float]) -> bool:
@@ -121,7 +122,14 @@ def extra_tables(
         tables.append(
             {
                 "title": f"Selection on the validation split (tuning seed {tune_seed}, never an evaluation seed)",
-                "columns": ["method", "candidate", "val clean acc", "val acc, gaussian grid mean", "chosen"],
+                "columns": [
+                    "method",
+                    "candidate",
+                    "val clean acc",
+                    "val acc, gaussian grid mean",
+                    "binding: mean Σλ over the 2nd half",
+                    "chosen",
+                ],
                 "rows": selection_rows,
             }
         )
@@ -150,6 +158,26 @@ def notes(methods: Mapping[str, MethodResult], n_seeds: int) -> list[str]:
                 f"{method} vs erm: clean accuracy {m['accuracy'] - erm['accuracy']:+.4f}; "
                 f"mean accuracy over γ >= 1: {', '.join(gaps)}"
             )
+    return out
+
+
+def lambda_notes(lam: Mapping[str, np.ndarray]) -> list[str]:
+    """One note per constrained method of ``arrays/lambda.npz`` (``<m>__steps`` [T], ``<m>`` λ [seed, T, L]):
+    its λ per layer at the end of training (mean over seeds) and how hard it bound
+    (:func:`~descentlab.train.tuning.binding_level` per seed)."""
+    out = []
+    for m, x in lam.items():
+        if m.endswith("__steps"):
+            continue
+        steps = lam[f"{m}__steps"]
+        end = x[:, -1, :].mean(0)
+        bound = [binding_level(steps, seed) for seed in x]
+        out.append(
+            f"{m}: λ at the end of training (step {int(steps[-1])}, mean over {x.shape[0]} seeds), per layer: "
+            + ", ".join(f"λ_{layer + 1} {v:.4g}" for layer, v in enumerate(end))
+            + f"; time-average of Σλ over the second half of training: {np.mean(bound):.4g} "
+            f"(per seed {', '.join(f'{b:.3g}' for b in bound)})"
+        )
     return out
 
 
