@@ -280,7 +280,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.mixed_precision": "bf16",
         "train.loader_workers": 2,
         "train.log_every": 10,
-        "train.checkpoint_every": 100,
+        "train.checkpoint_every": 400,  # a checkpoint of 8B in fp32 with AdamW's moments is about 96 GB
         "generative.model": "Qwen/Qwen2.5-72B-Instruct",
         "generative.conditions": ["clean", "gaussian-x3"],  # the primary endpoint's condition, and clean
         "generative.max_new_tokens": 512,
