@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from descentlab.experiments.text_robustness.arrays import SEP
 from descentlab.experiments.text_robustness.claims import CONTROL, ERM
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import column_mean_std, mean_std, paired_interval
@@ -167,9 +168,9 @@ def lambda_notes(lam: Mapping[str, np.ndarray]) -> list[str]:
     (:func:`~descentlab.train.tuning.binding_level` per seed)."""
     out = []
     for m, x in lam.items():
-        if m.endswith("__steps"):
+        if SEP in m:  # "<m>__steps"
             continue
-        steps = lam[f"{m}__steps"]
+        steps = lam[f"{m}{SEP}steps"]
         end = x[:, -1, :].mean(0)
         bound = [binding_level(steps, seed) for seed in x]
         out.append(
@@ -202,6 +203,11 @@ def protocol(
         f"among candidates within {sel.max_clean_drop} clean validation accuracy of ERM, every run trained from "
         f"the tuning seed {cfg.tune_seed} (never an evaluation seed; its runs are not reported)"
     )
+    if sel.min_binding is not None:
+        rule += (
+            f"; eligible only if the candidate's constraint binds on its tuning run: the time-average of "
+            f"Σ_l λ_l over the second half of training > {sel.min_binding:g} (if none binds, among all)"
+        )
     return {
         "dataset": d.name,
         "model": cfg.model,
