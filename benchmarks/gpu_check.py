@@ -8,8 +8,9 @@ datasets, av, rdata or gguf: ``descentlab.constrained`` imports its omegaconf co
 Sections (each records its own error instead of stopping the run):
 
 * ``correctness.horst``: every HORST path on the device (auto, compiled, fused, fused=True, foreach,
-  reference) against the CPU ``impl="reference"`` (``horst_reference``) in fp32 and bf16, 6 steps with an inf
-  injected into one gradient at step 3 (the NaN guard must revert exactly the same elements).
+  reference) against the CPU ``impl="reference"`` (``horst_reference``) in fp32, bf16 and bf16 with stochastic
+  rounding (the same ``sr_seed``), 6 steps with an inf injected into one gradient at step 3 (the NaN guard
+  must revert exactly the same elements).
 * ``correctness.adamw``: HORST with alpha = beta = 0 against ``torch.optim.AdamW(fused=True)``.
 * ``correctness.lambda``: lambda of PrimalDual(AdamW, LayerwiseDescent) on a small Llama from config,
   CPU against the device, after 5 steps on the same batches.
@@ -183,15 +184,19 @@ def check_horst(ctx: Ctx) -> dict[str, Any]:
         "foreach": {"impl": "foreach"},
         "reference": {"impl": "reference"},
     }
-    for dtype in (torch.float32, torch.bfloat16):
+    # bf16 with stochastic rounding: its random bits hash (seed, tensor, step, element), so every path and
+    # device draws the same ones and must agree with the CPU reference up to fp32 rounding of the update
+    sr = {"stochastic_rounding": True, "sr_seed": 1234}
+    cases = [(torch.float32, {}), (torch.bfloat16, {}), (torch.bfloat16, sr)]
+    for dtype, extra in cases:
         fresh_dynamo()
         params = _horst_params(dtype, ctx.tiny)
-        ref = _run_horst(params, torch.device("cpu"), 6, impl="reference")
+        ref = _run_horst(params, torch.device("cpu"), 6, impl="reference", **extra)
         tol = 2e-5 if dtype == torch.float32 else 2e-2  # bf16: a rounding of the stored weight may differ
         for name, kw in variants.items():
-            key = f"{name}/{str(dtype).removeprefix('torch.')}"
+            key = f"{name}/{str(dtype).removeprefix('torch.')}" + ("+sr" if extra else "")
             try:
-                got = _run_horst(params, ctx.device, 6, **kw)
+                got = _run_horst(params, ctx.device, 6, **kw, **extra)
             except Exception as exc:  # e.g. fused=True refused for bf16 CPU tensors: recorded, not a failure
                 out[key] = {"status": "unavailable", "error": f"{type(exc).__name__}: {exc}"[:400]}
                 continue
