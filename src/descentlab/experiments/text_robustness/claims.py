@@ -24,6 +24,14 @@ together); the positive control, the null control and the deep-supervision basel
 unadjusted. Accuracy against the local-DP ε, when a run evaluates it, is drawn (:mod:`.figures`) but not
 judged: it is no claim of the paper, and the full preset does not evaluate it.
 
+Power, declared before the full run of the binding-constraint protocol (tuning seed 1000, evaluation seeds
+100-104). Its pilot is the earlier full run (seeds 0-2, α = 0.03, not binding): per seed, constrained −
+``erm-readout`` under Gaussian noise at γ >= 1 was −0.0035, +0.0018 and −0.0020 (sd 0.0027). With 5
+evaluation seeds the seed-level minimum detectable effect (80 % power, 95 % interval) is
+(t_{0.975,4} + t_{0.8,4}) · 0.0027 / √5 = 0.0045, under half the smallest effect of interest (0.01): the
+run can reproduce a one-point gain, and refute it if the true effect is near 0. A binding constraint may
+spread the seeds more; the run's own interval says by how much.
+
 Smallest effects of interest (the units are the metric's):
 
 * 0.01 accuracy (one point) for every accuracy-under-noise claim: a gain below one point is not worth the
