@@ -141,7 +141,7 @@ def test_alpaca_through_the_paper_path_with_both_judges(setup, tmp_path) -> None
     )
     results = json.loads((run_dir / "results.json").read_text())
     assert results["protocol"]["dataset"] == f"alpaca:{setup['data']}"
-    assert results["protocol"]["n_eval"] == 8 and results["methods"]["hard"]["train"]["steps"] == 3
+    assert results["protocol"]["n_eval"] == 8 and results["methods"]["hard"]["train"][0]["steps"] == 3
     # the likelihood judge's claims, the primary among them, judged from this run's arrays
     rows = results["claims"]
     assert (run_dir / "report.md").is_file() and rows and {r["verdict"] for r in rows} <= set(VERDICTS)
@@ -162,7 +162,7 @@ def test_alpaca_through_the_paper_path_with_both_judges(setup, tmp_path) -> None
     # the LC cells average to the LC win rate (or are the raw ones when nothing could be fitted)
     lc = judged["judged_lc/hard/clean"]
     assert lc.mean() == pytest.approx(verdicts["lc_win_rate"], abs=1e-9)
-    gens = json.loads((run_dir / "jobs" / "generate-erm.json").read_text())["conditions"]
+    gens = json.loads((run_dir / "jobs" / "generate-erm-seed0.json").read_text())["conditions"]
     assert len(gens["clean"]["texts"]) == 6 and max(gens["clean"]["tokens"]) <= 8
     assert "Generate then judge" in (run_dir / "report.md").read_text()
 

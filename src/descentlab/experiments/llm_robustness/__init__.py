@@ -20,16 +20,23 @@ The study, top to bottom:
      p_{l-1}) (:func:`~descentlab.constrained.descent.profile_constraints`), so the pretrained model meets
      them and no constraint is infeasible from the start; f_{l-1} detached (``detach_prev``), so no
      layer's loss gets a negative weight.
-  3. ``train``: each method fine-tunes from the same pretrained weights on the same batches: ERM, hard
-     constraints, resilient constraints, the positive control (ERM trained on NEFTune noise,
-     ``noisy_training``) and the null control (ERM with another data order, ``reseed``). λ of every
-     constrained layer is recorded over training.
-  4. ``grid``: on validation, ERM's perplexity under each noise kind; the levels where it grows by each of
-     ``grid.ratios`` (x1.5, x3, x10) are found by bisection (:mod:`descentlab.robustness.levels`), plus
+  3. ERM's tuning run: ERM fine-tuned from ``tune_seed``, which is never an evaluation seed and trains no
+     reported model; every choice below is made with it, on validation.
+  4. ``grid``: on validation, that ERM's perplexity under each noise kind; the levels where it grows by each
+     of ``grid.ratios`` (x1.5, x3, x10) are found by bisection (:mod:`descentlab.robustness.levels`), plus
      fixed levels (NEFTune's α = 1.5, the paper's γ on that scale).
-  5. ``eval``: every method on the held-out examples, clean and at every level: per-example reference NLL,
-     perplexity, logit-lens profiles (clean and at the profile level).
-  6. The judged outcomes against ERM (lower reference NLL wins, ties split), saved for the claims.
+  5. Selection (``selection``): each constrained method's candidates (hard: ``alpha_fraction``; resilient:
+     the slack penalty; equal numbers) fine-tune from the tuning seed and are scored on validation against
+     ERM's tuning run (``validate``); the chosen one has the largest win rate under the gaussian levels
+     among those whose clean win rate is within the parity margin of 50 %.
+  6. ``train``: each method fine-tunes once per evaluation seed (``seeds``) from the same pretrained
+     weights: ERM, hard constraints, resilient constraints (each with its chosen candidate) and the positive
+     control (ERM trained on NEFTune noise, ``noisy_training``). λ of every constrained layer is recorded
+     over training, and, with ``val_every``, the validation loss (the convergence check).
+  7. ``eval``: every fine-tune on the held-out examples, clean and at every level: per-example reference
+     NLL, perplexity, logit-lens profiles (clean and at the profile level).
+  8. The judged outcomes against ERM of the same seed (lower reference NLL wins, ties split), ``[seed,
+     draw, example]``, saved for the claims; the null control is ERM on one seed against ERM on the next.
 
 * :mod:`.headtohead` and :mod:`.tables`: win-rate and ΔNLL curves and the tables of ``results.json``.
 * :mod:`.claims`: what is judged, with the primary endpoint; :mod:`.figures`: the study's figures.

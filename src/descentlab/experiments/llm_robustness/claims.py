@@ -7,14 +7,26 @@ abstract and its LLM fine-tuning experiment). Its noise formula is not public.
 
 Cells. The run saves ``arrays/claims.npz``:
 
-* ``win/<method>/<condition>``: ``[seeds, draws, examples]``, the judged outcome of ``<method>`` against
-  ERM of the same seed index on each held-out example: 1 (lower NLL of the reference continuation), 0, or
-  1/2 for a tie. A claim compares it with 1/2, so ``a − b`` is the win rate minus 50 %.
+* ``win/<method>/<condition>``: ``[seeds, draws, examples]``, the judged outcome of ``<method>`` trained
+  from evaluation seed s against ERM trained from the same seed s, on each held-out example and noise draw:
+  1 (lower NLL of the reference continuation), 0, or 1/2 for a tie. A claim compares it with 1/2, so
+  ``a − b`` is the win rate minus 50 %, and the engine's seed-level interval
+  (:func:`~descentlab.report.stats.paired_interval`) takes the seed as the unit of replication.
+* ``null/<condition>``: ``[seeds, draws, examples]``, ERM on seed s_i against ERM on the next evaluation
+  seed s_{i+1 mod S} (a cyclic shift: every ERM seed once on each side). It needs two seeds or more.
 * ``level/<condition>``: the noise level of the condition (``[1]``).
 * ``erm_ratio/<condition>``: ERM's held-out perplexity there over its clean perplexity (``[seeds]``).
 
+The null control. Two ERM fine-tunes from different seeds differ consistently over the examples, so a win
+rate judged over examples alone calls a mere re-seed an effect (the committed one-seed run's re-seeded ERM
+"won" 71.5–76.5 % under noise). ERM against ERM of another evaluation seed is judged as a parity claim: its
+interval is the spread between ERM seeds, against which every method's win rate is read. With two seeds
+the two shifted pairs are complements (w and 1 − w), so its estimate is 50 % by construction and only its
+interval speaks.
+
 Conditions: ``clean``; ``<kind>-x<r>``, the level where ERM's validation perplexity grows ×r (found by
-bisection); ``<kind>@<level>``, a fixed level (NEFTune's α = 1.5, the paper's γ read on NEFTune's scale).
+bisection on ERM's tuning-seed fine-tune); ``<kind>@<level>``, a fixed level (NEFTune's α = 1.5, the
+paper's γ read on NEFTune's scale: untestable here, see :data:`PAPER_REASON`).
 
 Primary endpoint: ``noisy-win``, ``hard`` − ERM win rate at the gaussian ×3 level. The paper's claim is a
 win rate under noise, so the endpoint is a win rate. Gaussian noise is the paper's first noise family, and
@@ -33,6 +45,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +56,9 @@ from descentlab.report.claims import Cells, ClaimSpec, MissingArrays
 
 CLAIM_ARRAYS = "arrays/claims.npz"
 
-BASELINE, NULL, POSITIVE = "erm", "erm-reseed", "erm-neftune"
+BASELINE, POSITIVE = "erm", "erm-neftune"
+NULL = "erm (another seed)"  # the null control's arm: ERM on the next evaluation seed
+LEGACY_NULL = "erm-reseed"  # the null control of runs saved before the seeds: ERM with another data order
 CONSTRAINED = ("hard", "resilient")
 PRIMARY_METHOD, PRIMARY_CONDITION = "hard", "gaussian-x3"
 
@@ -53,9 +68,13 @@ PAPER_CONDITION = f"{PAPER_KIND}@1.5"
 
 SESOI = 0.05  # win rate (module docs)
 MARGIN = 0.05  # win rate (module docs)
-# A level that moves ERM's held-out perplexity by less than 5 % is no noise to this model: the win rate
-# there restates the clean comparison. The grid's smallest growth is ×1.5, ten times as much.
-MIN_ERM_GROWTH = 1.05
+# Why the paper's γ = 1.5 read as NEFTune's α is no test here (the claim's kind is untestable).
+PAPER_REASON = (
+    "the paper's noise formula is not public, so its γ = 1.5 has no counterpart here; read as NEFTune's α "
+    "(uniform noise of half-width α/√(n·d)), 1.5 is noise of std 0.03-0.04 σ_E on SmolLM2's 40-64-token "
+    "examples and left ERM's held-out perplexity ×1.0008 in the committed one-seed run (×3 needs α ≈ 30): "
+    "the noise changes nothing, so the win rate there restates the clean comparison (the clean-parity rows)"
+)
 
 WIN_METRIC = "head-to-head win rate against ERM − 1/2 (likelihood judge, ties 1/2)"
 SOURCE = "abstract; LLM fine-tuning experiment (Llama 3.1 8B, AlpacaEval, head to head)"
@@ -63,6 +82,10 @@ SOURCE = "abstract; LLM fine-tuning experiment (Llama 3.1 8B, AlpacaEval, head t
 
 def win_key(method: str, condition: str) -> str:
     return f"win/{method}/{condition}"
+
+
+def null_key(condition: str) -> str:
+    return f"null/{condition}"
 
 
 def condition_name(kind: str, level: float, ratio: float | None = None) -> str:
@@ -109,9 +132,9 @@ def _against_half(
     return Cells(p, np.full_like(p, 0.5), method, BASELINE, _label(arrays, condition), untestable)
 
 
-def _noisy_conditions(arrays: Mapping[str, np.ndarray], method: str) -> list[str]:
-    """The ``<kind>-x<r>`` conditions the run judged ``method`` at, by kind then ratio."""
-    prefix = f"win/{method}/"
+def _noisy_conditions(arrays: Mapping[str, np.ndarray], method: str, prefix: str | None = None) -> list[str]:
+    """The ``<kind>-x<r>`` conditions the run judged ``method`` at (under ``prefix``), by kind then ratio."""
+    prefix = prefix or f"win/{method}/"
     found = [k[len(prefix) :] for k in arrays if k.startswith(prefix)]
     noisy = sorted((d, c) for c in found if (d := _derived(c)) is not None)
     if not noisy:
@@ -145,20 +168,14 @@ def clean_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
 
 
 def paper_level_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
-    """The constrained methods at NEFTune's α = 1.5: untestable where that level leaves ERM unmoved."""
-    key = f"erm_ratio/{PAPER_CONDITION}"
-    if key not in arrays:
-        raise MissingArrays(key)
-    growth = float(np.mean(arrays[key]))
-    why = None
-    if growth < MIN_ERM_GROWTH:
-        why = (
-            f"the paper's noise scale is not public; read on NEFTune's, α = 1.5 changes ERM's held-out "
-            f"perplexity ×{growth:.3f} (< ×{MIN_ERM_GROWTH:g}): no noise to this model, so the win rate there "
-            "restates the clean comparison"
-        )
+    """The constrained methods at NEFTune's α = 1.5 (untestable here: :data:`PAPER_REASON`); the row keeps
+    the interval measured there, and ERM's perplexity growth at that level in its ``at``."""
+    growth = arrays.get(f"erm_ratio/{PAPER_CONDITION}")
     for method in _present(arrays, CONSTRAINED, PAPER_CONDITION):
-        yield _against_half(arrays, method, PAPER_CONDITION, why)
+        c = _against_half(arrays, method, PAPER_CONDITION)
+        if growth is not None:
+            c = replace(c, at=f"{c.at}, ERM perplexity ×{float(np.mean(growth)):.4f} there")
+        yield c
 
 
 def positive_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
@@ -167,9 +184,13 @@ def positive_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
 
 
 def null_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
-    yield _against_half(arrays, NULL, "clean")
-    for condition in _noisy_conditions(arrays, NULL):
-        yield _against_half(arrays, NULL, condition)
+    """ERM on seed s_i against ERM on seed s_{i+1 mod S}, clean and at every ERM-derived level."""
+    for condition in ["clean", *_noisy_conditions(arrays, NULL, prefix="null/")]:
+        key = null_key(condition)
+        if key not in arrays:
+            raise MissingArrays(key)
+        p = np.asarray(arrays[key], dtype=np.float64)
+        yield Cells(p, np.full_like(p, 0.5), NULL, BASELINE, _label(arrays, condition))
 
 
 CLAIMS: list[ClaimSpec] = [
@@ -212,9 +233,8 @@ CLAIMS: list[ClaimSpec] = [
         "the paper's 69.93 %",
         cells=paper_level_cells,
         metric=WIN_METRIC,
-        kind="sized",
-        direction="greater",
-        size=PAPER_WIN_RATE[1.5] - 0.5,
+        kind="untestable",
+        reason=PAPER_REASON,
         paper="69.93 % at γ = 1.5",
         source=SOURCE,
     ),
@@ -231,7 +251,8 @@ CLAIMS: list[ClaimSpec] = [
     ClaimSpec(
         name="null-control",
         control=True,
-        description="control: ERM re-seeded (another data order) is at parity with ERM, clean and under noise",
+        description="control: ERM on one evaluation seed is at parity with ERM on the next, clean and under "
+        "noise (the spread between ERM seeds every win rate is read against)",
         cells=null_cells,
         metric=WIN_METRIC,
         kind="parity",
@@ -260,6 +281,9 @@ def arrays_from_counts(results: Mapping[str, Any]) -> dict[str, np.ndarray]:
     with the constant 1/2, so its interval depends on how many 0, 1/2 and 1 there are, not on which
     example holds which. With more than one seed or draw the counts pool cells that the interval must keep
     apart, so nothing is rebuilt ({}: every claim is pending a re-run).
+
+    Those runs had one training seed (config key ``seed``) and a null control of their own, ERM re-seeded
+    (``erm-reseed``, another data order) against ERM: its outcomes become ``null/<condition>``.
     """
     protocol = results.get("protocol", {})
     if len(protocol.get("seeds", [])) != 1 or int(protocol.get("draws", 0)) != 1:
@@ -280,7 +304,8 @@ def arrays_from_counts(results: Mapping[str, Any]) -> dict[str, np.ndarray]:
             for i, x in enumerate(curve["x"]):
                 condition = condition_name(kind, float(x), ratios.get(x))
                 p = [0.0] * curve["losses"][i] + [0.5] * curve["ties"][i] + [1.0] * curve["wins"][i]
-                out.setdefault(win_key(method, condition), np.asarray(p)[None, None, :])
+                key = null_key(condition) if method == LEGACY_NULL else win_key(method, condition)
+                out.setdefault(key, np.asarray(p)[None, None, :])
                 out[f"level/{condition}"] = np.asarray([float(x)])
                 if ppl and x in ppl.get("x", []) and ppl["x"][0] == 0:
                     growth = ppl["mean"][ppl["x"].index(x)] / ppl["mean"][0]
@@ -296,5 +321,6 @@ __all__ = [
     "arrays_from_counts",
     "claim_arrays",
     "condition_name",
+    "null_key",
     "win_key",
 ]

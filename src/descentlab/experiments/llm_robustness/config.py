@@ -2,22 +2,30 @@
 
 The study's primary endpoint (declared in :mod:`.claims` before its full run): ``hard`` − ERM head-to-head
 win rate at the gaussian level where ERM's validation perplexity grows ×3 (``grid.ratios`` must contain 3).
+
+Seeds. Every method trains once per evaluation seed (``seeds``); the claims' cells are ``[seed, draw,
+example]`` and each seed's model is compared with ERM of the same seed. Every choice made on data is made on
+the validation split with ``tune_seed``, which is never an evaluation seed: ERM's tuning run gives the noise
+levels (its validation perplexity growth) and the clean reference of every candidate; the constrained methods'
+candidates (``selection``) train there too, and the chosen one trains afresh on every evaluation seed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from descentlab.constrained.config import DescentConfig
 from descentlab.data.causal_lm import CausalLMDataConfig
 from descentlab.errors import ConfigError
+from descentlab.experiments.llm_robustness.claims import MARGIN
 from descentlab.experiments.llm_robustness.judged import GenerativeJudgeConfig
 from descentlab.optim.config import OptimizerConfig
 from descentlab.readout import CausalLMReadout
 from descentlab.robustness.perturb import EMBEDDING_KINDS
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, with_overrides
+from descentlab.train.tuning import Selection, check_equal_budgets, check_tune_seed
 
 
 @dataclass
@@ -161,11 +169,32 @@ SPECS = {
     "resilient": "objective=constrained constraint.resilient=true constraint.alpha_fraction=1.0 "
     "constraint.penalty=0.5",
     "erm-neftune": "",  # ERM on NEFTune noise (see noisy_training): the positive control
-    # ERM again with another data order (see reseed): the null control. Any two fine-tunes differ
-    # consistently over examples, so a comparison paired over examples alone calls a mere re-seed an
-    # effect; the null-control claim shows how far a re-seed moves the win rate
-    "erm-reseed": "",
+    # The null control needs no label of its own: ERM on one evaluation seed against ERM on the next
+    # (:mod:`.claims`), the spread between ERM seeds that every win rate is read against.
 }
+
+
+def _selection() -> Selection:
+    # Equal budgets: two candidates for each constrained method, each on its own knob (check_equal_budgets).
+    # In the committed one-seed run both lost clean parity (clean win rate hard 33 %, resilient 17 %, where
+    # ERM re-seeded sat at 51 %), so each method's committed setting is offered with a looser one:
+    # resilient: the slack cost a of (a/2) u² (the issue's "resilient penalty"): 0.5 (committed) or 0.05,
+    #   slack ten times cheaper, so the tight constraints relax further (λ settles at a · u);
+    # hard: alpha_fraction, the share of the pretrained relative drop each constrained layer must keep:
+    #   0.5 (committed; λ <= 0.03) or 0.25.
+    # Rule (choose_candidate): the largest validation robustness gain (mean win rate against ERM's tuning
+    # run over the gaussian levels of the grid) among candidates whose clean validation win rate against it
+    # is >= 50 % - MARGIN (the claims' parity margin); if none is, the same order over all, and the reason
+    # says so.
+    return Selection(
+        candidates={
+            "hard": ["alpha_fraction=0.25", "alpha_fraction=0.5"],
+            "resilient": ["penalty=0.05", "penalty=0.5"],
+        },
+        follow={},
+        criterion="robust",
+        max_clean_drop=MARGIN,
+    )
 
 
 @dataclass
@@ -182,14 +211,21 @@ class LlmRobustnessConfig:
     # α = 30 on 64-token windows is per-coordinate std 0.09 = 0.67 σ_E: the middle of the test grid
     # (pretrained SmolLM2's perplexity x2.4 there on Austen validation, 2026-12-01).
     noisy_training: dict[str, list[Any]] = field(default_factory=lambda: {"erm-neftune": ["neftune", 30.0]})
-    # label -> seed offset of its data order (and readout sample): the null control
-    reseed: dict[str, int] = field(default_factory=lambda: {"erm-reseed": 1})
     constraints: ConstraintChoice = field(default_factory=ConstraintChoice)
     readout: ReadoutConfig = field(default_factory=ReadoutConfig)
     grid: GridConfig = field(default_factory=GridConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    seed: int = 0
-    val_n: int = 32  # validation examples cut (the grid and the profile use their first few)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # evaluation seeds: every one reported
+    # ERM's tuning run (the noise levels, the candidates' clean reference) and every candidate train from
+    # it, on validation only; never one of ``seeds``
+    tune_seed: int = 1000
+    selection: Selection = field(default_factory=_selection)
+    val_n: int = 32  # validation examples cut (the grid, the profile and the selection use their first few)
+    selection_examples: int = 32  # validation examples each candidate's win rates are measured on
+    # the convergence check: validation loss (mean NLL per token, all tokens) of every fine-tune on the first
+    # ``val_curve_examples`` validation examples every ``val_every`` steps and at the last (0: off)
+    val_every: int = 0
+    val_curve_examples: int = 16
     workers: int = 2  # jobs in this many 1-thread processes (1: inline); results do not depend on it
     torch_threads: int = 1  # intra-op threads per job (2 threads on 2 loaded cores ran 10x slower)
     lambda_every: int = 5  # steps between recorded λ
@@ -211,6 +247,53 @@ class LlmRobustnessConfig:
         for label, pair in self.noisy_training.items():
             if len(pair) != 2 or pair[0] not in EMBEDDING_KINDS or not float(pair[1]) > 0:
                 raise ConfigError(f"noisy_training.{label} must be [kind, level > 0], got {pair}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"seeds must list at least one evaluation seed, each once; got {self.seeds}")
+        check_tune_seed(self.tune_seed, self.seeds)
+        self._check_selection()
+        if self.val_every < 0 or self.val_curve_examples < 1 or self.selection_examples < 1:
+            raise ConfigError("val_every must be >= 0, val_curve_examples and selection_examples >= 1")
+
+    def _check_selection(self) -> None:
+        sel = self.selection
+        if sel.follow:
+            raise ConfigError(
+                f"selection.follow is not used by llm-robustness (each constrained method has its own "
+                f"candidates); got {sel.follow}"
+            )
+        if sel.criterion not in ("robust", "clean"):
+            raise ConfigError(f"selection.criterion must be robust or clean, got {sel.criterion!r}")
+        if not 0 < sel.max_clean_drop < 0.5:
+            raise ConfigError(
+                f"selection.max_clean_drop is a win-rate margin in (0, 0.5), got {sel.max_clean_drop}"
+            )
+        for label, specs in sel.candidates.items():
+            if label not in self.specs or not self.method_config(label).constrained:
+                raise ConfigError(f"selection.candidates.{label}: only constrained methods have candidates")
+            if not specs:
+                raise ConfigError(
+                    f"selection.candidates.{label} is empty; give at least one spec ('' = as is)"
+                )
+            for spec in specs:
+                self.constraint_candidate(label, spec)  # a bad spec fails here
+        constrained = [m for m in self.methods if self.method_config(m).constrained]
+        check_equal_budgets({m: sel.candidates.get(m, [""]) for m in constrained})
+
+    def constraint_candidate(self, label: str, spec: str) -> MethodConfig:
+        """``label``'s method with one selection candidate (DescentConfig overrides) applied to its constraint."""
+        method = self.method_config(label)
+        if not spec:
+            return method
+        try:
+            return replace(method, constraint=method.constraint.with_overrides(spec))
+        except ConfigError as e:
+            raise ConfigError(f"bad selection candidate {spec!r} of {label}: {e}") from None
+
+    def candidates(self, label: str) -> list[str]:
+        """``label``'s selection candidates (override specs); ``[""]`` (as configured) when it has none."""
+        if not self.method_config(label).constrained:
+            return [""]
+        return list(self.selection.candidates.get(label, [""]))
 
     def method_config(self, label: str) -> MethodConfig:
         """The MethodConfig of one label: ``method`` edited by ``specs[label]``."""
@@ -220,10 +303,12 @@ class LlmRobustnessConfig:
 CONFIG = LlmRobustnessConfig
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # the demo's budget (a couple of minutes on 2 cores): ERM and hard constraints, 16 steps, 24 held-out
-    # examples, the x3 level of each kind and NEFTune's 1.5
+    # the demo's budget (a few minutes on 2 cores): ERM and hard constraints on 2 seeds (and ERM's tuning run
+    # for the levels), 16 steps, 24 held-out examples, the x3 level of each kind and NEFTune's 1.5
     "quick": {
         "methods": ["erm", "hard"],
+        "seeds": [0, 1],  # two: the null control and every row get a seed-level interval
+        "selection.candidates": {"hard": ["alpha_fraction=0.5"]},  # nothing to choose: no candidate runs
         "train.max_steps": 16,
         "data.n_train": 64,
         "data.n_eval": 24,
@@ -235,13 +320,49 @@ PRESETS: dict[str, dict[str, Any]] = {
         "grid.val_examples": 8,
         "eval.layer_examples": 2,
     },
-    # <= 45 min on 2 idle cores (the budget allows 60): 5 methods x 250 steps of
-    # 2 x 64 tokens, 200 held-out examples of 24 + 16 tokens, gaussian x1.5 / x3 / x10, NEFTune 1.5 and x3
+    # ERM, hard, resilient and the positive control erm-neftune on 3 fresh evaluation seeds (1, 2, 3), each
+    # compared with ERM of its own seed; the null control is ERM on seed s against ERM on the next seed.
+    # Tuning seed 1000 (validation only): ERM (the noise levels: gaussian x1.5 / x3 / x10, NEFTune x3, plus
+    # NEFTune 1.5), 2 candidates for hard (alpha_fraction) and 2 for resilient (the slack penalty), chosen
+    # by the rule of `_selection` on 100 validation examples. 100 steps of 2 x 64 tokens per fine-tune (the
+    # committed run took 250): the `pilot` preset checks that the fine-tune has converged by then.
+    # 36 jobs: reference, ERM's tuning run, grid, 5 validation scorings (ERM's tuning run, 4 candidates),
+    # 4 candidate fine-tunes, 12 evaluation fine-tunes (4 methods x 3 seeds), 12 held-out evaluations.
+    # Time, from the committed full run (docs/results/llm-robustness/results.json: 1,778 s wall on 2 workers
+    # for 5 x 250 steps and 5 evaluations; s/step ERM 1.50, hard 2.37, resilient 2.39, erm-neftune 1.72;
+    # 168-196 s per evaluation of 200 examples at 7 conditions; grid 42 s, so the workers were busy 93 % of
+    # the wall time), in worker-seconds: fine-tunes 100 steps x (1.50 + 2 x 2.37 + 2 x 2.39 + 3 x 7.98 s)
+    # = 3,496 (7.98 = 1.50 + 2.37 + 2.39 + 1.72, one seed of the 4 methods), validation curves
+    # 17 fine-tunes x 5 points x ~2 s = 170 (0.13 s per example and condition), validation scorings
+    # 5 x 100 examples x 4 conditions x 0.13 s = 260, evaluations 12 x ~180 = 2,160, grid and reference ~60:
+    # 6,150 s, / (2 workers x 0.93) = about 55 min on 2 idle cores (110 steps: 58 min). Not run yet.
     "full": {
-        "train.max_steps": 250,
+        "seeds": [1, 2, 3],
+        "tune_seed": 1000,
+        "train.max_steps": 100,
         "data.n_train": 4000,
         "data.n_eval": 200,
         "data.max_chars": 1_500_000,
+        "val_n": 100,
+        "selection_examples": 100,
+        "val_every": 20,
+        "grid.ratios": [1.5, 3.0, 10.0],
+        "grid.neftune_ratios": [3.0],
+    },
+    # The convergence check of the full preset's budget: one evaluation seed, the full preset's 100 steps and
+    # data, no candidates (the first of each method's), a validation-loss point every 10 steps. The fine-tune
+    # counts as converged when every method's validation loss changes by < 2 % over the last doubling of
+    # steps (50 -> 100; the fine-tuning table's "val loss, last doubling" column). About 11 min on 2 cores
+    # (ERM's tuning run, 4 fine-tunes, 4 evaluations of 50 examples). Not run yet.
+    "pilot": {
+        "seeds": [1],
+        "tune_seed": 1000,
+        "train.max_steps": 100,
+        "data.n_train": 4000,
+        "data.n_eval": 50,
+        "data.max_chars": 1_500_000,
+        "val_every": 10,
+        "selection.candidates": {"hard": ["alpha_fraction=0.5"], "resilient": ["penalty=0.5"]},
         "grid.ratios": [1.5, 3.0, 10.0],
         "grid.neftune_ratios": [3.0],
     },
@@ -274,6 +395,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "val_n": 128,
         "workers": 1,
         "torch_threads": 0,
+        # one evaluation seed and no candidates, as before the seeds existed: 5 fine-tunes (ERM's tuning run,
+        # which finds the noise levels, took the re-seeded ERM's place). With one seed every row reads "one
+        # seed" and the null control (ERM against ERM on another evaluation seed) waits for a second seed.
+        "seeds": [0],
+        "tune_seed": 1000,
+        "selection.candidates": {"hard": [""], "resilient": [""]},
         "train.max_steps": 800,
         "train.batch_size": 8,
         "train.grad_accum_steps": 8,

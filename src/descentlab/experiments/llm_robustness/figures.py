@@ -1,5 +1,7 @@
-"""llm-robustness's figures, drawn from ``results.json`` alone: win rate and ΔNLL against the noise level,
-per-layer profiles, λ over training."""
+"""llm-robustness's figures, drawn from ``results.json`` alone: win rate and ΔNLL against the noise level
+(the null control, ERM against ERM on the next seed, beside the methods), per-layer profiles, λ over
+training for every constrained method (mean over the seeds, each seed thin), the validation loss over
+training (the convergence check)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from descentlab.experiments.llm_robustness.claims import PAPER_KIND, PAPER_WIN_RATE
+from descentlab.experiments.llm_robustness.tables import seed_facts
 from descentlab.report.figures import new_figure, save_figure
 
 
@@ -17,7 +20,9 @@ def _band(ax: Any, c: Mapping[str, Any], label: str, scale: float = 1.0) -> None
     x = np.asarray(c["x"], dtype=float)
     mean = np.asarray(c["mean"]) * scale
     lo, hi = np.asarray(c["ci_low"]) * scale, np.asarray(c["ci_high"]) * scale
-    ax.errorbar(x, mean, yerr=[mean - lo, hi - mean], marker="o", ms=3, capsize=3, label=label)
+    # the mean and the interval are computed apart (p.mean() vs 1/2 + the interval's mean): clip the rounding
+    yerr = [np.maximum(mean - lo, 0.0), np.maximum(hi - mean, 0.0)]
+    ax.errorbar(x, mean, yerr=yerr, marker="o", ms=3, capsize=3, label=label)
 
 
 def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
@@ -34,6 +39,8 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
     )
     out: list[dict[str, str]] = []
     figdir = Path(run_dir) / "figures"
+    n_seeds = len(results.get("seeds") or results.get("protocol", {}).get("seeds") or [0])
+    seeds_text = f"{n_seeds} seeds" if n_seeds > 1 else "one seed: over examples only"
     if kinds:
         for metric, fname, ylabel in (
             ("win_rate", "win-rate.png", f"win rate vs {baseline} (%)"),
@@ -44,7 +51,8 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
                 for m, b in methods.items():
                     c = b["curves"].get(f"{metric}@{kind}")
                     if c is not None:
-                        _band(ax, c, m, 100.0 if metric == "win_rate" else 1.0)
+                        label = f"{m} vs {m} (next seed)" if m == baseline else m
+                        _band(ax, c, label, 100.0 if metric == "win_rate" else 1.0)
                 ax.axhline(50.0 if metric == "win_rate" else 0.0, color="grey", lw=1, ls="--")
                 if metric == "win_rate" and kind == PAPER_KIND:
                     ax.plot(
@@ -63,7 +71,9 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
             out.append(
                 {
                     "path": f"figures/{fname}",
-                    "caption": f"{ylabel} against the noise level (95 % intervals; one training seed: over examples only)",
+                    "caption": f"{ylabel} against the noise level, each method against {baseline} of the same "
+                    f"seed and {baseline} against itself on the next seed (the null control); seed-level 95 % "
+                    f"intervals ({seeds_text})",
                 }
             )
     prof = results.get("profile_condition")
@@ -81,9 +91,9 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
                     ax.plot(range(1, len(p)), p[1:], marker=".", ms=3, label=m)
             layers = next(
                 (
-                    b["train"].get("constrained_layers")
+                    seed_facts(b)[0].get("constrained_layers")
                     for b in methods.values()
-                    if b.get("train", {}).get("constrained_layers")
+                    if seed_facts(b) and seed_facts(b)[0].get("constrained_layers")
                 ),
                 None,
             )
@@ -103,16 +113,23 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
             }
         )
     traced = {
-        m: b["train"]["lambda_trace"] for m, b in methods.items() if b.get("train", {}).get("lambda_trace")
+        m: runs for m, b in methods.items() if (runs := [r for r in seed_facts(b) if r.get("lambda_trace")])
     }
     if traced:
         fig, axes = new_figure(1, len(traced))
-        for ax, (m, t) in zip(axes[0], traced.items(), strict=True):
-            lam = np.asarray(t["lambda"])
-            layers = methods[m]["train"].get("constrained_layers") or list(range(1, lam.shape[1] + 1))
+        for ax, (m, runs) in zip(axes[0], traced.items(), strict=True):
+            steps = runs[0]["lambda_trace"]["steps"]
+            lams = [
+                np.asarray(r["lambda_trace"]["lambda"]) for r in runs if r["lambda_trace"]["steps"] == steps
+            ]
+            mean = np.mean(lams, axis=0)
+            layers = runs[0].get("constrained_layers") or list(range(1, mean.shape[1] + 1))
             for layer in layers:
-                ax.plot(t["steps"], lam[:, layer - 1], lw=1, label=f"λ_{layer}")
-            ax.set(xlabel="step", ylabel="λ", title=m)
+                (line,) = ax.plot(steps, mean[:, layer - 1], lw=1.5, label=f"λ_{layer}")
+                if len(lams) > 1:
+                    for lam in lams:
+                        ax.plot(steps, lam[:, layer - 1], lw=0.5, alpha=0.35, color=line.get_color())
+            ax.set(xlabel="step", ylabel="λ", title=f"{m} ({len(lams)} seed{'s' if len(lams) > 1 else ''})")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=6, ncol=2)
         fig.tight_layout()
@@ -120,7 +137,33 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
         out.append(
             {
                 "path": "figures/lambda.png",
-                "caption": "Multipliers λ_l of the constrained layers over training",
+                "caption": "Multipliers λ_l of the constrained layers over training: the mean over the evaluation "
+                "seeds (thick), each seed (thin)",
+            }
+        )
+    curves = {
+        m: runs for m, b in methods.items() if (runs := [r for r in seed_facts(b) if r.get("val_curve")])
+    }
+    if curves:
+        fig, axes = new_figure(1, 1)
+        ax = axes[0][0]
+        for m, runs in curves.items():
+            color = None
+            for i, r in enumerate(runs):
+                c = r["val_curve"]
+                (line,) = ax.plot(c["steps"], c["loss"], lw=1, marker=".", ms=3, color=color,
+                                  label=m if i == 0 else None)  # fmt: skip
+                color = line.get_color()
+        ax.set(xlabel="step", ylabel="validation loss (nats per token)", title="convergence")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        save_figure(fig, figdir / "val-loss.png")
+        out.append(
+            {
+                "path": "figures/val-loss.png",
+                "caption": "Validation loss over training, every fine-tune on an evaluation seed (one line per "
+                "seed): converged when it changes by < 2 % over the last doubling of steps",
             }
         )
     return out

@@ -1,15 +1,18 @@
 """llm-robustness head to head: per-example judged outcomes against the baseline, the curves, the claim arrays.
 
-Cells are held-out examples i and noise draws d of one condition (kind, level); every model saw the same
-noisy embeddings there. Against the baseline B (ERM), method M has, per cell,
+Cells are evaluation seeds s, noise draws d and held-out examples i of one condition (kind, level); every
+model saw the same noisy embeddings there. Against the baseline B (ERM) of the same seed, method M has,
+per cell,
 
-    outcome  p_di = 1[r^M < r^B - tol] + 1/2 · 1[|r^M - r^B| <= tol]      (r: reference NLL, nats)
-    ΔNLL     δ_di = (r^M_di - r^B_di) / n_i                               (n_i: reference tokens)
+    outcome  p_sdi = 1[r^M_sdi < r^B_sdi - tol] + 1/2 · 1[|r^M_sdi - r^B_sdi| <= tol]   (r: reference NLL, nats)
+    ΔNLL     δ_sdi = (r^M_sdi - r^B_sdi) / n_i                                        (n_i: reference tokens)
 
 The win rate is mean p and ΔNLL mean δ (negative: M gives the reference more probability). Each curve point
 carries the interval of :func:`~descentlab.report.stats.paired_interval` over the cells ``[seeds, draws,
-examples]``; with one training seed it counts examples only, so it describes this pair of fine-tunes, not
-the method. The claims (:mod:`.claims`) are judged from the outcomes saved by :func:`claim_cells`.
+examples]``, with the seed as the unit of replication (with one seed it counts examples only, so it
+describes that pair of fine-tunes, not the method). The baseline's own curves compare ERM on seed s_i with
+ERM on the next seed s_{i+1 mod S}: the null control. The claims (:mod:`.claims`) are judged from the
+outcomes saved by :func:`claim_cells`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from descentlab.experiments.llm_robustness.claims import condition_name, win_key
+from descentlab.experiments.llm_robustness.claims import condition_name, null_key, win_key
 from descentlab.experiments.llm_robustness.tables import tables
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import paired_interval
@@ -41,25 +44,53 @@ def outcomes(nll_m: np.ndarray, nll_b: np.ndarray, tol: float = 1e-6) -> np.ndar
     return np.where(nll_m < nll_b - tol, 1.0, np.where(nll_m > nll_b + tol, 0.0, 0.5))
 
 
+def shifted(evs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``evs`` (one per evaluation seed) shifted by one seed, cyclically: the null control's other arm."""
+    return [evs[(i + 1) % len(evs)] for i in range(len(evs))]
+
+
+def seed_outcomes(
+    evs_m: Sequence[Mapping[str, Any]],
+    evs_b: Sequence[Mapping[str, Any]],
+    kind: str,
+    level: float,
+    *,
+    draws: int,
+    tol: float = 1e-6,
+) -> np.ndarray:
+    """``[seeds, draws, examples]`` outcomes of M against B, seed by seed (``evs_m[s]`` against ``evs_b[s]``)."""
+    if len(evs_m) != len(evs_b):
+        raise ValueError(f"paired by seed: {len(evs_m)} evaluations against {len(evs_b)}")
+    return np.stack(
+        [
+            outcomes(_nll(m, kind, level, draws), _nll(b, kind, level, draws), tol)
+            for m, b in zip(evs_m, evs_b, strict=True)
+        ]
+    )
+
+
 def head_to_head(
-    ev_m: Mapping[str, Any],
-    ev_b: Mapping[str, Any],
+    evs_m: Sequence[Mapping[str, Any]],
+    evs_b: Sequence[Mapping[str, Any]],
     kind: str,
     level: float,
     *,
     draws: int,
     tol: float = 1e-6,
 ) -> dict[str, Any]:
-    """Win rate and per-token ΔNLL of M against B at one condition, each with its 95 % interval."""
-    a, b = _nll(ev_m, kind, level, draws), _nll(ev_b, kind, level, draws)
-    n = np.asarray(ev_m["ref_tokens"], dtype=np.float64)[None, :]
-    p = outcomes(a, b, tol)
-    win = paired_interval(p[None], np.full_like(p[None], 0.5))
-    delta = paired_interval((a / n)[None], (b / n)[None])
+    """Win rate and per-token ΔNLL of M against B at one condition, paired by seed (``evs_m[s]`` against
+    ``evs_b[s]``), each with its seed-level 95 % interval, and the win rate of every seed."""
+    p = seed_outcomes(evs_m, evs_b, kind, level, draws=draws, tol=tol)
+    a = np.stack([_nll(m, kind, level, draws) for m in evs_m])
+    b = np.stack([_nll(e, kind, level, draws) for e in evs_b])
+    n = np.asarray(evs_m[0]["ref_tokens"], dtype=np.float64)[None, None, :]
+    win = paired_interval(p, np.full_like(p, 0.5))
+    delta = paired_interval(a / n, b / n)
     return {
         "outcomes": p,
         "win_rate": float(p.mean()),
         "win_ci": [0.5 + win.low, 0.5 + win.high],
+        "per_seed": p.mean(axis=(1, 2)).tolist(),
         "wins": int((p == 1).sum()),
         "ties": int((p == 0.5).sum()),
         "losses": int((p == 0).sum()),
@@ -68,10 +99,15 @@ def head_to_head(
     }
 
 
-def perplexity(ev: Mapping[str, Any], kind: str, level: float, draws: int) -> float:
-    """The mean perplexity over the draws of one condition."""
+def perplexity(evs: Sequence[Mapping[str, Any]], kind: str, level: float, draws: int) -> float:
+    """The mean perplexity over the seeds and draws of one condition."""
     n = 1 if level == 0 else draws
-    return float(np.mean([ev["perplexity"][noise_key(kind, level, d)] for d in range(n)]))
+    return float(np.mean([ev["perplexity"][noise_key(kind, level, d)] for ev in evs for d in range(n)]))
+
+
+def seed_perplexity(evs: Sequence[Mapping[str, Any]], kind: str, level: float, draws: int) -> np.ndarray:
+    """``[seeds]``: each seed's perplexity at one condition, the mean over its draws."""
+    return np.asarray([perplexity([ev], kind, level, draws) for ev in evs])
 
 
 def conditions(
@@ -87,97 +123,172 @@ def conditions(
 
 
 def claim_cells(
-    evaluations: Mapping[str, Mapping[str, Any]],
+    evaluations: Mapping[str, Sequence[Mapping[str, Any]]],
     *,
     baseline: str,
     conds: Mapping[str, tuple[str, float]],
     draws: int,
     tol: float = 1e-6,
 ) -> dict[str, np.ndarray]:
-    """The arrays :mod:`.claims` reads (one training seed: the seed axis has length 1)."""
+    """The arrays :mod:`.claims` reads; ``evaluations[m][s]``: method m on evaluation seed s (the same
+    seeds, in the same order, for every method). The null control's ``null/<condition>`` needs two seeds."""
     base = evaluations[baseline]
-    clean = perplexity(base, next(iter(conds.values()))[0], 0.0, draws)
+    kind0 = next(iter(conds.values()))[0]
+    clean = seed_perplexity(base, kind0, 0.0, draws)
     out: dict[str, np.ndarray] = {}
     for name, (kind, x) in conds.items():
         out[f"level/{name}"] = np.asarray([x])
-        out[f"erm_ratio/{name}"] = np.asarray([perplexity(base, kind, x, draws) / clean])
-        for m, ev in evaluations.items():
+        out[f"erm_ratio/{name}"] = seed_perplexity(base, kind, x, draws) / clean
+        for m, evs in evaluations.items():
             if m != baseline:
-                p = outcomes(_nll(ev, kind, x, draws), _nll(base, kind, x, draws), tol)
-                out[win_key(m, name)] = p[None]
+                out[win_key(m, name)] = seed_outcomes(evs, base, kind, x, draws=draws, tol=tol)
+        if len(base) > 1:
+            out[null_key(name)] = seed_outcomes(base, shifted(base), kind, x, draws=draws, tol=tol)
     return out
+
+
+def _mean_profiles(evs: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """Each layer-loss profile averaged over the seeds."""
+    keys = evs[0]["layer_loss"].keys()
+    return {k: np.mean([ev["layer_loss"][k] for ev in evs], axis=0).tolist() for k in keys}
+
+
+def _h2h_curves(
+    evs_m: Sequence[Mapping[str, Any]],
+    evs_b: Sequence[Mapping[str, Any]],
+    kind: str,
+    xs: Sequence[float],
+    *,
+    draws: int,
+    tol: float,
+    against: str,
+) -> dict[str, Curve]:
+    h = [head_to_head(evs_m, evs_b, kind, x, draws=draws, tol=tol) for x in xs]
+    return {
+        f"win_rate@{kind}": Curve(
+            "gamma",
+            list(xs),
+            "win_rate",
+            [r["win_rate"] for r in h],
+            extra={
+                "ci_low": [r["win_ci"][0] for r in h],
+                "ci_high": [r["win_ci"][1] for r in h],
+                "per_seed": [r["per_seed"] for r in h],
+                "against": against,
+                **{k: [r[k] for r in h] for k in ("wins", "ties", "losses")},
+            },
+        ),
+        f"delta_nll@{kind}": Curve(
+            "gamma",
+            list(xs),
+            "delta_nll_per_token",
+            [r["delta_nll"] for r in h],
+            extra={
+                "ci_low": [r["delta_ci"][0] for r in h],
+                "ci_high": [r["delta_ci"][1] for r in h],
+                "against": against,
+            },
+        ),
+    }
 
 
 def summarise(
     *,
-    evaluations: Mapping[str, Mapping[str, Any]],
-    facts: Mapping[str, Mapping[str, Any]],
+    evaluations: Mapping[str, Sequence[Mapping[str, Any]]],
+    facts: Mapping[str, Sequence[Mapping[str, Any]]],
     reference: Mapping[str, Any],
     grid: Mapping[str, Any],
     levels: Mapping[str, Sequence[float]],
     baseline: str,
     profile: str,
+    seeds: Sequence[int],
+    selection: Mapping[str, Any] | None = None,
     draws: int = 1,
     tol: float = 1e-6,
 ) -> dict[str, Any]:
-    """The results body: method blocks (perplexity, win-rate and ΔNLL curves with intervals), tables, notes.
+    """The results body: method blocks (perplexity, win-rate and ΔNLL curves with seed-level intervals, the
+    fine-tunes of every seed), the selection, tables, notes.
 
-    The claims are not here: the runner judges them from :func:`claim_cells`' arrays.
+    ``evaluations[m]`` and ``facts[m]`` hold one entry per evaluation seed, in the order of ``seeds``. The
+    baseline's own win-rate curves are the null control (ERM against ERM on the next seed; two seeds or
+    more). The claims are not here: the runner judges them from :func:`claim_cells`' arrays.
     """
     base = evaluations[baseline]
     methods: dict[str, Any] = {}
-    for m, ev in evaluations.items():
+    for m, evs in evaluations.items():
         curves: dict[str, Curve] = {}
-        metrics: dict[str, Any] = {"perplexity": ev["perplexity"]["clean"]}
+        metrics: dict[str, Any] = {"perplexity": perplexity(evs, "clean", 0.0, draws)}
         for kind, xs in levels.items():
-            ppl = [perplexity(ev, kind, x, draws) for x in xs]
-            curves[f"perplexity@{kind}"] = Curve("gamma", list(xs), "perplexity", ppl)
+            ppl = [perplexity(evs, kind, x, draws) for x in xs]
+            per_seed = [seed_perplexity(evs, kind, x, draws).tolist() for x in xs]
+            curves[f"perplexity@{kind}"] = Curve(
+                "gamma", list(xs), "perplexity", ppl, extra={"per_seed": per_seed}
+            )
             metrics.update({f"perplexity@{kind}{x:g}": v for x, v in zip(xs, ppl, strict=True) if x > 0})
             if m == baseline:
+                if len(evs) > 1:
+                    curves.update(
+                        _h2h_curves(
+                            evs, shifted(evs), kind, xs, draws=draws, tol=tol, against=f"{m}, the next seed"
+                        )
+                    )
                 continue
-            h = [head_to_head(ev, base, kind, x, draws=draws, tol=tol) for x in xs]
-            curves[f"win_rate@{kind}"] = Curve(
-                "gamma",
-                list(xs),
-                "win_rate",
-                [r["win_rate"] for r in h],
-                extra={
-                    "ci_low": [r["win_ci"][0] for r in h],
-                    "ci_high": [r["win_ci"][1] for r in h],
-                    **{k: [r[k] for r in h] for k in ("wins", "ties", "losses")},
-                },
+            curves.update(
+                _h2h_curves(evs, base, kind, xs, draws=draws, tol=tol, against=f"{baseline}, same seed")
             )
-            curves[f"delta_nll@{kind}"] = Curve(
-                "gamma",
-                list(xs),
-                "delta_nll_per_token",
-                [r["delta_nll"] for r in h],
-                extra={"ci_low": [r["delta_ci"][0] for r in h], "ci_high": [r["delta_ci"][1] for r in h]},
-            )
-            metrics.setdefault("win_rate", h[0]["win_rate"])  # the clean point (every kind starts at 0)
-        f = facts.get(m, {})
-        metrics.update({k: f[k] for k in ("train_seconds", "seconds_per_step", "steps") if k in f})
-        metrics["eval_seconds"] = ev.get("eval_seconds")
+            metrics.setdefault(
+                "win_rate", curves[f"win_rate@{kind}"].mean[0]
+            )  # clean: every kind starts at 0
+        f = list(facts.get(m, []))
+        for k in ("train_seconds", "seconds_per_step", "steps"):
+            values = [x[k] for x in f if x.get(k) is not None]
+            if values:
+                metrics[k] = float(np.mean(values))
+        metrics["eval_seconds"] = float(np.mean([ev.get("eval_seconds", float("nan")) for ev in evs]))
         methods[m] = MethodResult(
-            metrics=metrics, curves=curves, layer_loss=dict(ev["layer_loss"]), extra={"train": dict(f)}
+            metrics=metrics,
+            curves=curves,
+            layer_loss=_mean_profiles(evs),
+            extra={"seeds": list(seeds), "train": [dict(x) for x in f]},
         ).to_dict()
     body: dict[str, Any] = {
         "methods": methods,
         "grid": dict(grid),
         "reference": dict(reference),
         "profile_condition": profile,
+        "seeds": list(seeds),
     }
+    if selection is not None:
+        body["selection"] = dict(selection)
     body["tables"] = tables(body, baseline)
+    n = len(seeds)
     body["notes"] = [
-        "Win rate: likelihood judge, ties count half, 50 % is parity. The curves' 95 % intervals are "
-        "paired_interval over (seeds, noise draws, held-out examples); with one training seed they count "
-        "examples only. The paper's 50 % -> 69.93 % is Llama 3.1 8B judged on AlpacaEval.",
+        "Win rate: likelihood judge, ties count half, 50 % is parity; each method is compared with ERM of the "
+        f"same evaluation seed ({n} seed{'s' if n > 1 else ''}: {list(seeds)}). The curves' 95 % intervals are "
+        "paired_interval over (seeds, noise draws, held-out examples), the seed the unit of replication"
+        + ("." if n > 1 else "; with one seed they count examples only.")
+        + " The paper's 50 % -> 69.93 % is Llama 3.1 8B judged on AlpacaEval.",
+        f"The null control ({baseline}'s own win-rate rows): {baseline} on seed s_i against {baseline} on the "
+        "next seed s_(i+1 mod S); its interval is the spread between ERM seeds every win rate is read against"
+        + (" (it needs two seeds; this run has one)." if n < 2 else "."),
         "delta_nll: (method - ERM) reference NLL per token, nats; negative favours the method.",
-        "Levels: gaussian in units of sigma_E; neftune is NEFTune's alpha (noise alpha / sqrt(n d)).",
-        "Per-example NLLs of every method and condition are in jobs/eval-<method>.json; the judged "
-        "outcomes the claims read are in arrays/claims.npz.",
+        "Levels: gaussian in units of sigma_E; neftune is NEFTune's alpha (noise alpha / sqrt(n d)). They come "
+        "from ERM's fine-tune on the tuning seed (validation only), as every other choice.",
+        "Per-example NLLs of every method, seed and condition are in jobs/eval-<method>-seed<s>.json; the "
+        "judged outcomes the claims read are in arrays/claims.npz.",
     ]
     return body
 
 
-__all__ = ["claim_cells", "conditions", "head_to_head", "noise_key", "outcomes", "perplexity", "summarise"]
+__all__ = [
+    "claim_cells",
+    "conditions",
+    "head_to_head",
+    "noise_key",
+    "outcomes",
+    "perplexity",
+    "seed_outcomes",
+    "seed_perplexity",
+    "shifted",
+    "summarise",
+]

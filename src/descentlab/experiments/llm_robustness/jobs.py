@@ -6,12 +6,17 @@ reset to the pretrained weights at the start of every job.
 
 * :func:`reference_job`: the pretrained model's logit-lens profile on validation (where the constraints
   come from) and on the held-out examples;
-* :func:`train_job`: fine-tune one method (constraints chosen from the profile by :func:`constrained_method`,
-  training noise for the positive control), λ recorded over training (:class:`LambdaTrace`);
+* :func:`train_job`: fine-tune one method from one seed, with one selection candidate (constraints chosen
+  from the profile by :func:`constrained_method`, training noise for the positive control), λ recorded over
+  training (:class:`LambdaTrace`) and, when asked, the validation loss (:class:`ValidationCurve`);
 * :func:`grid_job`: the levels where the baseline's validation perplexity grows by each factor
-  (:func:`descentlab.robustness.levels.levels_for_ratios`);
+  (:func:`descentlab.robustness.levels.levels_for_ratios`), on ERM's tuning run;
+* :func:`validate_job`: a tuning-seed model's per-example NLLs on validation at the selection's levels;
 * :func:`eval_job`: one fine-tuned model on the held-out examples at every level
   (:func:`descentlab.robustness.lm_eval.evaluate_levels`).
+
+Every fine-tune is named by :func:`run_tag` (``<label>-seed<s>``, ``<label>-cand<i>-seed<s>`` for a
+candidate's tuning run); its final weights stay in ``checkpoints/<tag>``.
 """
 
 from __future__ import annotations
@@ -93,9 +98,15 @@ def reference_job(cfg: Any, val: list[dict], held: list[dict]) -> dict:
     }
 
 
-def constrained_method(cfg: Any, label: str, val_profile: list[float]) -> MethodConfig:
-    """``label``'s method with its constraints chosen from the pretrained validation profile."""
-    method = cfg.method_config(label)
+def run_tag(label: str, seed: int, candidate: int | None = None) -> str:
+    """The name of one fine-tune: its checkpoint folder and job keys."""
+    return f"{label}-seed{seed}" if candidate is None else f"{label}-cand{candidate}-seed{seed}"
+
+
+def constrained_method(cfg: Any, label: str, val_profile: list[float], candidate: str = "") -> MethodConfig:
+    """``label``'s method, with the selection ``candidate`` (DescentConfig overrides) applied, and its
+    constraints chosen from the pretrained validation profile."""
+    method = cfg.constraint_candidate(label, candidate)
     c = cfg.constraints
     if not method.constrained or c.select == "config":
         return method
@@ -154,26 +165,91 @@ class StepTimer:
         return (self.last[1] - self.first[1]) / (self.last[0] - self.first[0])
 
 
-def train_job(cfg: Any, label: str, train: list[dict], val_profile: list[float], run: RunDir) -> dict:
-    """Fine-tune ``label`` from the pretrained weights; the final weights stay in ``checkpoints/<label>``."""
+class ValidationCurve:
+    """fit callback: the validation loss every ``every`` steps and at step ``last`` (the convergence check).
+
+    The loss is the mean NLL per token over every predicted token of ``examples``,
+    ``Σ_i nll_i / Σ_i n_i``, the log of their perplexity, scored clean in eval mode (no RNG drawn, so the
+    training run is the same with or without it). It syncs with the host only at those steps.
+    """
+
+    def __init__(self, examples: list[dict], pad_token_id: int, batch_size: int, every: int, last: int):
+        self.examples, self.pad_token_id, self.batch_size = examples, pad_token_id, batch_size
+        self.every, self.last = every, last
+        self.steps: list[int] = []
+        self.loss: list[float] = []
+
+    def __call__(self, step: int, model: torch.nn.Module, logs: dict[str, float]) -> None:
+        if step % self.every and step != self.last:
+            return
+        s = score_examples(
+            model,
+            self.examples,
+            pad_token_id=self.pad_token_id,
+            batch_size=self.batch_size,
+            collate_fn=collate_causal,
+        )
+        self.steps.append(step)
+        self.loss.append(float(s.all_nll.sum()) / max(1, int(s.all_tokens.sum())))
+
+
+def last_doubling_change(steps: list[int], loss: list[float]) -> float | None:
+    """The relative change of a validation-loss curve over its last doubling of steps,
+    ``(L(T) − L(t)) / L(t)`` with T the last step and t the last recorded step <= T/2 (None if there is none).
+
+    Negative: the loss still fell. A fine-tune counts as converged when |change| < 2 %.
+    """
+    if not steps:
+        return None
+    half = [i for i, t in enumerate(steps) if 0 < t <= steps[-1] / 2]
+    if not half:
+        return None
+    before = loss[half[-1]]
+    return (loss[-1] - before) / before
+
+
+def train_job(
+    cfg: Any,
+    label: str,
+    train: list[dict],
+    val_profile: list[float],
+    run: RunDir,
+    seed: int,
+    candidate: str = "",
+    tag: str | None = None,
+    val: list[dict] | None = None,
+) -> dict:
+    """Fine-tune ``label`` (with the selection ``candidate``) from the pretrained weights and ``seed`` (data
+    order, readout sample, training noise); the final weights stay in ``checkpoints/<tag>``."""
+    tag = tag or run_tag(label, seed)
     model, tok = model_for(cfg)
     num_layers = int(model.config.num_hidden_layers)
-    method = constrained_method(cfg, label, val_profile)
+    method = constrained_method(cfg, label, val_profile, candidate)
     readout = cfg.readout.build(read_layers(method, num_layers)) if method.constrained else None
-    seed = cfg.seed + cfg.reseed.get(label, 0)  # a reseeded label: another data order (the null control)
     seed_everything(seed)
     train_cfg = replace(cfg.train, seed=seed)
-    recipe = build_recipe(method, model, total_steps=train_cfg.total_steps(len(train)), readout=readout)
+    total = train_cfg.total_steps(len(train))
+    recipe = build_recipe(method, model, total_steps=total, readout=readout)
     objective = recipe.objective
     if label in cfg.noisy_training:
         kind, level = cfg.noisy_training[label]
-        objective = EmbeddingNoise(objective, float(level), kind, seed=cfg.seed + 1)
+        objective = EmbeddingNoise(objective, float(level), kind, seed=seed + 1)
     timer = StepTimer()
     callbacks: list[Any] = [timer]
     trace = None
     if recipe.constraint is not None:
         trace = LambdaTrace(recipe.constraint, cfg.lambda_every)
         callbacks.append(trace)
+    curve = None
+    if cfg.val_every > 0 and val:
+        curve = ValidationCurve(
+            val[: cfg.val_curve_examples],
+            int(tok.pad_token_id),
+            cfg.eval.batch_size,
+            every=cfg.val_every,
+            last=total,
+        )
+        callbacks.append(curve)
     kwargs = {**recipe.fit_kwargs(), "objective": objective}
     started = time.perf_counter()
     result = fit(
@@ -182,12 +258,14 @@ def train_job(cfg: Any, label: str, train: list[dict], val_profile: list[float],
         cfg=train_cfg,
         collate_fn=CausalCollator(int(tok.pad_token_id)),
         run=run,
-        tag=label,
+        tag=tag,
         callbacks=callbacks,
         **kwargs,
     )
     facts: dict[str, Any] = {
         "label": label,
+        "tag": tag,
+        "candidate": candidate,
         "steps": result.steps,
         "train_seconds": time.perf_counter() - started,
         "seconds_per_step": timer.seconds_per_step,
@@ -195,6 +273,12 @@ def train_job(cfg: Any, label: str, train: list[dict], val_profile: list[float],
         "noisy_training": cfg.noisy_training.get(label),
         "seed": seed,
     }
+    if curve is not None:
+        facts["val_curve"] = {
+            "steps": curve.steps,
+            "loss": curve.loss,
+            "last_doubling_change": last_doubling_change(curve.steps, curve.loss),
+        }
     if recipe.constraint is not None:
         c = recipe.constraint
         facts["constrained_layers"] = [i + 1 for i, on in enumerate(c.mask.tolist()) if on]
@@ -207,20 +291,24 @@ def train_job(cfg: Any, label: str, train: list[dict], val_profile: list[float],
     return facts
 
 
-def _load_trained(cfg: Any, label: str, run: RunDir) -> tuple[torch.nn.Module, Any]:
+def _load_trained(cfg: Any, tag: str, run: RunDir) -> tuple[torch.nn.Module, Any]:
+    """This process's model with the final weights of the fine-tune ``tag`` (:func:`run_tag`)."""
     model, tok = model_for(cfg)
-    ckpt = load_latest(run.checkpoint_dir(label))
+    ckpt = load_latest(run.checkpoint_dir(tag))
     if ckpt is None:
         raise ConfigError(
-            f"no checkpoint of {label!r} in {run.checkpoint_dir(label)}; its train job did not finish"
+            f"no checkpoint of {tag!r} in {run.checkpoint_dir(tag)}; its train job did not finish"
         )
     ckpt.load_model_(model)
     return model, tok
 
 
-def grid_job(cfg: Any, val: list[dict], run: RunDir) -> dict:
-    """ERM's perplexity ratio on validation against each kind's level; the levels of ``grid.ratios``."""
-    model, tok = _load_trained(cfg, cfg.baseline, run)
+def grid_job(cfg: Any, val: list[dict], run: RunDir, tag: str) -> dict:
+    """ERM's perplexity ratio on validation against each kind's level; the levels of ``grid.ratios``.
+
+    ``tag``: ERM's fine-tune on the tuning seed, so that no evaluation seed takes part in any choice.
+    """
+    model, tok = _load_trained(cfg, tag, run)
     g, examples = cfg.grid, val[: cfg.grid.val_examples]
 
     def perplexity(noise: Noise) -> float:
@@ -257,9 +345,35 @@ def grid_levels(cfg: Any, grid: dict) -> dict[str, list[float]]:
     }
 
 
-def eval_job(cfg: Any, label: str, held: list[dict], levels: dict, profile: list, run: RunDir) -> dict:
-    """``label``'s fine-tuned model on the held-out examples at every level (and its layer profiles)."""
-    model, tok = _load_trained(cfg, label, run)
+def validation_levels(cfg: Any, grid: dict) -> dict[str, list[float]]:
+    """The conditions a candidate is scored at on validation: clean and every ERM-derived level of
+    ``grid.profile_kind`` (gaussian: the kind of the primary endpoint)."""
+    kind = cfg.grid.profile_kind
+    return {kind: sorted({0.0, *grid["kinds"][kind]["levels"]})}
+
+
+def validate_job(cfg: Any, tag: str, val: list[dict], levels: dict, run: RunDir) -> dict:
+    """A tuning-seed fine-tune's per-example NLLs on the first ``selection_examples`` validation examples,
+    clean and at ``levels`` (``selection.draws`` noise draws each): the selection's inputs."""
+    model, tok = _load_trained(cfg, tag, run)
+    started = time.perf_counter()
+    ev = evaluate_levels(
+        model,
+        val[: cfg.selection_examples],
+        levels,
+        pad_token_id=int(tok.pad_token_id),
+        collate_fn=collate_causal,
+        draws=cfg.selection.draws,
+        noise_seed=cfg.grid.noise_seed,
+        batch_size=cfg.eval.batch_size,
+        perplexity_on=cfg.eval.perplexity_on,
+    )
+    return {"nll": ev["nll"], "perplexity": ev["perplexity"], "seconds": time.perf_counter() - started}
+
+
+def eval_job(cfg: Any, tag: str, held: list[dict], levels: dict, profile: list, run: RunDir) -> dict:
+    """The fine-tune ``tag`` on the held-out examples at every level (and its layer profiles)."""
+    model, tok = _load_trained(cfg, tag, run)
     e = cfg.eval
     started = time.perf_counter()
     ev = evaluate_levels(
@@ -281,7 +395,14 @@ def eval_job(cfg: Any, label: str, held: list[dict], levels: dict, profile: list
 
 def job(kind: str, *args: Any) -> dict:
     """The experiment's one job function (top level: it runs in spawned workers)."""
-    return {"reference": reference_job, "train": train_job, "grid": grid_job, "eval": eval_job}[kind](*args)
+    jobs = {
+        "reference": reference_job,
+        "train": train_job,
+        "grid": grid_job,
+        "validate": validate_job,
+        "eval": eval_job,
+    }
+    return jobs[kind](*args)
 
 
 def validation_examples(cfg: Any, tok: Any, train: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -309,13 +430,18 @@ def validation_examples(cfg: Any, tok: Any, train: list[dict]) -> tuple[list[dic
 __all__ = [
     "LambdaTrace",
     "StepTimer",
+    "ValidationCurve",
     "constrained_method",
     "eval_job",
     "grid_job",
     "grid_levels",
     "job",
+    "last_doubling_change",
     "read_layers",
     "reference_job",
+    "run_tag",
     "train_job",
+    "validate_job",
     "validation_examples",
+    "validation_levels",
 ]

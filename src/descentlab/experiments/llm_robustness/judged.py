@@ -28,7 +28,7 @@ import torch
 from descentlab.data import load_causal_lm
 from descentlab.data.instructions import collate_causal, example_prompt
 from descentlab.errors import ConfigError
-from descentlab.experiments.llm_robustness.jobs import _WORKER, _load_trained
+from descentlab.experiments.llm_robustness.jobs import _WORKER, _load_trained, run_tag
 from descentlab.report.stats import paired_interval
 from descentlab.robustness.judge import PAIRWISE_TEMPLATE, GenerativeJudge, Noise, generate_responses
 from descentlab.robustness.length_control import length_controlled
@@ -78,14 +78,15 @@ def _device() -> torch.device:
 
 
 def generate_job(
-    cfg: Any, label: str, held: list[dict], conditions: Mapping[str, list], run: RunDir
+    cfg: Any, tag: str, held: list[dict], conditions: Mapping[str, list], run: RunDir
 ) -> dict[str, Any]:
-    """``label``'s fine-tuned model answers the held-out prompts under each condition's noise (greedy).
+    """The fine-tune ``tag`` (one method on one seed) answers the held-out prompts under each condition's
+    noise (greedy).
 
     Returns per condition the decoded answers and their lengths in tokens (the length control's input).
     """
     g = cfg.generative
-    model, tok = _load_trained(cfg, label, run)
+    model, tok = _load_trained(cfg, tag, run)
     model.to(_device())
     prompts = [example_prompt(e) for e in held]
     started = time.perf_counter()
@@ -108,9 +109,15 @@ def generate_job(
 
 
 def judge_job(
-    cfg: Any, prompts: list[str], generations: Mapping[str, Mapping[str, Any]], baseline: str
+    cfg: Any,
+    prompts: list[str],
+    generations: Mapping[str, Mapping[str, Any]],
+    pairs: Mapping[str, list[list[str]]],
 ) -> dict[str, Any]:
-    """The judge compares every method's answers with the baseline's at every condition, both orders."""
+    """The judge compares every method's answers with the baseline's of the same seed at every condition,
+    both orders. ``generations[tag]``: one fine-tune's answers; ``pairs[method]``: ``[tag, baseline tag]``
+    per evaluation seed. Per method and condition: per-seed lists of the per-example preferences and
+    length-controlled cells, the mean raw and length-controlled win rates, each seed's length coefficient."""
     g = cfg.generative
     _WORKER.clear()  # the judged models leave the device before the judge arrives
     gc.collect()
@@ -129,22 +136,24 @@ def judge_job(
     )
     started = time.perf_counter()
     out: dict[str, Any] = {}
-    base = generations[baseline]["conditions"]
-    for method, gen in generations.items():
-        if method == baseline:
-            continue
-        for name, answers in gen["conditions"].items():
-            p = judge.compare_texts(prompts, answers["texts"], base[name]["texts"]).double().cpu().numpy()
-            lc = length_controlled(p, np.asarray(answers["tokens"]), np.asarray(base[name]["tokens"]))
+    for method, seed_pairs in pairs.items():
+        per_seed: dict[str, list[tuple[Any, Any, Any]]] = {}
+        for tag, base_tag in seed_pairs:
+            base = generations[base_tag]["conditions"]
+            for name, answers in generations[tag]["conditions"].items():
+                p = judge.compare_texts(prompts, answers["texts"], base[name]["texts"]).double().cpu().numpy()
+                lc = length_controlled(p, np.asarray(answers["tokens"]), np.asarray(base[name]["tokens"]))
+                per_seed.setdefault(name, []).append((p, lc, (answers["tokens"], base[name]["tokens"])))
+        for name, rows in per_seed.items():
             out.setdefault(method, {})[name] = {
-                "preferences": p.tolist(),
-                "adjusted": lc.adjusted.tolist(),
-                "win_rate": lc.raw_rate,
-                "lc_win_rate": lc.rate,
-                "length_coefficient": lc.phi,
-                "length_controlled": lc.fitted,
-                "mean_tokens": float(np.mean(answers["tokens"])),
-                "baseline_mean_tokens": float(np.mean(base[name]["tokens"])),
+                "preferences": [p.tolist() for p, _, _ in rows],
+                "adjusted": [lc.adjusted.tolist() for _, lc, _ in rows],
+                "win_rate": float(np.mean([lc.raw_rate for _, lc, _ in rows])),
+                "lc_win_rate": float(np.mean([lc.rate for _, lc, _ in rows])),
+                "length_coefficient": [lc.phi for _, lc, _ in rows],
+                "length_controlled": all(lc.fitted for _, lc, _ in rows),
+                "mean_tokens": float(np.mean([t for _, _, (mine, _) in rows for t in mine])),
+                "baseline_mean_tokens": float(np.mean([t for _, _, (_, theirs) in rows for t in theirs])),
             }
     del judge, judge_model
     gc.collect()
@@ -163,10 +172,11 @@ def run_generative_judge(
     run: RunDir,
     tokenizer: Any,
 ) -> dict[str, Any]:
-    """Generate with every method under each judged condition, then judge against the baseline.
+    """Generate with every method on every evaluation seed under each judged condition, then judge each
+    against the baseline of the same seed.
 
     ``conditions``: every condition of the run (name -> (kind, level)); those named in
-    ``cfg.generative.conditions`` are judged. Each step is a job cached in ``jobs/`` (``generate-<method>``,
+    ``cfg.generative.conditions`` are judged. Each step is a job cached in ``jobs/`` (``generate-<method>-seed<s>``,
     ``judge``), so a resumed run redoes none of them.
     """
     g = cfg.generative
@@ -179,30 +189,34 @@ def run_generative_judge(
     examples = held[: g.examples] if g.examples is not None else held
     prompts = [tokenizer.decode(example_prompt(e), skip_special_tokens=True) for e in examples]
     order = [cfg.baseline, *[m for m in cfg.methods if m != cfg.baseline]]
+    tags = [run_tag(m, s) for m in order for s in cfg.seeds]
+    pairs = {
+        m: [[run_tag(m, s), run_tag(cfg.baseline, s)] for s in cfg.seeds] for m in order if m != cfg.baseline
+    }
     with JobRunner(job, workers=1, cache_dir=run.path / "jobs") as jobs:
         generations = {
-            m: jobs.submit(f"generate-{m}", "generate", cfg, m, examples, judged, run).result() for m in order
+            t: jobs.submit(f"generate-{t}", "generate", cfg, t, examples, judged, run).result() for t in tags
         }
-        verdicts = jobs.submit("judge", "judge", cfg, prompts, generations, cfg.baseline).result()
+        verdicts = jobs.submit("judge", "judge", cfg, prompts, generations, pairs).result()
     return {"conditions": judged, "examples": len(examples), "generations": generations, **verdicts}
 
 
 def judged_arrays(verdicts: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
     """``judged/<m>/<c>`` (raw preferences) and ``judged_lc/<m>/<c>`` (length-controlled cells), each
-    ``[1, 1, examples]`` (one training seed, one draw)."""
+    ``[seeds, 1, examples]`` (one greedy answer per prompt: one draw)."""
     out = {}
     for method, by_condition in verdicts.items():
         for name, v in by_condition.items():
-            out[f"judged/{method}/{name}"] = np.asarray(v["preferences"], dtype=np.float64)[None, None]
-            out[f"judged_lc/{method}/{name}"] = np.asarray(v["adjusted"], dtype=np.float64)[None, None]
+            out[f"judged/{method}/{name}"] = np.asarray(v["preferences"], dtype=np.float64)[:, None]
+            out[f"judged_lc/{method}/{name}"] = np.asarray(v["adjusted"], dtype=np.float64)[:, None]
     return out
 
 
 def judged_table(judged: Mapping[str, Any], baseline: str, judge_name: str) -> dict[str, Any]:
     """Raw and length-controlled win rates against the baseline, each with its seed-level 95 % interval."""
 
-    def rate(cells: list[float]) -> str:
-        a = np.asarray(cells, dtype=np.float64)[None, None]
+    def rate(cells: list[list[float]]) -> str:
+        a = np.asarray(cells, dtype=np.float64)[:, None]  # [seeds, 1, examples]
         iv = paired_interval(a, np.full_like(a, 0.5))
         return f"{100 * (0.5 + iv.mean):.1f} % [{100 * (0.5 + iv.low):.1f}, {100 * (0.5 + iv.high):.1f}]"
 
@@ -215,13 +229,14 @@ def judged_table(judged: Mapping[str, Any], baseline: str, judge_name: str) -> d
                     name,
                     rate(v["preferences"]),
                     rate(v["adjusted"]) if v["length_controlled"] else "(no length spread: = raw)",
-                    f"{v['length_coefficient']:+.3f}",
+                    ", ".join(f"{phi:+.3f}" for phi in v["length_coefficient"]),
                     f"{v['mean_tokens']:.0f} / {v['baseline_mean_tokens']:.0f}",
                 ]
             )
     return {
         "title": f"Generate then judge against {baseline} (judge {judge_name}, both orders): win rate and "
-        "length-controlled win rate [95 % interval], length coefficient, mean answer tokens (method / baseline)",
+        "length-controlled win rate [seed-level 95 % interval], length coefficient per seed, mean answer tokens "
+        "(method / baseline)",
         "columns": ["method", "condition", "win rate", "LC win rate", "phi", "tokens"],
         "rows": rows,
     }

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from descentlab.train.tuning import binding_level
+
 
 def _fmt_ci(x: float, ci: Sequence[float], pct: bool) -> str:
     if pct:
@@ -12,8 +14,24 @@ def _fmt_ci(x: float, ci: Sequence[float], pct: bool) -> str:
     return f"{x:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]"
 
 
+def seed_facts(block: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A method block's fine-tunes, one per evaluation seed (a run saved before the seeds had one dict)."""
+    train = block.get("train", [])
+    return [dict(train)] if isinstance(train, Mapping) else [dict(t) for t in train]
+
+
+def _mean(values: Sequence[Any]) -> float:
+    kept = [float(v) for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else float("nan")
+
+
+def _binding(facts: Mapping[str, Any]) -> float | None:
+    trace = facts.get("lambda_trace")
+    return binding_level(trace["steps"], trace["lambda"]) if trace else None
+
+
 def tables(results: Mapping[str, Any], baseline: str) -> list[dict[str, Any]]:
-    """Grid, perplexity, head-to-head and fine-tuning tables of a results body."""
+    """Grid, perplexity, head-to-head, fine-tuning and selection tables of a results body."""
     methods = results["methods"]
     grid_rows = []
     for kind, s in results["grid"]["kinds"].items():
@@ -41,33 +59,47 @@ def tables(results: Mapping[str, Any], baseline: str) -> list[dict[str, Any]]:
                 continue
             kind = name.partition("@")[2]
             d = block["curves"][f"delta_nll@{kind}"]
+            label = f"{m} vs {m} (next seed): null control" if m == baseline else m
+            per_seed = c.get("per_seed")
             for i, x in enumerate(c["x"]):
                 h2h.append(
                     [
-                        m,
+                        label,
                         kind,
                         f"{x:g}",
                         _fmt_ci(c["mean"][i], [c["ci_low"][i], c["ci_high"][i]], True),
+                        "" if per_seed is None else ", ".join(f"{100 * w:.1f}" for w in per_seed[i]),
                         f"{c['wins'][i]} / {c['ties'][i]} / {c['losses'][i]}",
                         _fmt_ci(d["mean"][i], [d["ci_low"][i], d["ci_high"][i]], False),
                     ]
                 )
     train_rows = []
     for m, block in methods.items():
-        t = block.get("train", {})
-        lam = t.get("multipliers")
+        runs = seed_facts(block)
+        if not runs:
+            continue
+        t = runs[0]
+        lams = [max(r["multipliers"]) for r in runs if r.get("multipliers")]
+        binds = [b for r in runs if (b := _binding(r)) is not None]
+        changes = [r["val_curve"]["last_doubling_change"] for r in runs if r.get("val_curve")]
+        if all(c is None for c in changes):  # too few points for a doubling (or no curve)
+            changes = []
         train_rows.append(
             [
                 m,
+                len(runs),
                 t.get("steps"),
-                f"{t.get('seconds_per_step', float('nan')):.2f}",
-                f"{t.get('final_train_loss') or float('nan'):.3f}",
-                "" if lam is None else f"{max(lam):.3f}",
-                "" if lam is None else str(t.get("constrained_layers")),
+                f"{_mean([r.get('seconds_per_step') for r in runs]):.2f}",
+                f"{_mean([r.get('final_train_loss') for r in runs]):.3f}",
+                "" if not changes else ", ".join("" if c is None else f"{100 * c:+.1f} %" for c in changes),
+                "" if not lams else f"{max(lams):.3f}",
+                "" if not binds else f"{_mean(binds):.4f}",
+                "" if not lams else str(t.get("constrained_layers")),
+                t.get("candidate") or "",
                 "" if not t.get("noisy_training") else f"{t['noisy_training'][0]} {t['noisy_training'][1]:g}",
             ]
         )
-    return [
+    out = [
         {
             "title": "Noise levels from ERM's degradation (validation bisection; held-out ratio beside it)",
             "columns": ["kind", "target", "level", "validation ratio (bracket)", "held-out ratio"],
@@ -79,24 +111,50 @@ def tables(results: Mapping[str, Any], baseline: str) -> list[dict[str, Any]]:
             "rows": ppl_rows,
         },
         {
-            "title": f"Head to head against {baseline}: win rate [95 % interval], W / T / L, per-token delta NLL [95 % interval]",
-            "columns": ["method", "kind", "level", "win rate", "W / T / L", "delta NLL"],
+            "title": f"Head to head against {baseline} of the same seed: win rate [seed-level 95 % interval], "
+            "win rate per seed (%), W / T / L over every seed, per-token delta NLL [95 % interval]",
+            "columns": ["method", "kind", "level", "win rate", "per seed", "W / T / L", "delta NLL"],
             "rows": h2h,
         },
         {
-            "title": "Fine-tuning",
+            "title": "Fine-tuning, over the evaluation seeds: mean s / step and final train loss; validation loss "
+            "change over the last doubling of steps per seed (converged: |change| < 2 %); max lambda; binding "
+            "(time-average of the sum of lambda over the second half of training, mean over seeds)",
             "columns": [
                 "method",
+                "seeds",
                 "steps",
                 "s / step",
                 "final train loss",
+                "val loss, last doubling",
                 "max lambda",
+                "binding",
                 "constrained layers",
+                "candidate",
                 "training noise",
             ],
             "rows": train_rows,
         },
     ]
+    selection = results.get("selection") or {}
+    if selection.get("rows"):
+        out.append(
+            {
+                "title": f"Selection on validation (tuning seed {selection.get('tune_seed')}, "
+                f"{selection.get('examples')} examples): win rate against {baseline}'s tuning run, clean and "
+                "over the gaussian levels; binding of the candidate's own run",
+                "columns": ["method", "candidate", "clean win rate", "noisy win rate", "binding", "chosen"],
+                "rows": [
+                    [r[0], r[1], f"{100 * r[2]:.1f} %", f"{100 * r[3]:.1f} %", _fmt_binding(r[4]), r[5]]
+                    for r in selection["rows"]
+                ],
+            }
+        )
+    return out
 
 
-__all__ = ["tables"]
+def _fmt_binding(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, int | float) else str(value)
+
+
+__all__ = ["seed_facts", "tables"]
