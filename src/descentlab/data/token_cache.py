@@ -380,7 +380,7 @@ class MemmapBlocks(Dataset):
 
     @property
     def shape(self) -> tuple[int, int]:
-        """``(blocks, block_size)``, as the ``[N, T]`` tensor of :class:`LMBlocks` would have."""
+        """``(blocks, block_size)``, as the ``[N, T]`` tensor of :class:`~descentlab.data.lm_blocks.LMBlocks` would have."""
         return self.n, self.block_size
 
     def block(self, i: int) -> torch.Tensor:
