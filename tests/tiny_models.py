@@ -139,6 +139,23 @@ def tiny_vit(
     return ViTForImageClassification(ViTConfig(**{**fields, **config}))
 
 
+def classification_rows(n: int, *, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """``n`` rows for a tiny sequence classifier (a Trainer dataset): 12 random token ids, an all-ones mask,
+    and the label ``ids[0] < 50``, drawn from a generator seeded by ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        ids = torch.randint(5, 97, (12,), generator=g)
+        rows.append(
+            {
+                "input_ids": ids,
+                "attention_mask": torch.ones_like(ids),
+                "labels": torch.tensor(int(ids[0] < 50)),
+            }
+        )
+    return rows
+
+
 def token_batch(rows: list[list[int]], labels: list[int] | None = None) -> dict[str, torch.Tensor]:
     """A right-padded batch of token ids with its attention mask (and ``labels`` when given)."""
     width = max(len(r) for r in rows)

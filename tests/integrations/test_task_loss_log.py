@@ -9,22 +9,11 @@ from transformers import TrainingArguments
 
 import descentlab as dl
 from descentlab.integrations.hf import DescentTrainer
-from tiny_models import tiny_bert
+from tiny_models import classification_rows, tiny_bert
 
 
 def _examples(n: int) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for _ in range(n):
-        ids = torch.randint(5, 97, (12,), generator=g)
-        rows.append(
-            {
-                "input_ids": ids,
-                "attention_mask": torch.ones_like(ids),
-                "labels": torch.tensor(int(ids[0] < 50)),
-            }
-        )
-    return rows
+    return classification_rows(n, seed=0)
 
 
 def test_log_history_has_task_loss_beside_the_lagrangian(tmp_path) -> None:

@@ -19,7 +19,7 @@ from transformers import TrainingArguments
 
 import descentlab as dl
 from descentlab.integrations.hf import DescentTrainer
-from tiny_models import tiny_bert, tiny_llama
+from tiny_models import classification_rows, tiny_bert, tiny_llama
 
 STEPS = 3
 BATCH = 8
@@ -35,18 +35,7 @@ def _lm_rows(n: int = STEPS * BATCH) -> list[dict[str, torch.Tensor]]:
 
 
 def _cls_rows(n: int = STEPS * BATCH) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(1)
-    rows = []
-    for _ in range(n):
-        ids = torch.randint(5, 97, (12,), generator=g)
-        rows.append(
-            {
-                "input_ids": ids,
-                "attention_mask": torch.ones_like(ids),
-                "labels": torch.tensor(int(ids[0] < 50)),
-            }
-        )
-    return rows
+    return classification_rows(n, seed=1)
 
 
 def _train(tmp_path, family: str, constrained: bool, accum: int) -> tuple[torch.nn.Module, DescentTrainer]:
