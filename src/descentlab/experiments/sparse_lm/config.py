@@ -169,10 +169,11 @@ class SparseLMConfig:
             grid: dict[str, list[float]] = getattr(self, key)
             if unknown := sorted(set(grid) - set(self.specs)):
                 raise ConfigError(f"{key} names unknown methods {unknown}; known: {sorted(self.specs)}")
-            if any(
-                not xs or any(x < 0 or (x == 0 and key == "tune_lr_by") for x in xs) for xs in grid.values()
-            ):
-                raise ConfigError(f"{key} must list positive values, got {grid}")
+            # an lr must be > 0; a weight decay of 0 (none) is a candidate like any other
+            least_ok = (lambda x: x > 0) if key == "tune_lr_by" else (lambda x: x >= 0)
+            if any(not xs or not all(least_ok(x) for x in xs) for xs in grid.values()):
+                kind = "positive" if key == "tune_lr_by" else "non-negative"
+                raise ConfigError(f"{key} must list {kind} values, got {grid}")
             if grid and (self.lr_from is not None or self.lr_first):
                 raise ConfigError(f"{key} is for the joint grid: it needs lr_from=null and lr_first=false")
         if self.tune and self.lr_from is None and not self.lr_first:
