@@ -63,7 +63,9 @@ def test_config_rejects_bad_values() -> None:
     assert full.selection.max_clean_drop == llm_claims.MARGIN and full.selection_examples <= full.val_n
     assert full.grid.ratios_of("gaussian") == [1.5, 3.0, 10.0] and 1.5 in full.grid.extra["neftune"]
     pilot = resolve_config(exp.LlmRobustnessConfig, preset="pilot", presets=exp.PRESETS)
-    assert len(pilot.seeds) == 1 and pilot.train.max_steps == full.train.max_steps and pilot.val_every > 0
+    assert pilot.train.max_steps == full.train.max_steps and pilot.val_every > 0
+    # two pilot seeds give the per-seed spread the MDE is declared from; none is an evaluation seed
+    assert len(pilot.seeds) == 2 and not set(pilot.seeds) & {*full.seeds, full.tune_seed}
     assert all(len(pilot.candidates(m)) == 1 for m in pilot.methods)  # no tuning round in the pilot
 
 
