@@ -61,6 +61,7 @@ def train(out: Path, sharded: bool) -> dict[str, Any]:
     """fit for HALF steps, checkpoint; fresh objects resume to TOTAL; then prune (global, then per matrix)."""
     import descentlab as dl
     from descentlab.distributed import rank
+    from descentlab.readout import CausalLMReadout
     from descentlab.train.loop import TrainConfig, fit
     from descentlab.train.objectives import Constrained
     from descentlab.train.rundir import RunDir
@@ -72,7 +73,9 @@ def train(out: Path, sharded: bool) -> dict[str, Any]:
         fitted = fit(
             model,
             data(),
-            objective=Constrained(constraint),
+            # the exact readout: the default's token subsample is drawn per rank, so the shards would not
+            # read the rows one process reads
+            objective=Constrained(constraint, CausalLMReadout(sample_tokens=None)),
             optimizer=optimizer,
             cfg=TrainConfig(max_steps=steps, batch_size=GLOBAL_BATCH, grad_clip=1.0, progress=False),
             sparsity=acdc,

@@ -19,6 +19,7 @@ from transformers import TrainingArguments
 
 import descentlab as dl
 from descentlab.integrations.hf import DescentTrainer
+from descentlab.readout import CausalLMReadout
 from tiny_models import classification_rows, tiny_bert, tiny_llama
 
 STEPS = 3
@@ -59,11 +60,15 @@ def _train(tmp_path, family: str, constrained: bool, accum: int) -> tuple[torch.
         dataloader_num_workers=0,
     )
     constraint = dl.LayerwiseDescent(num_layers=2, alpha=0.5, dual_lr=1.0) if constrained else None
+    # the exact readout: the default's token subsample is drawn per micro-batch, so two halves would not
+    # read the rows the whole batch reads
+    readout = CausalLMReadout(sample_tokens=None) if family == "llama" else None
     trainer = DescentTrainer(
         model=model,
         args=args,
         train_dataset=rows,
         constraint=constraint,
+        readout=readout,
         optimizer_cls_and_kwargs=(torch.optim.SGD, {"lr": 0.5}),
     )
     trainer.train()

@@ -37,8 +37,14 @@ def _grads(model, batch, readout) -> tuple[torch.Tensor, list[torch.Tensor]]:
 
 def test_chunked_equals_unchunked_values_and_gradients(gpt2) -> None:
     batch = _batch()
-    f_ref, g_ref = _grads(gpt2, batch, CausalLMReadout(chunk_size=None))  # all logits at once
-    for readout in (CausalLMReadout(chunk_size=7), CausalLMReadout(chunk_size=16, checkpoint=False)):
+    exact = CausalLMReadout(
+        chunk_size=None, sample_tokens=None
+    )  # every layer on every token, all logits at once
+    f_ref, g_ref = _grads(gpt2, batch, exact)
+    for readout in (
+        CausalLMReadout(chunk_size=7, sample_tokens=None),
+        CausalLMReadout(chunk_size=16, checkpoint=False, sample_tokens=None),
+    ):
         f, g = _grads(gpt2, batch, readout)
         torch.testing.assert_close(f, f_ref, rtol=0, atol=1e-5)
         for a, b in zip(g, g_ref, strict=True):
@@ -50,7 +56,7 @@ def test_chunked_equals_unchunked_values_and_gradients(gpt2) -> None:
 def test_token_subsample_is_unbiased_and_keeps_the_last_layer_exact(gpt2) -> None:
     batch = _batch(b=2, t=12)
     with torch.no_grad():
-        full = layer_losses(gpt2, batch, readout=CausalLMReadout(chunk_size=None))
+        full = layer_losses(gpt2, batch, readout=CausalLMReadout(chunk_size=None, sample_tokens=None))
         gen = torch.Generator().manual_seed(0)
         readout = CausalLMReadout(chunk_size=64, sample_tokens=3, generator=gen)
         draws = torch.stack([layer_losses(gpt2, batch, readout=readout) for _ in range(400)])
@@ -69,6 +75,35 @@ def test_options_are_validated() -> None:
         CausalLMReadout(chunk_size=0)
     with pytest.raises(ConfigError):
         CausalLMReadout(sample_tokens=1.5)
+    with pytest.raises(ConfigError, match="'auto'"):
+        CausalLMReadout(sample_tokens="all")
+
+
+def test_default_readout_samples_half_a_batch_of_rows_in_training_and_is_exact_without_gradients(
+    gpt2,
+) -> None:
+    """The default ("auto") reads layers 0..L-1 on ⌈N / 2R⌉ shared targets when a gradient is taken, so its
+    cost is bounded by the batch, not the depth; evaluation (no gradients) reads every token."""
+    readout = CausalLMReadout()
+    assert readout.sample_tokens == "auto"
+    assert readout.sample_size(2044, 8) == 128 and readout.sample_size(10, 3) == 2
+    assert readout.sample_size(2044, 0) == 2044  # nothing below L is read
+    with torch.no_grad():
+        assert readout.sample_size(2044, 8) == 2044
+    assert CausalLMReadout(sample_tokens=None).sample_size(2044, 8) == 2044
+    assert CausalLMReadout(sample_tokens=5000).sample_size(2044, 8) == 2044
+
+    batch = _batch(b=2, t=12)  # 2 x 11 targets, gpt2 has 3 layers below L (the embedding, 2 blocks): k = 4
+    exact = CausalLMReadout(chunk_size=16, sample_tokens=None)
+    with torch.no_grad():  # evaluation: the default is the exact readout
+        torch.testing.assert_close(layer_losses(gpt2, batch), layer_losses(gpt2, batch, readout=exact))
+    # training: the same draw as an explicit k = ⌈22 / 6⌉ = 4, the objective f_L exact
+    auto = layer_losses(gpt2, batch, readout=CausalLMReadout(generator=torch.Generator().manual_seed(3)))
+    fixed = CausalLMReadout(sample_tokens=4, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(auto, layer_losses(gpt2, batch, readout=fixed))
+    full = layer_losses(gpt2, batch, readout=exact)
+    torch.testing.assert_close(auto[-1], full[-1])
+    assert not torch.allclose(auto[:-1], full[:-1])  # the layers below L really read a subset
 
 
 @pytest.mark.slow
@@ -88,8 +123,8 @@ def test_smollm2_readout_matches_its_own_loss() -> None:
     text = ["It is a truth universally acknowledged, that a single man in possession of a good fortune"]
     batch = dict(tokenizer(text, return_tensors="pt"))
     with torch.no_grad():
-        f = layer_losses(model, batch, readout=CausalLMReadout(chunk_size=8))
-        f_ref = layer_losses(model, batch, readout=CausalLMReadout(chunk_size=None))
+        f = layer_losses(model, batch, readout=CausalLMReadout(chunk_size=8, sample_tokens=None))
+        f_ref = layer_losses(model, batch, readout=CausalLMReadout(chunk_size=None, sample_tokens=None))
         own = model(**batch, labels=batch["input_ids"]).loss
     assert f.shape == (model.config.num_hidden_layers + 1,)
     torch.testing.assert_close(f, f_ref, rtol=0, atol=1e-5)
@@ -99,8 +134,8 @@ def test_smollm2_readout_matches_its_own_loss() -> None:
 
 def test_a_layer_subset_reads_those_layers_exactly_and_nan_elsewhere(gpt2) -> None:
     batch = _batch()
-    full = layer_losses(gpt2, batch, readout=CausalLMReadout(chunk_size=16))
-    sub = layer_losses(gpt2, batch, readout=CausalLMReadout(chunk_size=16, layers=[1, 2]))
+    full = layer_losses(gpt2, batch, readout=CausalLMReadout(chunk_size=16, sample_tokens=None))
+    sub = layer_losses(gpt2, batch, readout=CausalLMReadout(chunk_size=16, layers=[1, 2], sample_tokens=None))
     torch.testing.assert_close(sub[[1, 2, 3]], full[[1, 2, 3]], rtol=0, atol=1e-6)
     assert torch.isnan(sub[0])
     only_last = layer_losses(gpt2, batch, readout=CausalLMReadout(layers=[]))

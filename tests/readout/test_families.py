@@ -28,7 +28,7 @@ from transformers import (
 )
 
 from descentlab.errors import DataError, ModelError
-from descentlab.readout import layer_losses
+from descentlab.readout import CausalLMReadout, layer_losses
 from tiny_models import tiny_bert, tiny_vit
 
 V, H, L = 97, 32, 3
@@ -118,14 +118,19 @@ def test_causal_lms_match_truncated_models(cls, config, layers_path) -> None:
     model = cls(config).double().eval()
     batch = _text_batch(None)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    f = layer_losses(model, batch)
+    exact = CausalLMReadout(sample_tokens=None)  # every layer on every token, with gradients enabled too
+    f = layer_losses(model, batch, readout=exact)
+    with torch.no_grad():  # the default readout reads every token when no gradient is taken
+        torch.testing.assert_close(layer_losses(model, batch), f.detach(), rtol=0, atol=1e-12)
     # transformers computes its CE in float32 even for a float64 model, hence 1e-6
     torch.testing.assert_close(f[-1], model(**batch, labels=labels).loss.double(), rtol=0, atol=1e-6)
     for keep in range(L):
         ref = _truncate(model, layers_path, keep)(**batch, labels=labels).loss.double()
         torch.testing.assert_close(f[keep], ref, rtol=0, atol=1e-6)
     # explicit labels with -100 are honoured the same way
-    torch.testing.assert_close(layer_losses(model, {**batch, "labels": labels}), f, rtol=0, atol=0)
+    torch.testing.assert_close(
+        layer_losses(model, {**batch, "labels": labels}, readout=exact), f, rtol=0, atol=0
+    )
 
 
 def test_vit_matches_truncated_models() -> None:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from descentlab.errors import ModelError
-from descentlab.readout import Readout, layer_losses, register_readout
+from descentlab.readout import CausalLMReadout, Readout, layer_losses, register_readout
 from descentlab.readout.custom import _REGISTRY
 from tiny_models import FAMILIES, family_batch, tiny_family, tiny_llama
 
@@ -63,7 +63,7 @@ def test_the_final_norm_is_not_applied_twice() -> None:
     # the cut-model check must see a norm applied twice: reading layer L-1 with the norm twice differs
     model = tiny_family("Llama")
     batch = family_batch("Llama")
-    f = layer_losses(model, batch)
+    f = layer_losses(model, batch, readout=CausalLMReadout(sample_tokens=None))
     states = model.model(**batch, output_hidden_states=True).hidden_states
     norm = model.model.norm
     y = batch["input_ids"][:, 1:].masked_fill(batch["attention_mask"][:, 1:] == 0, -100)

@@ -8,7 +8,8 @@ each model family reads it out is our choice, listed in docs/methods.md.
 * any Hugging Face ``*ForSequenceClassification`` (BERT, DeBERTa-v2/v3, ModernBERT, MPNet, RoBERTa, ...):
   :class:`~descentlab.readout.encoder.EncoderClassifierReadout`;
 * any Hugging Face causal LM (Llama, GPT-2, OPT, Falcon, ...): :class:`~descentlab.readout.causal_lm.CausalLMReadout`
-  (chunked CE, optional unbiased token subsample);
+  (fused chunked CE; in a training step layers 0..L-1 read an unbiased token subsample of ⌈N / 2R⌉ targets,
+  so the readout costs under one extra LM-head pass whatever the depth; without gradients every token);
 * any Hugging Face ``*ForImageClassification`` (ViT, DeiT, ...): :class:`~descentlab.readout.vit.ViTReadout`;
 
 The Hugging Face readouts find the final norm, pooler and head from the model's structure
@@ -54,7 +55,9 @@ def layer_losses(model: nn.Module, batch: Batch, readout: Readout | str | object
             ``fn(hidden_state, batch) -> scalar loss`` applied to each of the L+1 hidden states.
 
     Returns:
-        f [L+1], differentiable in the model's parameters; f[-1] is the model's own loss.
+        f [L+1], differentiable in the model's parameters; f[-1] is the model's own loss. For a causal LM
+        with gradients enabled, f[:-1] are unbiased estimates from a shared token subsample (the default
+        readout's ``sample_tokens="auto"``); pass ``CausalLMReadout(sample_tokens=None)`` for every token.
     """
     if readout is None:
         chosen: Readout = find_readout(model)

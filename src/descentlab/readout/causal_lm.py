@@ -25,6 +25,19 @@ replacement and shared by layers 0..L-1: each f_l is then an unbiased estimate o
 and the shared subset keeps ĝ_l = f_l - (1-α) f_{l-1} low-variance. Layer L always uses every token, so
 the objective is exact.
 
+The default, ``sample_tokens="auto"``, bounds the readout's cost by the batch instead of by the depth.
+Reading all R intermediate layers on every token costs R extra passes through the LM head, and the head is
+often as large as many blocks (Llama-3 8B: 525M parameters, 32 layers): about 3x an ERM step at 8B, 4x at
+the benchmark's 8 x 512 shape, whatever the kernel. With gradients enabled (a training step) "auto" reads
+layers 0..L-1 on
+
+    k = ⌈N / (2R)⌉ shared targets,
+
+so the R layers together read N/2 rows: about two thirds of one extra head pass (their logits are
+recomputed once in the backward pass), whatever the depth. Without gradients (evaluation, a layer profile)
+every layer reads every token, so what is reported is exact. ``sample_tokens=None`` is the exact readout
+in training too.
+
 The structure (final transform) and the head check run once per model, on a separate forward of one row
 and two positions without gradients, so the first training step's peak memory is that of every later one.
 """
@@ -78,8 +91,10 @@ class CausalLMReadout(Readout):
 
     Args:
         chunk_size: tokens per CE chunk (None: all logits at once, the slow reference).
-        sample_tokens: None reads every layer on all N targets; an int k (or a fraction in (0, 1)) reads
-            layers 0..L-1 on k uniformly drawn targets shared by those layers (an unbiased estimate).
+        sample_tokens: "auto" (the default) reads layers 0..L-1 on ⌈N / (2R)⌉ uniformly drawn targets shared
+            by those R layers when gradients are enabled, and on all N without (module docs); an int k (or
+            a fraction in (0, 1]) reads them on k drawn targets always (an unbiased estimate); None reads
+            every layer on all N targets always (exact, about R extra LM-head passes per step).
         checkpoint: on the unfused path, recompute chunk logits in the backward pass (memory O(chunk·V)
             instead of O(L·N·V)). The fused path never keeps logits.
         fused: read each layer with :func:`~descentlab.linear_cross_entropy.linear_cross_entropy` when the
@@ -97,7 +112,7 @@ class CausalLMReadout(Readout):
     def __init__(
         self,
         chunk_size: int | None = 1024,
-        sample_tokens: int | float | None = None,
+        sample_tokens: int | float | str | None = "auto",
         *,
         checkpoint: bool = True,
         layers: list[int] | None = None,
@@ -111,12 +126,13 @@ class CausalLMReadout(Readout):
         self.layers = None if layers is None else sorted(set(layers))
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
             raise ConfigError(f"chunk_size must be a positive int or None (got {chunk_size!r})")
-        if sample_tokens is not None:
+        if sample_tokens is not None and sample_tokens != "auto":
             ok_int = isinstance(sample_tokens, int) and sample_tokens >= 1
             ok_frac = isinstance(sample_tokens, float) and 0.0 < sample_tokens <= 1.0
             if not (ok_int or ok_frac):
                 raise ConfigError(
-                    f"sample_tokens must be an int >= 1, a fraction in (0, 1], or None ({sample_tokens!r})"
+                    f"sample_tokens must be 'auto', an int >= 1, a fraction in (0, 1], or None "
+                    f"({sample_tokens!r})"
                 )
         self.chunk_size = chunk_size
         self.sample_tokens = sample_tokens
@@ -196,14 +212,19 @@ class CausalLMReadout(Readout):
             _HEAD_CHECKED[model] = ok
         return ok
 
-    def _sample(self, n: int, device: torch.device) -> Tensor | None:
-        if self.sample_tokens is None:
-            return None
-        k = (
-            self.sample_tokens
-            if isinstance(self.sample_tokens, int)
-            else max(1, round(self.sample_tokens * n))
-        )
+    def sample_size(self, n: int, layers_read: int) -> int:
+        """How many of the ``n`` targets layers 0..L-1 read (``n``: all of them, exactly).
+
+        ``"auto"``: ⌈n / (2R)⌉ for R = ``layers_read`` when gradients are enabled, else n."""
+        k = self.sample_tokens
+        if k is None or layers_read == 0:
+            return n
+        if k == "auto":
+            return -(-n // (2 * layers_read)) if torch.is_grad_enabled() else n
+        return min(n, k if isinstance(k, int) else max(1, round(k * n)))
+
+    def _sample(self, n: int, layers_read: int, device: torch.device) -> Tensor | None:
+        k = self.sample_size(n, layers_read)
         if k >= n:
             return None
         gen_device = self.generator.device if self.generator is not None else "cpu"
@@ -232,9 +253,9 @@ class CausalLMReadout(Readout):
         y = targets[valid]
         head_inputs = model_inputs(model, batch)
         ours = self._head_is_ours(model, base, inputs, call_model, head_inputs, plan)
-        sample = self._sample(n, y.device)
         num_inner = len(states) - 1
         read = list(range(num_inner)) if self.layers is None else [i for i in self.layers if i < num_inner]
+        sample = self._sample(n, len(read), y.device)
         linear = model.get_output_embeddings()
         if self.fused and self.chunk_size is not None and ours and type(linear) is nn.Linear:
             last, means = self._fused(model, base, plan, out, states, valid, y, sample, read)
