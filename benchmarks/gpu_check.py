@@ -52,7 +52,7 @@ from descentlab.constrained.primal_dual import PrimalDual
 from descentlab.optim import _horst_compiled
 from descentlab.optim._horst_kernel import load_kernel
 from descentlab.optim.horst import HORST
-from descentlab.readout import layer_losses
+from descentlab.readout import CausalLMReadout, layer_losses
 from descentlab.sparsity.masks import compute_masks, select_prunable
 
 START = time.perf_counter()
@@ -266,6 +266,7 @@ def _small_llama(ctx: Ctx, device: torch.device):
 
 def check_lambda(ctx: Ctx) -> dict[str, Any]:
     lams = {}
+    exact = CausalLMReadout(sample_tokens=None)
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(3))
     cpu_model = _small_llama(ctx, torch.device("cpu"))
     state = {k: v.clone() for k, v in cpu_model.state_dict().items()}
@@ -275,8 +276,8 @@ def check_lambda(ctx: Ctx) -> dict[str, Any]:
         batch = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
         constraint = LayerwiseDescent(model.config.num_hidden_layers, alpha=0.05, dual_lr=0.5)
         opt = PrimalDual(torch.optim.AdamW(model.parameters(), lr=1e-3), constraint)
-        for _ in range(5):
-            constraint.lagrangian(layer_losses(model, batch)).backward()
+        for _ in range(5):  # the exact readout: the default's token subsample would differ between the two
+            constraint.lagrangian(layer_losses(model, batch, readout=exact)).backward()
             opt.step()
             opt.zero_grad()
         lams[device.type] = constraint.multipliers.detach().double().cpu()
