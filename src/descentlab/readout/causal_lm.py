@@ -320,7 +320,8 @@ class CausalLMReadout(Readout):
         read: list[int],
     ) -> tuple[Tensor, Tensor | None]:
         """Each layer through :func:`linear_cross_entropy`: rows picked by index from the layer's own hidden
-        state, the tail applied chunk by chunk inside it; no rows stacked, no logits kept."""
+        state, the tail applied chunk by chunk inside it; no logits kept, and no rows stacked unless a token
+        subsample makes them few (then layers 0..L-1 are read in one call)."""
         linear = model.get_output_embeddings()
         scale, softcap = _postprocessing(model)
         batch, length = valid.shape[0], valid.shape[1] + 1
@@ -346,15 +347,26 @@ class CausalLMReadout(Readout):
         def tail(x: Tensor) -> Tensor:
             return plan.apply_tail(base, x)
 
+        inner = {"transform": tail if tail_modules else None, "transform_params": tail_params}
+        if sample is not None:
+            # A subsample is small (under "auto", N/2 rows over all R layers): gather it from every read
+            # layer into one [R·k, H] block and read it in one call, so the backward forms one head
+            # gradient [V, H] instead of R (each zero-filled and summed) and runs larger matmuls.
+            width = states[0].shape[-1]
+            x = torch.cat([states[i].reshape(-1, width).index_select(0, idx_inner) for i in read])
+            ce = linear_cross_entropy(
+                x, linear.weight, y_inner.repeat(len(read)), reduction="none", **inner, **common
+            )
+            return last, ce.view(len(read), -1).mean(1)
+        # Every token: one call per layer, rows picked by index, so no [R·N, H] stack is ever made.
         means = [
             linear_cross_entropy(
                 states[i],
                 linear.weight,
                 y_inner,
                 rows=idx_inner,
-                transform=tail if tail_modules else None,
-                transform_params=tail_params,
                 reduction="none",
+                **inner,
                 **common,
             ).mean()
             for i in read
