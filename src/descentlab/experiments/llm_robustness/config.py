@@ -327,21 +327,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     # by the rule of `_selection` on 100 validation examples. 100 steps of 2 x 64 tokens per fine-tune (the
     # committed run took 250): the `pilot` preset checks that the fine-tune has converged by then.
     # 36 jobs: reference, ERM's tuning run, grid, 5 validation scorings (ERM's tuning run, 4 candidates),
-    # 4 candidate fine-tunes, 12 evaluation fine-tunes (4 methods x 3 seeds), 12 held-out evaluations.
-    # Time, from the committed full run (docs/results/llm-robustness/results.json: 1,778 s wall on 2 workers
-    # for 5 x 250 steps and 5 evaluations; s/step ERM 1.50, hard 2.37, resilient 2.39, erm-neftune 1.72;
-    # 168-196 s per evaluation of 200 examples at 7 conditions; grid 42 s, so the workers were busy 93 % of
-    # the wall time), in worker-seconds: fine-tunes 100 steps x (1.50 + 2 x 2.37 + 2 x 2.39 + 3 x 7.98 s)
-    # = 3,496 (7.98 = 1.50 + 2.37 + 2.39 + 1.72, one seed of the 4 methods), validation curves
-    # 17 fine-tunes x 5 points x ~2 s = 170 (0.13 s per example and condition), validation scorings
-    # 5 x 100 examples x 4 conditions x 0.13 s = 260, evaluations 12 x ~180 = 2,160, grid and reference ~60:
-    # 6,150 s, / (2 workers x 0.93) = about 55 min on 2 idle cores (110 steps: 58 min). Not run yet.
+    # 4 candidate fine-tunes, 12 evaluation fine-tunes (4 methods x 3 seeds), 12 held-out evaluations of
+    # 120 examples. Time, from the pilot (31 min 53 s for 7 fine-tunes and 6 evaluations of 50 examples, on
+    # cores shared with a benchmark; ERM 1.90 s/step) and the readout's one-call subsample (a constrained
+    # step about 1.6x ERM's since, where the pilot's took 3.5x), in worker-seconds: fine-tunes 100 steps x
+    # (1.9 + 4 x 3.0 + 3 x (1.9 + 2 x 3.0 + 2.1)) = 4,390, evaluations 12 x ~170 = 2,040, validation
+    # scorings ~700, grid and reference ~100: about 7,200 s, 60 min on 2 cores.
     "full": {
         "seeds": [1, 2, 3],
         "tune_seed": 1000,
         "train.max_steps": 100,
         "data.n_train": 4000,
-        "data.n_eval": 200,
+        "data.n_eval": 120,
         "data.max_chars": 1_500_000,
         "val_n": 100,
         "selection_examples": 100,
