@@ -189,7 +189,7 @@ def smollm2(repeats: int, sample_tokens: int, naive_too: bool = True) -> dict:
     constraint = LayerwiseDescent(layers, alpha=0.05, dual_lr=0.01)
     primal_dual = PrimalDual(adamw, constraint)
     fast = CausalLMReadout(chunk_size=1024, sample_tokens=sample_tokens, checkpoint=False)
-    naive = CausalLMReadout(chunk_size=None)
+    naive = CausalLMReadout(chunk_size=None, sample_tokens=None)  # every layer on every token, all logits
     naive_constraint = copy.deepcopy(constraint)
     naive_pd = PrimalDual(adamw, naive_constraint)
 

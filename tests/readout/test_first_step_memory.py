@@ -85,8 +85,13 @@ def _grads(model, batch, readout) -> tuple[torch.Tensor, list[torch.Tensor]]:
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize(
     "options",
-    [{}, {"sample_tokens": 9, "chunk_size": 5}, {"layers": [0, 2], "chunk_size": 16}],
-    ids=["all", "sampled", "subset"],
+    [
+        {},
+        {"sample_tokens": 9, "chunk_size": 5},
+        {"sample_tokens": 4, "chunk_size": 64},  # the sampled rows of every layer fit one chunk
+        {"layers": [0, 2], "chunk_size": 16},
+    ],
+    ids=["auto", "sampled", "sampled-one-chunk", "subset"],
 )
 def test_fused_readout_equals_the_unfused_twin(family, options) -> None:
     model = (

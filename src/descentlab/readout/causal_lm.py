@@ -354,9 +354,13 @@ class CausalLMReadout(Readout):
             # gradient [V, H] instead of R (each zero-filled and summed) and runs larger matmuls.
             width = states[0].shape[-1]
             x = torch.cat([states[i].reshape(-1, width).index_select(0, idx_inner) for i in read])
-            ce = linear_cross_entropy(
-                x, linear.weight, y_inner.repeat(len(read)), reduction="none", **inner, **common
-            )
+            targets = y_inner.repeat(len(read))
+            if x.shape[0] <= self.chunk_size:
+                # One chunk: plain autograd keeps its logits, no more than one chunk of the fused path holds
+                # at a time, and saves the fused path's recomputation of them in the backward pass.
+                ce = chunked_token_ce(x, targets, self._logits_fn(model, base, plan), self.chunk_size, False)
+            else:
+                ce = linear_cross_entropy(x, linear.weight, targets, reduction="none", **inner, **common)
             return last, ce.view(len(read), -1).mean(1)
         # Every token: one call per layer, rows picked by index, so no [R·N, H] stack is ever made.
         means = [
