@@ -39,8 +39,8 @@ budget, pilot seeds 900 and 901, apart from the tuning seed 1000 and the evaluat
 examples) gave hard's win rate against ERM of the same seed at gaussian ×3 of 0.74 and 0.84 (sd 0.071;
 clean 0.40 and 0.38). With the full preset's 3 evaluation seeds the seed-level minimum detectable effect
 (80 % power, 95 % t interval, 2 degrees of freedom) is 4.303 · 0.071 / √3 · (1.96 + 0.84) / 1.96 = 0.25 at
-that sd, about 0.20 with 120 examples per seed if the part of the sd that is example noise (binomial,
-0.058 at 50) shrinks as it should. Both are far above the 0.05 of interest: the run can reproduce an effect
+that sd, about 0.22 with the full preset's 80 examples per seed if the part of the sd that is example
+noise (binomial, 0.058 at 50) shrinks as it should. Both are far above the 0.05 of interest: the run can reproduce an effect
 the size of the pilot's (+0.29), and cannot refute one. The fine-tunes' validation loss changed by −0.1 % and
 −2.1 % (ERM), −0.1 % and −2.0 % (hard), +0.0 % and +0.4 % (resilient) over the last doubling of steps, at
 the edge of the 2 % rule; 100 steps stay (200 would not fit the hour).

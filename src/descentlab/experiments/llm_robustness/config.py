@@ -328,17 +328,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     # committed run took 250): the `pilot` preset checks that the fine-tune has converged by then.
     # 36 jobs: reference, ERM's tuning run, grid, 5 validation scorings (ERM's tuning run, 4 candidates),
     # 4 candidate fine-tunes, 12 evaluation fine-tunes (4 methods x 3 seeds), 12 held-out evaluations of
-    # 120 examples. Time, from the pilot (31 min 53 s for 7 fine-tunes and 6 evaluations of 50 examples, on
+    # 80 examples. Time, from the pilot (31 min 53 s for 7 fine-tunes and 6 evaluations of 50 examples, on
     # cores shared with a benchmark; ERM 1.90 s/step) and the readout's one-call subsample (a constrained
     # step about 1.6x ERM's since, where the pilot's took 3.5x), in worker-seconds: fine-tunes 100 steps x
-    # (1.9 + 4 x 3.0 + 3 x (1.9 + 2 x 3.0 + 2.1)) = 4,390, evaluations 12 x ~170 = 2,040, validation
-    # scorings ~700, grid and reference ~100: about 7,200 s, 60 min on 2 cores.
+    # (1.9 + 4 x 3.0 + 3 x (1.9 + 2 x 3.0 + 2.1)) = 4,390, evaluations 12 x ~115 = 1,380, validation
+    # scorings ~700, grid and reference ~100: about 6,600 s, 55 min on 2 cores.
     "full": {
         "seeds": [1, 2, 3],
         "tune_seed": 1000,
         "train.max_steps": 100,
         "data.n_train": 4000,
-        "data.n_eval": 120,
+        "data.n_eval": 80,
         "data.max_chars": 1_500_000,
         "val_n": 100,
         "selection_examples": 100,
