@@ -296,8 +296,9 @@ def test_one_seed_and_missing_arrays() -> None:
 
 
 def test_committed_result_is_rejudged_from_its_counts() -> None:
-    results = json.loads((COMMITTED / "results.json").read_text())
-    arrays = llm_claims.claim_arrays(COMMITTED)
+    earlier = COMMITTED / "earlier"  # the one-seed run, kept beside the full run's page as its History
+    results = json.loads((earlier / "results.json").read_text())
+    arrays = llm_claims.claim_arrays(earlier)
     # the rebuilt outcomes carry the committed win rates exactly
     hard = results["methods"]["hard"]["curves"]["win_rate@gaussian"]
     grid = results["grid"]["kinds"]["gaussian"]
@@ -320,6 +321,13 @@ def test_committed_result_is_rejudged_from_its_counts() -> None:
     assert results["claims"] == [r.to_dict() for r in rows]
     # a run with more than one seed or draw cannot be rebuilt from counts: pending
     assert llm_claims.arrays_from_counts({**results, "protocol": {**results["protocol"], "draws": 2}}) == {}
+
+
+def test_committed_full_run_is_judged_from_its_saved_cells() -> None:
+    results = json.loads((COMMITTED / "results.json").read_text())
+    arrays = llm_claims.claim_arrays(COMMITTED)
+    assert arrays["win/hard/gaussian-x3"].shape[0] == len(results["config"]["seeds"]) >= 3
+    assert results["claims"] == [r.to_dict() for r in judge(llm_claims.CLAIMS, arrays)]
 
 
 @pytest.fixture(scope="module")
