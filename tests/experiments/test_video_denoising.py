@@ -188,7 +188,12 @@ def test_every_method_gets_the_same_tuning_budget() -> None:
     with pytest.raises(ConfigError, match=r"unequal tuning budgets \(erm: 3, constrained: 4"):
         resolve_config(VideoDenoisingConfig, overrides=["unconstrained_lr_grid=[0.001,0.003,0.01]"])
     with pytest.raises(ConfigError, match="unequal tuning budgets"):  # one label's own grid counts too
-        resolve_config(VideoDenoisingConfig, overrides=["grid={blind: ['optimizer.lr=0.01']}"])
+        resolve_config(VideoDenoisingConfig, overrides=["grid={deep-supervision: ['optimizer.lr=0.01']}"])
+    # the blind positive control may get fewer candidates than ERM: that only handicaps the control
+    handicapped = resolve_config(VideoDenoisingConfig, overrides=["grid={blind: ['optimizer.lr=0.01']}"])
+    assert (
+        handicapped.candidates("blind") == ["optimizer.lr=0.01"] and "blind" not in handicapped.compared_grids
+    )
     # no method tuned (one candidate each): nothing to compare
     one = ["lr_grid=[0.003]", "constraint_grid=['']", "unconstrained_lr_grid=[0.003]"]
     assert resolve_config(VideoDenoisingConfig, overrides=one).candidates("constrained") == [
@@ -196,10 +201,11 @@ def test_every_method_gets_the_same_tuning_budget() -> None:
     ]
     for preset in PRESETS:
         cfg = resolve_config(VideoDenoisingConfig, preset=preset, presets=PRESETS)
-        counts = {len(cfg.candidates(label)) for label in cfg.trained_labels}
+        counts = {len(grid) for grid in cfg.compared_grids.values()}
         assert len(counts) == 1 and cfg.tune_seed not in cfg.seeds
     full = resolve_config(VideoDenoisingConfig, preset="full", presets=PRESETS)
     assert len(full.candidates("erm")) == len(full.candidates("constrained")) == 4
+    assert full.architectures == ["ut"] and full.train.max_steps == 16000 and len(full.seeds) == 3
     quick = resolve_config(VideoDenoisingConfig, preset="quick", presets=PRESETS)
     assert all(len(quick.candidates(label)) == 1 for label in quick.trained_labels)  # quick tunes nothing
 
@@ -263,6 +269,15 @@ def test_experiment_end_to_end_resume_and_report(tmp_path: Path, carphone) -> No
     # frozen λ: the multipliers of the finished constrained run of the same seed, never stepped
     frozen, source = results["methods"]["dust-frozen-lambda"], results["methods"]["dust-constrained"]
     assert frozen["lambda"] == source["lambda"] and frozen["spec"] == source["spec"]
+    # λ's trajectory per seed: step 1, every val_every steps and the last; its last point is the final λ
+    for method, block in results["methods"].items():
+        traces = block.get("lambda_trace")
+        if "erm" in method or "blind" in method or "deep-supervision" in method:
+            assert traces is None
+            continue
+        assert len(traces) == 2 and all(t["steps"] == [1, 3, 6, 9] for t in traces)
+        assert [t["lambda"][-1] for t in traces] == block["lambda"]
+    assert all(row == frozen["lambda_trace"][0]["lambda"][0] for row in frozen["lambda_trace"][0]["lambda"])
     # the claims, judged from the per-sequence errors the run saved: every row over 2 seeds x 64 sequences
     claims = results["claims"]
     rows = {}
@@ -308,7 +323,7 @@ def test_experiment_end_to_end_resume_and_report(tmp_path: Path, carphone) -> No
     assert "Paired RMSE difference" in report and "Claims: a − b" in report and "Budget check" in report
     assert "**Primary endpoint.** primary lower-rmse-ood (ut-constrained − ut-erm)" in report
     names = ("rmse-relative-to-erm", "layer-mse-log", "sample-frames", "curves", "layer-loss")
-    for name in (*names, "rmse-with-baselines", "validation-curves"):
+    for name in (*names, "rmse-with-baselines", "validation-curves", "lambda-trajectory"):
         assert f"figures/{name}.png" in report and (path / "figures" / f"{name}.png").is_file()
     logged = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
     assert any("lambda/1" in row for row in logged if "constrained" in row.get("tag", ""))

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from descentlab.constrained.descent import profile_constraints
+from descentlab.constrained.trace import LambdaTrace
 from descentlab.data import load_causal_lm
 from descentlab.data.instructions import CausalCollator, austen_examples, collate_causal
 from descentlab.errors import ConfigError
@@ -124,24 +125,6 @@ def read_layers(method: MethodConfig, num_layers: int) -> list[int]:
         i - 1 for i, on in enumerate(mask, start=1) if on
     }
     return sorted(i for i in need if i < num_layers)
-
-
-class LambdaTrace:
-    """fit callback: λ (and u) of a constraint every ``every`` steps."""
-
-    def __init__(self, constraint: Any, every: int) -> None:
-        self.constraint, self.every = constraint, max(1, every)
-        self.steps: list[int] = []
-        self.lam: list[list[float]] = []
-        self.violations: list[list[float]] = []
-
-    def __call__(self, step: int, model: torch.nn.Module, logs: dict[str, float]) -> None:
-        if step % self.every and step != 1:
-            return
-        self.steps.append(step)
-        self.lam.append(self.constraint.multipliers.tolist())
-        g = self.constraint.violations
-        self.violations.append([] if g is None else [float(v) for v in g.tolist()])
 
 
 class StepTimer:
@@ -287,7 +270,7 @@ def train_job(
         facts["read_layers"] = read_layers(method, num_layers)
         if c.slacks is not None:
             facts["slacks"] = c.slacks.tolist()
-        facts["lambda_trace"] = {"steps": trace.steps, "lambda": trace.lam, "violation": trace.violations}
+        facts["lambda_trace"] = trace.to_dict()
     return facts
 
 

@@ -24,6 +24,15 @@ per-seed statistics (so :func:`~descentlab.report.stats.paired_interval`'s seed 
 per-seed pooled differences) and the spread over sequences is the delta-method share of the test set. A
 one-seed run (the ``budget`` preset) gets "one seed: training variance not measured".
 
+Power, declared before the full run (the ``full`` preset: UT at 16,000 steps, evaluation seeds 100-102,
+tuning seed 1000). The pilot is the 2,000-step protocol's run (seeds 0-2, ``full-2000``): its per-seed
+primary differences were -0.0457, -0.0451 and -0.0437 RMSE, sd 0.00099. With 3 evaluation seeds the
+seed-level minimum detectable effect (80 % power, 95 % t interval on 2 degrees of freedom) is
+4.303 · 0.00099 / √3 · (1.96 + 0.84) / 1.96 = 0.0035 RMSE, above the 0.002 smallest effect of interest: the
+run can reproduce a gain of 0.0035 or more, and refute the claim if the difference sits at or above 0
+(the one-seed budget curve put it at +0.0040 at 16,000 steps). The pilot's sd is from 2,000 steps; the run
+reports its own. DUST (``full-dust``, secondary rows) had sd 0.0018 in the pilot: MDE 0.0065.
+
 Runs that saved no per-sequence errors (``arrays/claims.npz``) are judged from the per-seed pooled RMSE in
 their ``results.json``: cells ``[seeds, 1]``, the seed t-interval alone (one seed: one value, no
 interval); the per-layer claim is then "pending re-run".

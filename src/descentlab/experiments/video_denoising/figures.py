@@ -1,7 +1,7 @@
 """The figures of the video-denoising study, drawn from ``results.json`` and saved arrays only.
 
 Method names are ``<architecture>-<label>`` (``ut-erm``, ``dust-constrained``...). Figures (:func:`figures`): RMSE relative to ERM, per-layer test MSE on a log scale, test RMSE with the
-classical baselines, validation curves, and sample frames (clean, noisy, every method and baseline) read
+classical baselines, validation curves, every constrained method's multipliers over training, and sample frames (clean, noisy, every method and baseline) read
 from ``sample-frames.npz`` in the run directory.
 """
 
@@ -25,7 +25,8 @@ def _style(ax: Any, title: str, xlabel: str, ylabel: str, *, legend_size: int, *
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3, **grid)
-    ax.legend(fontsize=legend_size)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=legend_size)
 
 
 def _save(fig: Any, path: Path, caption: str, *, dpi: int = 120) -> dict[str, str]:
@@ -171,6 +172,36 @@ def plot_val_curves(
     )
 
 
+def plot_lambda_trajectories(methods: Methods, path: Path) -> dict[str, str] | None:
+    """λ_l against the training step for every method that saved its trace (``lambda_trace``), one panel
+    each: per layer the mean over seeds (thick) and each seed (thin, same colour). A layer whose λ is 0 at
+    every recorded step of every seed is left out and named in the panel's title."""
+    traced = {m: b["lambda_trace"] for m, b in methods.items() if b.get("lambda_trace")}
+    if not traced:
+        return None
+    fig, axes = new_figure(1, len(traced), panel_size=(4.4, 3.4))
+    for ax, (method, traces) in zip(axes[0], traced.items(), strict=True):
+        steps = traces[0]["steps"]
+        lam = np.asarray([t["lambda"] for t in traces if t["steps"] == steps], dtype=np.float64)  # [S, T, L]
+        idle = []
+        for layer in range(lam.shape[2]):
+            if not np.any(lam[:, :, layer]):
+                idle.append(layer + 1)
+                continue
+            color = f"C{layer % 10}"
+            for seed in lam[:, :, layer]:
+                ax.plot(steps, seed, color=color, lw=0.6, alpha=0.4)
+            ax.plot(steps, lam[:, :, layer].mean(0), color=color, lw=1.8, label=f"λ_{layer + 1}")
+        title = f"{method} ({lam.shape[0]} seeds)" + (f"; λ = 0 throughout: {idle}" if idle else "")
+        _style(ax, title, "training step", "multiplier λ_l", legend_size=7)
+    return _save(
+        fig,
+        path,
+        "Multipliers λ_l over training, per constrained layer: mean over the evaluation seeds (thick) and each "
+        "seed (thin); layers whose λ stayed 0 are named in the title",
+    )
+
+
 def plot_rmse_with_baselines(
     results: Mapping[str, Any], architectures: Sequence[str], path: Path
 ) -> dict[str, str] | None:
@@ -242,6 +273,7 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
         plot_val_curves(
             methods, architectures, folder / "validation-curves.png", results.get("budget_check")
         ),
+        plot_lambda_trajectories(methods, folder / "lambda-trajectory.png"),
         plot_budget_curve(
             results.get("budget_curve") or {},
             results.get("protocol", {}).get("gammas", [1.0]),

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from descentlab.constrained.trace import LambdaTrace
 from descentlab.data.video import NoisyClips, noisy_val_clips
 from descentlab.data.video import noisy_test_clips as noisy_levels
 from descentlab.errors import NumericalError
@@ -61,6 +62,7 @@ def train_and_evaluate(
     point is what the grid search compares. ``lam`` (the frozen-λ control): the constraint's multipliers
     start at ``lam`` and never take a dual step. A label of ``cfg.blind`` trains on noise levels drawn
     uniformly from its γ range times σ_train. ``steps`` replaces the budget (the budget check and curve).
+    A constrained method also returns ``lambda_trace`` (λ at step 1 and every ``cfg.val_every`` steps).
     Saves ``jobs/<key>-errors.npz`` (``example_mse [G, L+1, N]``: every test sequence's MSE at every γ and
     layer) and, for the first seed, ``jobs/<key>-frames.npz`` (the denoised sample frames).
     """
@@ -80,9 +82,13 @@ def train_and_evaluate(
     curve = ValidationCurve(
         model, data["val"], val_noisy, every=cfg.val_every, total=total, batch_size=cfg.eval_batch_size
     )
+    callbacks: list = [curve]
+    if recipe.constraint is not None:  # λ_l(t) at the validation points: does each constraint bind, and when
+        trace = LambdaTrace(recipe.constraint, every=cfg.val_every, last=total)
+        callbacks.append(trace)
     start = time.perf_counter()
     try:
-        fit(model, train, cfg=train_cfg, run=run, tag=key, callbacks=[curve], **recipe.fit_kwargs())
+        fit(model, train, cfg=train_cfg, run=run, tag=key, callbacks=callbacks, **recipe.fit_kwargs())
     except NumericalError as e:  # a diverged or infeasible candidate ranks last in its grid (see `run`)
         run.log(tag=key, failed=str(e))
         return {"failed": str(e), "spec": spec, "val_rmse": math.nan}
@@ -95,6 +101,7 @@ def train_and_evaluate(
     )
     if recipe.constraint is not None:
         ev["lambda"] = recipe.constraint.duals.lam.tolist()
+        ev["lambda_trace"] = {"steps": trace.steps, "lambda": trace.lam}
     run.log(tag=key, eval_rmse=ev["rmse"], gammas=cfg.gammas, val_rmse=ev["val_rmse"])
     if seed == cfg.seeds[0]:
         frames = torch.stack([denoise_frames(model, y, cfg.data.crop) for y in data["sample_noisy"]])

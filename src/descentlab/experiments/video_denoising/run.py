@@ -178,8 +178,8 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
             "batch_size": cfg.train.batch_size,
             "selection": "per (architecture, method): the candidate of lowest final validation RMSE at gamma = 1, "
             f"trained from the tuning seed {cfg.tune_seed} (never an evaluation seed; its runs are not reported); "
-            f"{check_equal_budgets({lab: cfg.candidates(lab) for lab in cfg.trained_labels})} candidates per "
-            "method (one: not tuned)",
+            f"{check_equal_budgets(cfg.compared_grids)} candidates per compared method (one: not tuned)"
+            + "".join(f"; {b}: {len(cfg.candidates(b))}" for b in cfg.blind if b in cfg.trained_labels),
             "noise": "additive Gaussian on pixels in [0, 1], test level gamma * sigma_train",
             **{k: {m: v for m, v in getattr(cfg, k).items() if m in cfg.labels} for k in ("blind", "frozen")},
         },

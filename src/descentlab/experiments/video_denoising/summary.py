@@ -125,6 +125,8 @@ def _method_result(evs: list[dict], gammas: Sequence[float], grid: Mapping[str, 
     }
     if "lambda" in evs[0]:
         extra["lambda"] = [ev["lambda"] for ev in evs]
+    if all("lambda_trace" in ev for ev in evs):
+        extra["lambda_trace"] = [ev["lambda_trace"] for ev in evs]
     if grid is not None:
         extra["grid"] = dict(grid)
     return MethodResult(
