@@ -19,6 +19,7 @@ from descentlab.experiments.llm_robustness import claims as llm_claims
 from descentlab.experiments.llm_robustness import config as exp
 from descentlab.experiments.llm_robustness import jobs as lm_finetune
 from descentlab.report.claims import ONE_SEED, PENDING, UNTESTABLE, VERDICTS, judge
+from descentlab.report.results import Results
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "results" / "llm-robustness"
 
@@ -404,6 +405,7 @@ def test_pipeline_runs_resumes_and_rebuilds_its_report(tiny_llama_dir, tmp_path)
     path = run_experiment("llm-robustness", overrides=overrides, out=tmp_path)
     results = json.loads((path / "results.json").read_text())
     assert set(results["methods"]) == {"erm", "hard", "resilient", "erm-neftune"}
+    assert Results.from_dict(results).to_dict() == results  # every typed key written, the figures' too
     assert results["protocol"]["seeds"] == [0, 1] == results["seeds"]
     # every method trained once per evaluation seed, and never from the tuning seed
     for block in results["methods"].values():

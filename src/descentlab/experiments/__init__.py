@@ -254,6 +254,8 @@ def run_experiment(
     # the runner owns these two keys: a typed Results body may carry empty placeholders for them
     body = {k: v for k, v in body.items() if k not in ("experiment", "config")}
     results = {"experiment": name, "config": config_to_dict(cfg), **body}
+    # every results.json has the typed Results keys (report.results), empty where the study wrote none
+    results = {"protocol": {}, "tables": [], "figures": [], "notes": [], **results}
     run.save_json("results.json", results)
     if run.writer:
         rejudge(run.path)
