@@ -7,6 +7,9 @@ model's output depends on its weights and inputs only. Each factory seeds torch 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from transformers import (
     BertConfig,
@@ -139,19 +142,18 @@ def tiny_vit(
     return ViTForImageClassification(ViTConfig(**{**fields, **config}))
 
 
-def classification_rows(n: int, *, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+def classification_rows(
+    n: int, *, seed: int = 0, label: Callable[[torch.Tensor], Any] | None = None
+) -> list[dict[str, torch.Tensor]]:
     """``n`` rows for a tiny sequence classifier (a Trainer dataset): 12 random token ids, an all-ones mask,
-    and the label ``ids[0] < 50``, drawn from a generator seeded by ``seed``."""
+    and the label ``label(ids)`` (default ``ids[0] < 50``), drawn from a generator seeded by ``seed``."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for _ in range(n):
         ids = torch.randint(5, 97, (12,), generator=g)
+        y = ids[0] < 50 if label is None else label(ids)
         rows.append(
-            {
-                "input_ids": ids,
-                "attention_mask": torch.ones_like(ids),
-                "labels": torch.tensor(int(ids[0] < 50)),
-            }
+            {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor(int(y))}
         )
     return rows
 

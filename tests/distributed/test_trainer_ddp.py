@@ -23,19 +23,9 @@ EVAL_BATCH = 8
 N_TRAIN, N_EVAL, STEPS, LAYERS = 48, 16, 8, 2  # 6 steps per epoch: crosses an epoch boundary
 
 
-def _examples(n: int, seed: int) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        ids = torch.randint(5, 97, (12,), generator=g)
-        out.append(
-            {
-                "input_ids": ids,
-                "attention_mask": torch.ones_like(ids),
-                "labels": torch.tensor(int((ids < 48).sum() > 6)),
-            }
-        )
-    return out
+def _label(ids: torch.Tensor) -> torch.Tensor:
+    """Needs more than the first token: more than 6 of the 12 ids below 48."""
+    return (ids < 48).sum() > 6
 
 
 def train(out_dir: Path, world: int) -> dict[str, Any]:
@@ -44,7 +34,7 @@ def train(out_dir: Path, world: int) -> dict[str, Any]:
 
     import descentlab as dl
     from descentlab.integrations.hf import DescentTrainer
-    from tiny_models import tiny_bert
+    from tiny_models import classification_rows, tiny_bert
 
     lams: list[torch.Tensor] = []
 
@@ -71,8 +61,8 @@ def train(out_dir: Path, world: int) -> dict[str, Any]:
     trainer = DescentTrainer(
         model=tiny_bert(layers=LAYERS),
         args=args,
-        train_dataset=_examples(N_TRAIN, 0),
-        eval_dataset=_examples(N_EVAL, 1),
+        train_dataset=classification_rows(N_TRAIN, seed=0, label=_label),
+        eval_dataset=classification_rows(N_EVAL, seed=1, label=_label),
         constraint=constraint,
         callbacks=[RecordLambda()],
     )
