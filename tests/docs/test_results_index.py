@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from descentlab.report.readme import results_index, study_section
+from descentlab.report.readme import companion_runs, results_index, study_section
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
@@ -45,3 +45,24 @@ def test_a_study_section_leads_with_its_primary_verdict() -> None:
     legacy = "\n".join(study_section("old", {"claims": [{"claim": "x", "verdict": "reproduced"}]}))
     assert "pending re-run" in legacy and "reproduced" not in legacy
     assert json.loads(json.dumps(row)) == row
+
+
+def test_a_companion_run_gets_its_own_section_and_earlier_runs_do_not(tmp_path: Path) -> None:
+    row = {
+        "name": "x",
+        "role": "primary",
+        "verdict": "inconclusive",
+        "estimate": 0.1,
+        "low": -0.1,
+        "high": 0.3,
+    }
+    row |= {"description": "d", "kind": "directional", "direction": "less", "threshold": 0.05, "metric": "m"}
+    row |= {"method": "a", "reference": "b", "at": "", "reason": "r"}
+    (tmp_path / "study.md").write_text("# study\n")
+    for folder in ("study", "study/full-b", "study/earlier", "study/earlier/old-preset"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "results.json").write_text(json.dumps({"claims": [row]}))
+    assert [p.parent.name for p in companion_runs(tmp_path / "study")] == ["full-b"]
+    text = results_index(tmp_path)
+    assert "## study\n" in text and "### study, companion run `full-b`" in text
+    assert "--preset full-b" in text and "old-preset" not in text and text.count("**Primary endpoint") == 2

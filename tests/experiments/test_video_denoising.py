@@ -532,7 +532,7 @@ def test_the_committed_runs_are_judged_from_what_they_saved() -> None:
     assert primary.estimate == pytest.approx(float(np.mean(per_seed[0] - per_seed[1])))
     assert {r.verdict for r in rows["monotone"]} == {PENDING}  # no per-layer errors per seed
     # the budget run: one seed, pooled values only: no verdict (and no per-layer profile)
-    budget = _rows(vc.claim_arrays(root / "budget"))
+    budget = _rows(vc.claim_arrays(root / "earlier" / "budget"))
     claims = [
         r for name, rows_ in budget.items() for r in rows_ if name != "monotone" and r.role != "control"
     ]

@@ -82,13 +82,15 @@ def coverage_section(coverage: dict[str, Any]) -> list[str]:
     ]
 
 
-def study_section(name: str, results: dict[str, Any]) -> list[str]:
-    """One study: its primary verdict, then every row."""
+def study_section(name: str, results: dict[str, Any], preset: str = "full") -> list[str]:
+    """One run of a study: its primary verdict, then every row. ``preset`` other than ``full``: a companion
+    run of the study (its folder under the study's is named after that preset), titled by it."""
     raw = results.get("claims", [])
+    title = name if preset == "full" else f"{name}, companion run `{preset}`"
     lines = [
-        f"## {name}",
+        f"{'##' if preset == 'full' else '###'} {title}",
         "",
-        f"Page: [{name}.md]({name}.md). Command: `descentlab run {name} --preset full`.",
+        f"Page: [{name}.md]({name}.md). Command: `descentlab run {name} --preset {preset}`.",
     ]
     claims = engine_rows(raw)
     if not claims:
@@ -115,6 +117,19 @@ def study_section(name: str, results: dict[str, Any]) -> list[str]:
     ]
 
 
+def companion_runs(study_dir: Path) -> list[Path]:
+    """The ``results.json`` of a study's companion runs: ``<study>/<preset>/results.json``, one folder per
+    further committed preset (e.g. a second architecture's run). ``earlier/`` holds the History's runs and is
+    not one."""
+    if not study_dir.is_dir():
+        return []
+    return sorted(
+        d / "results.json"
+        for d in study_dir.iterdir()
+        if d.name != "earlier" and (d / "results.json").is_file()
+    )
+
+
 def results_index(results_dir: Path | str) -> str:
     """The text of ``docs/results/README.md`` from the committed files under ``results_dir``."""
     results_dir = Path(results_dir)
@@ -136,6 +151,8 @@ def results_index(results_dir: Path | str) -> str:
         body = results_dir / page.stem / "results.json"
         if body.is_file():
             lines += study_section(page.stem, json.loads(body.read_text()))
+        for companion in companion_runs(results_dir / page.stem):
+            lines += study_section(page.stem, json.loads(companion.read_text()), preset=companion.parent.name)
     return "\n".join(lines).rstrip() + "\n"
 
 
