@@ -519,9 +519,29 @@ def test_missing_arrays_one_seed_and_a_monotone_reference() -> None:
     assert (one_value.verdict, one_value.seeds, one_value.examples) == (ONE_SEED, 1, 1)
 
 
+COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "results" / "video-denoising"
+
+
+@pytest.mark.parametrize("folder", [""], ids=["full"])
+def test_the_committed_full_runs_are_judged_from_their_saved_cells(folder: str) -> None:
+    # the declared 16,000-step runs saved every test sequence's error: [seeds, gammas, sequences] cells
+    results = json.loads((COMMITTED / folder / "results.json").read_text())
+    arrays = vc.claim_arrays(COMMITTED / folder)
+    arch = results["config"]["architectures"][0]
+    assert arrays[f"final/{arch}-erm"].shape[0] == len(results["config"]["seeds"]) >= 3
+    assert (
+        results["config"]["train"]["max_steps"] == 16000
+        and results["config"]["tune_seed"] not in (results["config"]["seeds"])
+    )
+    assert results["claims"] == [r.to_dict() for r in judge(vc.CLAIMS, arrays)]
+    # every constrained method saved λ's trajectory, one per evaluation seed, ending at its final λ
+    block = results["methods"][f"{arch}-constrained"]
+    assert [t["lambda"][-1] for t in block["lambda_trace"]] == block["lambda"]
+
+
 def test_the_committed_runs_are_judged_from_what_they_saved() -> None:
-    # the committed runs saved pooled RMSE per seed (results.json), not per-sequence errors
-    root = Path(__file__).resolve().parents[2] / "docs" / "results" / "video-denoising"
+    # the earlier runs saved pooled RMSE per seed (results.json), not per-sequence errors
+    root = COMMITTED / "earlier"
     arrays = vc.claim_arrays(root)
     assert arrays["rmse/ut-erm"].shape == (3, 5) and arrays["rmse/gaussian"].shape == (3, 5)
     assert not any(k.startswith(("final/", "layers/")) for k in arrays)
@@ -532,7 +552,7 @@ def test_the_committed_runs_are_judged_from_what_they_saved() -> None:
     assert primary.estimate == pytest.approx(float(np.mean(per_seed[0] - per_seed[1])))
     assert {r.verdict for r in rows["monotone"]} == {PENDING}  # no per-layer errors per seed
     # the budget run: one seed, pooled values only: no verdict (and no per-layer profile)
-    budget = _rows(vc.claim_arrays(root / "earlier" / "budget"))
+    budget = _rows(vc.claim_arrays(root / "budget"))  # earlier/budget
     claims = [
         r for name, rows_ in budget.items() for r in rows_ if name != "monotone" and r.role != "control"
     ]
