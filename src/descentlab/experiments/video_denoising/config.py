@@ -182,6 +182,21 @@ class VideoDenoisingConfig:
 
 CONFIG = VideoDenoisingConfig
 
+# What the two 16,000-step runs (presets "full" and "full-dust") share: ERM, the hard constraint and the blind
+# positive control, 3 fresh evaluation seeds, tuned on tune_seed 1000 over the dual lrs 0.05 and 0.5.
+CONVERGED = {
+    "methods": ["erm", "constrained", "blind"],
+    "seeds": [100, 101, 102],
+    "tune_seed": 1000,
+    "model.depth": 4,
+    "train.max_steps": 16000,
+    "constraint_grid": ["constraint.dual_lr=0.05", "constraint.dual_lr=0.5"],
+    "grid": {"blind": ["optimizer.lr=3e-3"]},
+    "budget_check": 0,
+    "workers": 2,
+    "val_every": 1000,
+}
+
 PRESETS = {
     "quick": {
         "data.size": 72,
@@ -204,37 +219,19 @@ PRESETS = {
     # spanning them; the blind positive control one (ERM's earlier choice; fewer candidates only handicap it).
     # 3 fresh evaluation seeds. 17 training jobs of about 5 min on one core, 2 workers: about 50 min.
     "full": {
+        **CONVERGED,
         "architectures": ["ut"],
-        "methods": ["erm", "constrained", "blind"],
-        "seeds": [100, 101, 102],
-        "tune_seed": 1000,
-        "model.depth": 4,
-        "train.max_steps": 16000,
         "lr_grid": [3e-3, 1e-2],
-        "constraint_grid": ["constraint.dual_lr=0.05", "constraint.dual_lr=0.5"],
         "unconstrained_lr_grid": [1e-3, 3e-3, 6e-3, 1e-2],
-        "grid": {"blind": ["optimizer.lr=3e-3"]},
-        "budget_check": 0,
-        "workers": 2,
-        "val_every": 1000,
     },
     # The same protocol for DUST (secondary rows), the study's second run of the hour: a DUST step costs about
     # 1.6 UT steps, so 2 candidates per compared method (the hard constraint's lr 3e-3, its earlier choice, x 2
     # dual lrs; ERM 2 lrs), 13 training jobs of about 8 min: about 55 min.
     "full-dust": {
+        **CONVERGED,
         "architectures": ["dust"],
-        "methods": ["erm", "constrained", "blind"],
-        "seeds": [100, 101, 102],
-        "tune_seed": 1000,
-        "model.depth": 4,
-        "train.max_steps": 16000,
         "lr_grid": [3e-3],
-        "constraint_grid": ["constraint.dual_lr=0.05", "constraint.dual_lr=0.5"],
         "unconstrained_lr_grid": [3e-3, 1e-2],
-        "grid": {"blind": ["optimizer.lr=3e-3"]},
-        "budget_check": 0,
-        "workers": 2,
-        "val_every": 1000,
     },
     # The 2,000-step protocol (History on the results page): both architectures, every method and control,
     # 3 evaluation seeds, ERM's convergence checked at 4,000 steps, with equal grids on tune_seed (the
