@@ -522,7 +522,7 @@ def test_missing_arrays_one_seed_and_a_monotone_reference() -> None:
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "results" / "video-denoising"
 
 
-@pytest.mark.parametrize("folder", [""], ids=["full"])
+@pytest.mark.parametrize("folder", ["", "full-dust"], ids=["full", "full-dust"])
 def test_the_committed_full_runs_are_judged_from_their_saved_cells(folder: str) -> None:
     # the declared 16,000-step runs saved every test sequence's error: [seeds, gammas, sequences] cells
     results = json.loads((COMMITTED / folder / "results.json").read_text())
