@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -28,6 +29,23 @@ def new_figure(
     """``(figure, axes)`` with ``axes`` always a 2-D ``[nrows, ncols]`` array, each panel ``panel_size`` inches."""
     figsize = kwargs.pop("figsize", (panel_size[0] * ncols, panel_size[1] * nrows))
     return plt.subplots(nrows, ncols, figsize=figsize, squeeze=False, **kwargs)
+
+
+def plot_multipliers(ax: Any, steps: Sequence[int], lam: Any) -> list[int]:
+    """Draw λ_l(t) of one constrained method on ``ax``: ``lam [seeds, steps, L]``; per layer l each seed
+    thin and the mean over seeds thick, in one colour, labelled ``λ_l``. Returns the layers (1-based) whose
+    λ is 0 at every step of every seed, which are not drawn."""
+    lam = np.asarray(lam, dtype=np.float64)
+    idle = []
+    for layer in range(lam.shape[2]):
+        if not np.any(lam[:, :, layer]):
+            idle.append(layer + 1)
+            continue
+        color = f"C{layer % 10}"
+        for seed in lam[:, :, layer]:
+            ax.plot(steps, seed, color=color, lw=0.6, alpha=0.4)
+        ax.plot(steps, lam[:, :, layer].mean(0), color=color, lw=1.8, label=f"λ_{layer + 1}")
+    return idle
 
 
 def save_figure(fig: Any, path: Path | str, *, dpi: int = 120) -> Path:

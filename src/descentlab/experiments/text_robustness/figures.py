@@ -24,7 +24,7 @@ from descentlab.experiments.text_robustness.arrays import (
 )
 from descentlab.experiments.text_robustness.claims import CONTROL, ERM
 from descentlab.experiments.text_robustness.tables import paired_gaps
-from descentlab.report.figures import new_figure, save_figure
+from descentlab.report.figures import new_figure, plot_multipliers, save_figure
 from descentlab.report.stats import column_mean_std, paired_interval
 
 
@@ -118,13 +118,7 @@ def _lambda(run_dir: Path) -> list[dict[str, Any]]:
     fig, axes = new_figure(1, len(methods), sharey=True)
     for ax, m in zip(axes[0], methods, strict=True):
         steps, lam = arrays[f"{m}{SEP}steps"], arrays[m]  # [seed, T, L]
-        for layer in range(lam.shape[2]):
-            if not np.any(lam[:, :, layer] != 0):
-                continue
-            color = f"C{layer % 10}"
-            for seed in lam[:, :, layer]:
-                ax.plot(steps, seed, color=color, lw=0.6, alpha=0.4)
-            ax.plot(steps, lam[:, :, layer].mean(0), color=color, lw=1.8, label=f"λ_{layer + 1}")
+        plot_multipliers(ax, steps, lam)
         ax.set_title(f"{m} ({lam.shape[0]} seeds)")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -15,7 +15,7 @@ import numpy as np
 
 from descentlab.experiments.video_denoising.summary import Methods, arch_of, label_of
 from descentlab.io import load_arrays
-from descentlab.report.figures import new_figure, save_figure
+from descentlab.report.figures import new_figure, plot_multipliers, save_figure
 
 SAMPLE_FRAMES = "sample-frames.npz"
 
@@ -182,17 +182,9 @@ def plot_lambda_trajectories(methods: Methods, path: Path) -> dict[str, str] | N
     fig, axes = new_figure(1, len(traced), panel_size=(4.4, 3.4))
     for ax, (method, traces) in zip(axes[0], traced.items(), strict=True):
         steps = traces[0]["steps"]
-        lam = np.asarray([t["lambda"] for t in traces if t["steps"] == steps], dtype=np.float64)  # [S, T, L]
-        idle = []
-        for layer in range(lam.shape[2]):
-            if not np.any(lam[:, :, layer]):
-                idle.append(layer + 1)
-                continue
-            color = f"C{layer % 10}"
-            for seed in lam[:, :, layer]:
-                ax.plot(steps, seed, color=color, lw=0.6, alpha=0.4)
-            ax.plot(steps, lam[:, :, layer].mean(0), color=color, lw=1.8, label=f"λ_{layer + 1}")
-        title = f"{method} ({lam.shape[0]} seeds)" + (f"; λ = 0 throughout: {idle}" if idle else "")
+        lam = [t["lambda"] for t in traces if t["steps"] == steps]  # [S, T, L]
+        idle = plot_multipliers(ax, steps, lam)
+        title = f"{method} ({len(lam)} seeds)" + (f"; λ = 0 throughout: {idle}" if idle else "")
         _style(ax, title, "training step", "multiplier λ_l", legend_size=7)
     return _save(
         fig,
