@@ -277,6 +277,28 @@ def test_full_preset_protocol() -> None:
     assert phases[-1].kind == "compressed" and phases[-1].end == total
 
 
+def test_paper_like_preset_is_full_on_the_block_linears_with_fresh_seeds() -> None:
+    from dataclasses import replace
+
+    from descentlab.config import config_to_dict, resolve_config
+    from descentlab.experiments.sparse_vit.config import PRESETS, SparseViTConfig
+
+    full = resolve_config(SparseViTConfig, preset="full", presets=PRESETS)
+    paper = resolve_config(SparseViTConfig, preset="full-paper-like", presets=PRESETS)
+    assert paper.acdc.prune == "blocks" and paper.sparsities == [0.9]
+    assert paper.claim_sparsity == paper.tune_sparsity == paper.paper_like_sparsity == 0.9
+    # 6 evaluation seeds that no other run, tuning or pilot (0-2) used
+    assert len(paper.seeds) == 6 and not set(paper.seeds) & {*full.seeds, 0, 1, 2, paper.tune_seed}
+    assert {k: len(g) for k, g in paper.tuning_grids().items()} == {"adamw": 4, "horst": 4, "ham": 4}
+    # the rest (model, data, budget, AC/DC schedule) is the full preset's
+    differ = {k for k, v in config_to_dict(paper).items() if config_to_dict(full)[k] != v}
+    assert differ == {"acdc", "sparsities", "claim_sparsity", "tune_sparsity", "seeds", "tune_lr"} | {
+        "tune_lr_by",
+        "tune_alpha",
+    }
+    assert replace(paper.acdc, prune="all", sparsity=full.acdc.sparsity) == full.acdc
+
+
 def test_worker_processes_give_the_inline_numbers(micro_run, tmp_path) -> None:
     inline = json.loads((micro_run / "results.json").read_text())
     pooled = json.loads(

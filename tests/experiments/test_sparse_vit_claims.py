@@ -102,6 +102,30 @@ def test_the_regime_control_is_a_sized_claim() -> None:
     )
 
 
+def test_a_block_linear_run_is_the_paper_like_arm_and_names_its_set(tmp_path) -> None:
+    # the full-paper-like preset: the run's own cells at 90 % (block Linears) judge paper-like; the primary
+    # endpoint (every Linear/Conv prunable) has no comparison; every other row names the set
+    arrays = {k: v for k, v in _arrays(0.06, ham=-0.06).items() if "paper-like" not in k}
+    arrays |= {"prune": np.asarray("blocks"), "paper_like_sparsity": np.float64(0.99)}
+    rows = _rows(arrays)
+    assert rows["paper-like", "block Linears, sparsity 99 %"].verdict == "reproduced"
+    assert rows["paper-like", "block Linears, sparsity 99 %"].estimate == pytest.approx(
+        rows["horst-ham", "block Linears, sparsity 99 %"].estimate - 0.06, abs=0.01
+    )
+    assert rows["horst-adamw", ""].verdict == PENDING and "no comparison" in rows["horst-adamw", ""].reason
+    assert ("regime", "block Linears, sparsity 98 %") in rows
+    assert ("horst-peaked", "block Linears, sparsity 99 %, before the final pruning") in rows
+    # the same set read back from a saved run's config when its arrays lack it
+    del arrays["prune"]
+    save_arrays(tmp_path / "arrays" / "claims.npz", **arrays)
+    (tmp_path / "results.json").write_text('{"config": {"acdc": {"prune": "blocks"}}}')
+    assert str(claim_arrays(tmp_path)["prune"]) == "blocks"
+    # a run over every Linear/Conv weight without the side arm: paper-like pends on the side arm's cell
+    assert (
+        "correct/horst/paper-like" in _rows({**arrays, "prune": np.asarray("all")})["paper-like", ""].reason
+    )
+
+
 def test_missing_cells_pend_and_one_seed_is_not_judged(tmp_path) -> None:
     arrays = _arrays(0.06)
     del arrays[key("correct", "horst", "paper-like")]

@@ -9,7 +9,12 @@ Cells (``arrays/claims.npz``, written by the run):
   tensors]``), the fraction of its entries with ``|w| <`` the threshold and its excess kurtosis, read when
   the final pruning sees the weights (the end of the last decompressed phase). Each tensor counts once,
   whatever its size.
-* ``sparsities``, ``claim_sparsity``, ``paper_like_sparsity``: the levels.
+* ``sparsities``, ``claim_sparsity``, ``paper_like_sparsity``: the levels; ``prune``: the run's prunable set
+  (``all``: every Linear/Conv weight; ``blocks``: the block Linears), ``all`` when the run saved none.
+
+A run whose prunable set is the block Linears (the ``full-paper-like`` preset, tuned in that setting) is
+the paper-like arm itself: its cells at ``paper_like_sparsity`` judge ``paper-like``, every other row names
+the set, and the primary endpoint (every Linear/Conv prunable) has no comparison in it.
 
 A difference of accuracies is ``mean(c_a − c_b)`` over the cells; its interval is the seed-level one of the
 engine (:func:`~descentlab.report.stats.paired_interval`). Accuracies are fractions: 0.01 is one point.
@@ -28,6 +33,16 @@ not saved, so the sd of the paired difference is taken as if the two were indepe
 power, 95 % t interval) is 2.365 · 0.60 / √8 · (1.96 + 0.84) / 1.96 = 0.71 points, under the 1-point
 smallest effect of interest: the run can reproduce a 1-point gain, and refute one only if the true
 difference is near 0. The earlier run's means differed by +1.03 points.
+
+Power of the paper-like run (``full-paper-like``: block Linears at 90 %, 6 fresh seeds 200-205), declared
+before it. The pilot is the earlier protocol's run on the same prunable set (commit cf00da3, seeds 0-2, the
+same model, data and budget, tuned on seed 0): at 90 % its per-seed test accuracies had sd 0.157 points
+(AdamW), 0.136 (HORST) and 0.318 (HAM). Taken as independent, the paired sd of HORST − AdamW is 0.21 points
+and of HORST − HAM 0.35, so with 6 seeds the MDE is 2.571 · 0.21 / √6 · 2.80 / 1.96 = 0.31 points (HORST −
+AdamW, the arm's headline row) and 0.52 (HORST − HAM): both under the 1-point smallest effect of interest,
+so each row can be reproduced or refuted. That pilot's means differed by +0.09 (HORST − AdamW) and −0.60
+(HORST − HAM) points, and AC/DC cost AdamW 0.8 points against its dense model: the regime control is
+expected to fail at 3 points here, which is what the ``full`` preset's prunable set was chosen to avoid.
 """
 
 from __future__ import annotations
@@ -48,7 +63,8 @@ Arrays = Mapping[str, np.ndarray]
 
 def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
     """The run's ``arrays/claims.npz``; the levels (``sparsities``, ``claim_sparsity``,
-    ``paper_like_sparsity``) from its config when the run saved no cells, so a missing cell is named."""
+    ``paper_like_sparsity``) and the prunable set (``acdc.prune``) from its config when the run saved none,
+    so a missing cell is named."""
     run_dir = Path(run_dir)
     path = run_dir / "arrays" / "claims.npz"
     out = load_arrays(path) if path.is_file() else {}
@@ -57,6 +73,8 @@ def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
     for name in ("sparsities", "claim_sparsity", "paper_like_sparsity"):
         if name not in out and name in cfg:
             out[name] = np.asarray(cfg[name], dtype=np.float64)
+    if "prune" not in out and "prune" in cfg.get("acdc", {}):
+        out["prune"] = np.asarray(cfg["acdc"]["prune"])
     return out
 
 
@@ -69,15 +87,24 @@ def _level(arrays: Arrays, name: str) -> float:
     return float(arrays[name])
 
 
-def _pct(p: float) -> str:
-    return f"sparsity {100 * p:g} %"
+def _prunable(arrays: Arrays) -> str:
+    """The run's prunable set: ``all`` (every Linear/Conv weight) or ``blocks`` (the block Linears)."""
+    return str(arrays["prune"]) if "prune" in arrays else "all"
+
+
+def _pct(arrays: Arrays, p: float) -> str:
+    """A row's level, naming the prunable set when it is the block Linears."""
+    where = "block Linears, " if _prunable(arrays) == "blocks" else ""
+    return f"{where}sparsity {100 * p:g} %"
 
 
 def horst_adamw(arrays: Arrays) -> Iterator[Cells]:
-    """HORST against AdamW at the claim sparsity (every Linear/Conv prunable in the full preset)."""
+    """HORST against AdamW at the claim sparsity, every Linear/Conv prunable (none in a block-Linear run)."""
+    if _prunable(arrays) != "all":
+        return
     at = _level(arrays, "claim_sparsity")
     a, b = arrays[key("correct", "horst", at)], arrays[key("correct", "adamw", at)]
-    yield Cells(a, b, "horst", "adamw", _pct(at))
+    yield Cells(a, b, "horst", "adamw", _pct(arrays, at))
 
 
 def horst_adamw_levels(arrays: Arrays) -> Iterator[Cells]:
@@ -86,21 +113,27 @@ def horst_adamw_levels(arrays: Arrays) -> Iterator[Cells]:
     levels = [float(p) for p in np.atleast_1d(arrays["sparsities"]) if float(p) != at]
     cells = [(arrays[key("correct", "horst", p)], arrays[key("correct", "adamw", p)], p) for p in levels]
     for a, b, p in cells:
-        yield Cells(a, b, "horst", "adamw", _pct(p))
+        yield Cells(a, b, "horst", "adamw", _pct(arrays, p))
 
 
 def horst_ham(arrays: Arrays) -> Iterator[Cells]:
     at = _level(arrays, "claim_sparsity")
     yield Cells(
-        arrays[key("correct", "horst", at)], arrays[key("correct", "ham", at)], "horst", "ham", _pct(at)
+        arrays[key("correct", "horst", at)],
+        arrays[key("correct", "ham", at)],
+        "horst",
+        "ham",
+        _pct(arrays, at),
     )
 
 
 def paper_like(arrays: Arrays) -> Iterator[Cells]:
-    """HORST against AdamW in the paper-like arm (block Linears only)."""
-    a, b = arrays[key("correct", "horst", "paper-like")], arrays[key("correct", "adamw", "paper-like")]
+    """HORST against AdamW in the paper-like arm (block Linears only): the ``paper_like_seeds`` side arm's
+    cells, or in a run whose prunable set is the block Linears, its cells at ``paper_like_sparsity``."""
     at = _level(arrays, "paper_like_sparsity")
-    yield Cells(a, b, "horst", "adamw", f"block Linears, {_pct(at)}")
+    arm = "paper-like" if _prunable(arrays) != "blocks" else at
+    a, b = arrays[key("correct", "horst", arm)], arrays[key("correct", "adamw", arm)]
+    yield Cells(a, b, "horst", "adamw", f"block Linears, sparsity {100 * at:g} %")
 
 
 def regime(arrays: Arrays) -> Iterator[Cells]:
@@ -109,14 +142,14 @@ def regime(arrays: Arrays) -> Iterator[Cells]:
     levels = [float(p) for p in np.atleast_1d(arrays["sparsities"])]
     cells = [(arrays[key("correct", "adamw", p)], p) for p in levels]
     for b, p in cells:
-        yield Cells(dense, b, "adamw (dense)", "adamw", _pct(p))
+        yield Cells(dense, b, "adamw (dense)", "adamw", _pct(arrays, p))
 
 
 def _shape(stat: str):
     def cells(arrays: Arrays) -> Iterator[Cells]:
         at = _level(arrays, "claim_sparsity")
         a, b = arrays[key(stat, "horst", at)], arrays[key(stat, "adamw", at)]
-        yield Cells(a, b, "horst", "adamw", f"{_pct(at)}, before the final pruning")
+        yield Cells(a, b, "horst", "adamw", f"{_pct(arrays, at)}, before the final pruning")
 
     cells.__doc__ = f"HORST's per-tensor {stat} against AdamW's, at the claim sparsity."
     return cells

@@ -135,11 +135,12 @@ def save_claim_arrays(
 ) -> None:
     """The cells every claim reads (``claims.py``), to ``arrays/claims.npz``: per-image correctness per
     (method, sparsity), of the dense reference and of the paper-like arm, ``[seeds, images]``; the
-    per-tensor weight shape at the claim sparsity, ``[seeds, tensors]``."""
+    per-tensor weight shape at the claim sparsity, ``[seeds, tensors]``; the levels and the prunable set."""
     arrays: dict[str, Any] = {
         "sparsities": np.asarray(cfg.sparsities, dtype=np.float64),
         "claim_sparsity": np.float64(cfg.claim_sparsity),
         "paper_like_sparsity": np.float64(cfg.paper_like_sparsity),
+        "prune": np.asarray(cfg.acdc.prune),
     }
 
     def correct(jobs: list[dict]) -> np.ndarray:
