@@ -372,3 +372,35 @@ def test_presets_resolve():
     assert full.tune_on == full.claim_high and full.tune_dense_within == full.seed_spread
     assert {0.5, 0.9} <= set(full.sparsities) and full.test_blocks >= 256
     assert [m.optimizer.name for m in full.method_configs().values()] == ["adamw", "horst", "ham"]
+
+
+def test_the_large_alpha_run_repeats_the_full_runs_choices_on_fresh_seeds():
+    # full-a30: no tuning, AdamW and HORST at what the committed full run chose on its tuning seed, HORST
+    # at alpha 30 beside them, on seeds no other run used; everything else is the full preset's
+    import json
+    from pathlib import Path
+
+    from descentlab.config import resolve_config
+    from descentlab.experiments.sparse_lm.claims import LARGE_ALPHA
+    from descentlab.experiments.sparse_lm.config import PRESETS, SparseLMConfig
+
+    full = resolve_config(SparseLMConfig, preset="full", presets=PRESETS)
+    a30 = resolve_config(SparseLMConfig, preset="full-a30", presets=PRESETS)
+    assert not a30.tune and a30.methods == ["adamw", "horst", LARGE_ALPHA]
+    assert not set(a30.seeds) & {*full.seeds, full.tune_seed, 900, 901, 902} and len(a30.seeds) == 8
+    assert (a30.model, a30.train, a30.sparsities, a30.test_blocks) == (
+        full.model,
+        full.train,
+        full.sparsities,
+        full.test_blocks,
+    )
+    committed = Path(__file__).parents[2] / "docs" / "results" / "sparse-lm" / "results.json"
+    chosen = json.loads(committed.read_text())["selection"]
+    methods = a30.method_configs()
+    for label in ("adamw", "horst"):
+        opt = methods[label].optimizer
+        assert (opt.lr, opt.alpha or 0.0, opt.weight_decay) == tuple(
+            chosen[label]["chosen"][k] for k in ("lr", "alpha", "weight_decay")
+        )
+    large = methods[LARGE_ALPHA].optimizer
+    assert large.name == "horst" and large.alpha == 30.0 and large.lr == methods["horst"].optimizer.lr

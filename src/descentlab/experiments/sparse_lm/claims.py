@@ -30,6 +30,16 @@ Smallest effects of interest (log-ppl). 0.05 (a 5 % perplexity ratio) for the co
 under a third of the committed 90 % estimate (−0.18); 0.01 (1 %) for the damage at 50 %, where AdamW's
 own damage is only 0.06. Weight shape: 0.01 of a matrix's weights below the threshold, and 3 units of
 excess kurtosis (the distance from a Gaussian to a Laplace, a change of shape class).
+
+Power of the ``full-a30`` run, declared before it (fresh seeds 200-207, no tuning: AdamW and HORST at what
+the full run chose, HORST at α 30 beside them). The pilot is the full run itself (seeds 100-107): the
+per-seed sd of its primary difference was 0.134 log-ppl, so with 8 seeds the repeated primary row has an
+MDE of 2.365 · 0.134 / √8 · 2.80 / 1.96 = 0.160, under its committed estimate (−0.176): a true gain of
+that size would be reproduced with at least 80 % power. Its weight-shape rows at α = 10 had seed-level
+MDEs (seeds x matrices) of 0.0059 (fraction below 1e-3, under the 0.01 of interest) and 274 (excess
+kurtosis, far above the 3 of interest: that row can be reproduced but not refuted). The α = 30 rows have
+no pilot of their own; at α = 10's spread they have the same MDEs, and a larger α is expected to spread
+them more.
 """
 
 from __future__ import annotations

@@ -261,6 +261,25 @@ PRESETS: dict[str, dict] = {
         "threads": 1,
         "train.progress": False,
     },
+    # The declared large-α arm of the weight-shape rows, and the primary endpoint again on fresh seeds: the
+    # full preset's model and budget, no tuning, every method at what the full run chose on tuning seed 1000
+    # (AdamW lr 4e-3, weight decay 0.1; HORST lr 4e-3, α 10), plus HORST at α 30 (``horst-a30``, the same lr;
+    # a probe of the weight shape, not a tuned competitor); 8 evaluation seeds that no run has used
+    # (200-207); no SmolLM2 sweep (the full run has it). 24 jobs, about 30 min on 2 idle cores. The power of
+    # each row is declared in claims.py
+    "full-a30": {
+        "methods": ["adamw", "horst", "horst-a30"],
+        "tune": False,
+        "method.optimizer.lr": 4e-3,
+        "method.optimizer.weight_decay": 0.1,
+        "seeds": [200, 201, 202, 203, 204, 205, 206, 207],
+        "train.max_steps": 1500,
+        "train.mixed_precision": "bf16",
+        "smollm2": False,
+        "workers": 2,
+        "threads": 1,
+        "train.progress": False,
+    },
     # GPT-2 small (124M: 12 x 768, 12 heads, context 1,024, the GPT-2 BPE) on SlimPajama-6B, on one GPU
     # (docs/paper-scale.md: the command, GPU hours and memory, estimated). The corpus is tokenized once to
     # uint16 token files next to it (hf:... streams it with DESCENTLAB_ONLINE=1; corpus=/a/folder of
