@@ -210,6 +210,29 @@ def test_every_method_gets_the_same_tuning_budget() -> None:
     assert all(len(quick.candidates(label)) == 1 for label in quick.trained_labels)  # quick tunes nothing
 
 
+def test_the_same_lr_dust_run_repeats_full_dust_with_erm_at_the_constraints_lr() -> None:
+    # full-dust-same-lr: the committed full-dust run's chosen constraint, its seeds and its settings, and ERM
+    # at the constraint's lr (the arm full-dust lacked); nothing tuned
+    dust = resolve_config(VideoDenoisingConfig, preset="full-dust", presets=PRESETS)
+    same = resolve_config(VideoDenoisingConfig, preset="full-dust-same-lr", presets=PRESETS)
+    committed = Path(__file__).parents[2] / "docs/results/video-denoising/full-dust/results.json"
+    chosen = json.loads(committed.read_text())["selection"]["dust-constrained"]["chosen"]
+    assert same.candidates("constrained") == [chosen] == ["optimizer.lr=0.003 constraint.dual_lr=0.05"]
+    assert same.candidates("erm") == ["optimizer.lr=0.003"] and same.trained_labels == ["erm", "constrained"]
+    assert (same.seeds, same.architectures, same.train, same.model, same.data) == (
+        dust.seeds,
+        dust.architectures,
+        dust.train,
+        dust.model,
+        dust.data,
+    )
+    assert same.baselines == [] and (same.method, same.specs, same.alpha) == (
+        dust.method,
+        dust.specs,
+        dust.alpha,
+    )
+
+
 def _snapshot(path: Path) -> dict[str, bytes]:
     files = [path / "report.md", *sorted((path / "figures").iterdir())]
     return {str(f.relative_to(path)): f.read_bytes() for f in files}

@@ -33,6 +33,12 @@ run can reproduce a gain of 0.0035 or more, and refute the claim if the differen
 (the one-seed budget curve put it at +0.0040 at 16,000 steps). The pilot's sd is from 2,000 steps; the run
 reports its own. DUST (``full-dust``, secondary rows) had sd 0.0018 in the pilot: MDE 0.0065.
 
+Power of ``full-dust-same-lr`` (DUST, ERM and the hard constraint both at lr 3e-3, seeds 100-102), declared
+before it. The pilot is ``full-dust`` itself: its ``lower-rmse-ood-variants`` interval, −0.0030 [−0.0048,
+−0.0012], puts the per-seed sd at 0.0018 · √3 / 4.303 = 0.00072, so the MDE with 3 seeds is 4.303 · 0.00072 /
+√3 · 2.80 / 1.96 = 0.0026 RMSE, above the 0.002 smallest effect of interest: the run can show a gain of
+0.0026 or more at the same lr, and refutes the claim only if ERM at 3e-3 is as good or better.
+
 Runs that saved no per-sequence errors (``arrays/claims.npz``) are judged from the per-seed pooled RMSE in
 their ``results.json``: cells ``[seeds, 1]``, the seed t-interval alone (one seed: one value, no
 interval); the per-layer claim is then "pending re-run".

@@ -233,6 +233,21 @@ PRESETS = {
         "lr_grid": [3e-3],
         "unconstrained_lr_grid": [3e-3, 1e-2],
     },
+    # Is DUST's gain at gamma > 1 the lr? full-dust's hard constraint trained at lr 3e-3 and ERM at its chosen
+    # 1e-2, and on the tuning seed ERM at 3e-3 matched the constraint there. Both at lr 3e-3 (the constraint
+    # with its chosen dual lr 0.05), on full-dust's evaluation seeds 100-102, so the constrained runs repeat
+    # that run's and ERM's are the arm it lacked; one candidate each (nothing tuned), no baselines or
+    # control: 6 jobs of about 9 min, about 28 min on 2 idle cores. Power in claims.py.
+    "full-dust-same-lr": {
+        **CONVERGED,
+        "architectures": ["dust"],
+        "methods": ["erm", "constrained"],
+        "lr_grid": [3e-3],
+        "constraint_grid": ["constraint.dual_lr=0.05"],
+        "unconstrained_lr_grid": [3e-3],
+        "grid": {},
+        "baselines": [],
+    },
     # The 2,000-step protocol (History on the results page): both architectures, every method and control,
     # 3 evaluation seeds, ERM's convergence checked at 4,000 steps, with equal grids on tune_seed (the
     # History's run predates those: it tuned 4 lrs x 2 dual lrs on seed 0, also an evaluation seed).
