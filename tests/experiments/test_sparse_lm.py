@@ -71,6 +71,23 @@ def test_results_have_test_curves_with_cis_and_exact_sparsity(seq_run):
     assert "Claims:" in report and "Seed-spread check" in report and "**Primary endpoint.**" in report
     assert (path / "figures" / "perplexity-vs-sparsity.png").stat().st_size > 0
     assert (path / "figures" / "weight-histograms.png").stat().st_size > 0
+    # every trained run records its NaN guard's count; none of these needed it, so no note names one
+    jobs = [json.loads(f.read_text()) for f in (path / "jobs").glob("*.json")]
+    assert jobs and all(j["nan_reverted"] == 0 for j in jobs if "x" in j)
+    assert not any("NaN guard" in n for n in res["notes"])
+
+
+def test_runs_whose_nan_guard_reverted_updates_are_named_in_the_notes():
+    from descentlab.experiments.sparse_lm.tables import nan_guard_notes
+
+    final = {
+        "adamw": [{"seed": 0, "nan_reverted": 0}, {"seed": 1, "nan_reverted": 0}],
+        "horst-a30": [{"seed": 0, "nan_reverted": 0}, {"seed": 1, "nan_reverted": 1063680}],
+    }
+    (note,) = nan_guard_notes(final)
+    assert note.startswith("horst-a30: the NaN guard reverted") and "1 of 2 runs" in note
+    assert "seeds 1 (1,063,680) elements" in note
+    assert nan_guard_notes({"adamw": [{"seed": 0}]}) == []  # runs saved before the count existed
 
 
 def test_claims_are_judged_from_the_saved_per_block_test_nlls(seq_run):

@@ -120,8 +120,8 @@ def train_and_prune(
 
     ``val_nll`` / ``test_nll``: the mean NLL per level (log-perplexity); ``tune_score``: the tuning
     criterion (validation only, :func:`tune_score`); ``shape``:
-    :func:`~descentlab.sparsity.report.tensor_shape_stats` of the trained (dense) block matrices.
-    A run that diverges (:class:`NumericalError` from ``fit``) returns its settings with ``diverged`` (the
+    :func:`~descentlab.sparsity.report.tensor_shape_stats` of the trained (dense) block matrices;
+    ``nan_reverted``: the elements the optimizer's NaN guard reverted (0 for AdamW). A run that diverges (:class:`NumericalError` from ``fit``) returns its settings with ``diverged`` (the
     reason) and infinite NLLs, so a tuning grid goes on without it.
     """
     run = RunDir(Path(run_path))
@@ -168,6 +168,9 @@ def train_and_prune(
         diverged=None,
         params=num_params(model),
         final_loss=float(result.last_logs.get("loss", math.nan)),
+        # elements HORST / HAM's NaN guard reverted (it warns once per process): a run that needed it is
+        # named in the notes, not only in one worker's stderr
+        nan_reverted=int(getattr(recipe.optimizer, "reverted_total", 0)),
         val_nll=val,
         test_nll=test,
         tune_score=tune_score(val, [0.0, *cfg.sparsities], cfg.tune_on),

@@ -171,6 +171,21 @@ def shape_table(final: Sweeps, threshold: float) -> dict:
     }
 
 
+def nan_guard_notes(final: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """One note per method whose optimizer's NaN guard reverted elements in some final run (its update was
+    not finite there), naming the seeds: such a run trained on, but not as its settings intended."""
+    notes = []
+    for label, runs in final.items():
+        hit = [(r["seed"], r["nan_reverted"]) for r in runs if r.get("nan_reverted")]
+        if hit:
+            seeds = ", ".join(f"{s} ({n:,})" for s, n in hit)
+            notes.append(
+                f"{label}: the NaN guard reverted non-finite updates in {len(hit)} of {len(runs)} runs, seeds "
+                f"{seeds} elements; those runs kept their previous values for those elements."
+            )
+    return notes
+
+
 def summarise(
     final: Sweeps,
     cells: Mapping[str, Any],
@@ -225,6 +240,7 @@ def summarise(
     tables += [checks_table(checks), shape_table(final, small_weight)]
     notes = [f"seed-spread of {c['method']}: {c['reason']}: {c['verdict']}." for c in checks]
     notes += edge_notes
+    notes += nan_guard_notes(final)
     if smol is not None:
         at = dict(zip(smol["x"], smol["perplexity"], strict=True))
         blocks["smollm2-135m (pretrained)"] = MethodResult(
