@@ -545,7 +545,9 @@ def test_missing_arrays_one_seed_and_a_monotone_reference() -> None:
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "results" / "video-denoising"
 
 
-@pytest.mark.parametrize("folder", ["", "full-dust"], ids=["full", "full-dust"])
+@pytest.mark.parametrize(
+    "folder", ["", "full-dust", "full-dust-same-lr"], ids=["full", "full-dust", "full-dust-same-lr"]
+)
 def test_the_committed_full_runs_are_judged_from_their_saved_cells(folder: str) -> None:
     # the declared 16,000-step runs saved every test sequence's error: [seeds, gammas, sequences] cells
     results = json.loads((COMMITTED / folder / "results.json").read_text())
@@ -560,6 +562,15 @@ def test_the_committed_full_runs_are_judged_from_their_saved_cells(folder: str) 
     # every constrained method saved λ's trajectory, one per evaluation seed, ending at its final λ
     block = results["methods"][f"{arch}-constrained"]
     assert [t["lambda"][-1] for t in block["lambda_trace"]] == block["lambda"]
+
+
+def test_the_same_lr_run_repeats_full_dusts_constrained_runs_exactly() -> None:
+    # same config, same seeds, same candidate: the hard constraint's runs come out identical, so the only new
+    # arm is ERM at lr 3e-3
+    same = json.loads((COMMITTED / "full-dust-same-lr" / "results.json").read_text())["methods"]
+    dust = json.loads((COMMITTED / "full-dust" / "results.json").read_text())["methods"]
+    assert same["dust-constrained"]["per_seed_rmse"] == dust["dust-constrained"]["per_seed_rmse"]
+    assert same["dust-erm"]["spec"] == "optimizer.lr=0.003" != dust["dust-erm"]["spec"]
 
 
 def test_the_committed_runs_are_judged_from_what_they_saved() -> None:
