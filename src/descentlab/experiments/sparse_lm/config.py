@@ -204,6 +204,16 @@ class SparseLMConfig:
 
 CONFIG = SparseLMConfig
 
+# What the pilot and the judged runs share: the full preset's budget (1,500 steps in bf16 autocast) on the
+# 2-core machine, 2 worker processes of 1 thread each, no per-step progress bar.
+CPU_RUN = {
+    "train.max_steps": 1500,
+    "train.mixed_precision": "bf16",
+    "workers": 2,
+    "threads": 1,
+    "train.progress": False,
+}
+
 PRESETS: dict[str, dict] = {
     # a couple of minutes on 2 idle cores: a 2-layer width-96 model, 400 steps, two seeds, no tuning
     "quick": {
@@ -226,12 +236,8 @@ PRESETS: dict[str, dict] = {
         "method.optimizer.lr": 2e-3,
         "specs.horst": "optimizer.name=horst optimizer.alpha=3.0 optimizer.beta=0.0",
         "seeds": [900, 901, 902],
-        "train.max_steps": 1500,
-        "train.mixed_precision": "bf16",
         "smollm2": False,
-        "workers": 2,
-        "threads": 1,
-        "train.progress": False,
+        **CPU_RUN,
     },
     # 4x128 GPT-2, 1,500 steps. Equal tuning budgets: each optimizer tunes lr in {2e-3, 4e-3} x its own
     # shrinkage on 4 candidates (AdamW: weight decay 0.1 or 0.5, the strong-L2 baseline; HORST: alpha 3 or
@@ -254,12 +260,8 @@ PRESETS: dict[str, dict] = {
         "tune_on": 0.9,
         "tune_dense_within": 0.03,
         "seeds": [100, 101, 102, 103, 104, 105, 106, 107],
-        "train.max_steps": 1500,
-        "train.mixed_precision": "bf16",
         "smollm2_blocks": 8,
-        "workers": 2,
-        "threads": 1,
-        "train.progress": False,
+        **CPU_RUN,
     },
     # The declared large-α arm of the weight-shape rows, and the primary endpoint again on fresh seeds: the
     # full preset's model and budget, no tuning, every method at what the full run chose on tuning seed 1000
@@ -273,12 +275,8 @@ PRESETS: dict[str, dict] = {
         "method.optimizer.lr": 4e-3,
         "method.optimizer.weight_decay": 0.1,
         "seeds": [200, 201, 202, 203, 204, 205, 206, 207],
-        "train.max_steps": 1500,
-        "train.mixed_precision": "bf16",
         "smollm2": False,
-        "workers": 2,
-        "threads": 1,
-        "train.progress": False,
+        **CPU_RUN,
     },
     # GPT-2 small (124M: 12 x 768, 12 heads, context 1,024, the GPT-2 BPE) on SlimPajama-6B, on one GPU
     # (docs/paper-scale.md: the command, GPU hours and memory, estimated). The corpus is tokenized once to
