@@ -121,7 +121,8 @@ def train_and_prune(
     ``val_nll`` / ``test_nll``: the mean NLL per level (log-perplexity); ``tune_score``: the tuning
     criterion (validation only, :func:`tune_score`); ``shape``:
     :func:`~descentlab.sparsity.report.tensor_shape_stats` of the trained (dense) block matrices;
-    ``nan_reverted``: the elements the optimizer's NaN guard reverted (0 for AdamW). A run that diverges (:class:`NumericalError` from ``fit``) returns its settings with ``diverged`` (the
+    ``nan_reverted``: the elements the optimizer's NaN guard reverted (0 for AdamW).
+    A run that diverges (:class:`NumericalError` from ``fit``) returns its settings with ``diverged`` (the
     reason) and infinite NLLs, so a tuning grid goes on without it.
     """
     run = RunDir(Path(run_path))

@@ -167,8 +167,8 @@ class SparseViTConfig:
 # tune_seed, then 8 fresh evaluation seeds (100-107) x (3 optimizers at 99 % + AdamW dense): 44 runs of
 # about 2.3 worker-minutes each (the earlier protocol's 38 runs took 42 min 58 s on 2 workers), about
 # 50 min on 2 idle cores. One level only: a seed costs about 4.5 min, so 8 seeds fit the hour, where
-# three levels (10 runs a seed) would allow 4. The other levels and the paper-like arm are not run
-# (their claims read "pending"); the power is declared in claims.py.
+# three levels (10 runs a seed) would allow 4. The other levels are not run (their claim reads "pending");
+# the paper-like arm is the full-paper-like preset below; the power is declared in claims.py.
 FULL = {
     "n_train": 55000,
     "n_val": 5000,
