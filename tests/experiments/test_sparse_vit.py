@@ -303,6 +303,30 @@ def test_paper_like_preset_is_full_on_the_block_linears_with_fresh_seeds() -> No
     assert replace(paper.acdc, prune="all", sparsity=full.acdc.sparsity) == full.acdc
 
 
+def test_moonshot_search_tunes_on_tuning_seeds_only_with_equal_grids() -> None:
+    from descentlab.config import config_to_dict, resolve_config
+    from descentlab.experiments.sparse_vit.config import PRESETS, SparseViTConfig
+
+    full = resolve_config(SparseViTConfig, preset="full", presets=PRESETS)
+    search = resolve_config(SparseViTConfig, preset="moonshot-search-w128", presets=PRESETS)
+    assert search.vit.hidden_size == 128 and search.sparsities == [0.99] and search.dense is None
+    # its one run seed is a second tuning seed: no preset evaluates on it, and it is not the tuning seed
+    evaluated = set()
+    for name in PRESETS:
+        if name.startswith("moonshot"):
+            continue
+        cfg = resolve_config(SparseViTConfig, preset=name, presets=PRESETS)
+        evaluated |= {*cfg.seeds, *cfg.paper_like_seeds}
+    assert search.seeds == [1001] and search.tune_seed == 1000 and not {1000, 1001} & evaluated
+    grids = search.tuning_grids()
+    assert {k: len(g) for k, g in grids.items()} == {"adamw": 4, "horst": 4}
+    # AdamW's grid reaches below its width-64 choice; HORST's brackets its own (lr 3e-3, α 1)
+    assert min(lr for lr, _ in grids["adamw"]) < 8e-3 <= max(lr for lr, _ in grids["adamw"])
+    assert (3e-3, 1.0) in grids["horst"]
+    differ = {k for k, v in config_to_dict(search).items() if config_to_dict(full)[k] != v}
+    assert differ == {"vit", "methods", "dense", "seeds", "tune_lr", "tune_lr_by", "tune_alpha"}
+
+
 def test_worker_processes_give_the_inline_numbers(micro_run, tmp_path) -> None:
     inline = json.loads((micro_run / "results.json").read_text())
     pooled = json.loads(
