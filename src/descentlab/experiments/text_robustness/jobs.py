@@ -95,7 +95,9 @@ def run_job(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) ->
             scores["binding"] = binding_level(trace["steps"], trace["lambda"])
             scores["lambda_trace"] = trace
         return scores
-    out = evaluate_classifier(model, data.test, data.val, data.shift, cfg.evaluation, job.seed)
+    # a search (evaluate_on=validation) scores validation in place of test, and no shift set
+    scored, shift = (data.test, data.shift) if cfg.evaluate_on == "test" else (data.val, {})
+    out = evaluate_classifier(model, scored, data.val, shift, cfg.evaluation, job.seed)
     run.log(tag=f"eval-{job.tag}", clean_accuracy=out["extra"]["accuracy"])
     out["multipliers"] = constraint.multipliers.tolist() if constraint is not None else None
     out["lambda_trace"] = trace

@@ -212,7 +212,12 @@ def protocol(
         "dataset": d.name,
         "model": cfg.model,
         "pooling": cfg.pooling,
-        "split": f"test; constraint settings selected on validation (tuning seed {cfg.tune_seed})",
+        "split": (
+            f"test; constraint settings selected on validation (tuning seed {cfg.tune_seed})"
+            if cfg.evaluate_on == "test"
+            else f"validation (a search: no test example is scored); constraint settings selected on "
+            f"validation (tuning seed {cfg.tune_seed})"
+        ),
         "n_train": n_train,
         "n_eval": n_eval,
         "n_val": n_val,
