@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from descentlab.constrained.trace import LambdaTrace
 from descentlab.data import load_encoder_classifier
 from descentlab.data.text_batches import Prepared
 from descentlab.experiments.text_robustness.claims import ERM
@@ -55,14 +56,11 @@ def train_model(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir
     kwargs = recipe.fit_kwargs()
     if job.label in cfg.train_noise:
         kwargs["objective"] = EmbeddingNoise(recipe.objective, cfg.train_noise[job.label], seed=job.seed)
-    trace: dict[str, list] = {"steps": [], "lambda": []}
     constraint = recipe.constraint
-
-    def record(step: int, _model: Any, _logs: Any) -> None:
-        if constraint is not None and (step % train_cfg.log_every == 0 or step == total):
-            trace["steps"].append(step)
-            trace["lambda"].append(constraint.multipliers.tolist())
-
+    # λ at step 1, every log_every steps and at the last (a host copy per record, not per step)
+    recorder = (
+        LambdaTrace(constraint, every=train_cfg.log_every, last=total) if constraint is not None else None
+    )
     fit(
         model,
         data.train,
@@ -70,14 +68,15 @@ def train_model(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir
         collate_fn=data.collate,
         run=run,
         tag=job.tag,
-        callbacks=[record],
+        callbacks=[recorder] if recorder is not None else [],
         **kwargs,
     )
+    trace = recorder.to_dict() if recorder is not None else {"steps": [], "lambda": []}
     path = run.path / "lambda" / f"{job.tag}.json"
     if trace["steps"]:
         path.parent.mkdir(exist_ok=True)
         path.write_text(json.dumps(trace))
-    elif path.is_file():
+    elif path.is_file():  # a finished fit that only reloaded its checkpoint records nothing
         trace = json.loads(path.read_text())
     return model.eval(), constraint, trace
 
