@@ -184,3 +184,22 @@ def test_selection_flags_a_choice_at_a_grid_edge() -> None:
     assert record["horst"]["at_edge"] == [] and len(record["horst"]["grid"]) == 3
     assert record["adamw"]["at_edge"] == ["lr"]  # alpha has one value: no edge to be at
     assert len(notes) == 1 and "adamw" in notes[0] and "edge" in notes[0]
+
+
+def test_the_figure_draws_the_paired_differences_the_committed_claims_were_judged_on() -> None:
+    import json
+    from pathlib import Path
+
+    from descentlab.experiments.sparse_vit.figures import paired_differences
+    from descentlab.io import load_arrays
+
+    run = Path(__file__).parents[2] / "docs" / "results" / "sparse-vit"
+    results = json.loads((run / "results.json").read_text())
+    diffs = paired_differences(load_arrays(run / "arrays" / "claims.npz"), [0.99])
+    assert set(diffs) == {"horst − adamw", "horst − ham"}
+    for name, ((level, mean, low, high, per_seed),) in diffs.items():
+        reference = name.split(" − ")[1]
+        row = next(c for c in results["claims"] if c["method"] == "horst" and c["reference"] == reference)
+        assert level == 0.99 and len(per_seed) == 8
+        assert (mean, low, high) == pytest.approx((100 * row["estimate"], 100 * row["low"], 100 * row["high"]))
+        assert np.mean(per_seed) == pytest.approx(mean)
