@@ -201,5 +201,7 @@ def test_the_figure_draws_the_paired_differences_the_committed_claims_were_judge
         reference = name.split(" − ")[1]
         row = next(c for c in results["claims"] if c["method"] == "horst" and c["reference"] == reference)
         assert level == 0.99 and len(per_seed) == 8
-        assert (mean, low, high) == pytest.approx((100 * row["estimate"], 100 * row["low"], 100 * row["high"]))
+        assert (mean, low, high) == pytest.approx(
+            (100 * row["estimate"], 100 * row["low"], 100 * row["high"])
+        )
         assert np.mean(per_seed) == pytest.approx(mean)
