@@ -303,6 +303,29 @@ def test_paper_like_preset_is_full_on_the_block_linears_with_fresh_seeds() -> No
     assert replace(paper.acdc, prune="all", sparsity=full.acdc.sparsity) == full.acdc
 
 
+def test_levels_preset_runs_full_choices_at_three_levels_on_fresh_seeds() -> None:
+    from descentlab.config import config_to_dict, resolve_config
+    from descentlab.experiments.sparse_vit.config import PRESETS, SparseViTConfig
+
+    full = resolve_config(SparseViTConfig, preset="full", presets=PRESETS)
+    levels = resolve_config(SparseViTConfig, preset="full-levels", presets=PRESETS)
+    assert levels.sparsities == [0.98, 0.99, 0.995] and levels.claim_sparsity == 0.99 and not levels.tune
+    others = set()
+    for name in PRESETS:
+        if name != "full-levels":
+            cfg = resolve_config(SparseViTConfig, preset=name, presets=PRESETS)
+            others |= {*cfg.seeds, *cfg.paper_like_seeds, cfg.tune_seed}
+    assert len(levels.seeds) == 6 and not set(levels.seeds) & others
+    # each method at what full chose on its tuning seed (docs/results/sparse-vit.md, "Tuning")
+    methods = levels.compared()
+    assert list(methods) == ["adamw", "horst"] and levels.dense is None
+    assert methods["adamw"].optimizer.name == "adamw" and methods["adamw"].optimizer.lr == 8e-3
+    horst = methods["horst"].optimizer
+    assert (horst.name, horst.lr, horst.alpha, horst.beta) == ("horst", 3e-3, 1.0, 0.0)
+    differ = {k for k, v in config_to_dict(levels).items() if config_to_dict(full)[k] != v}
+    assert differ == {"method", "specs", "methods", "dense", "sparsities", "seeds", "tune"}
+
+
 def test_moonshot_search_tunes_on_tuning_seeds_only_with_equal_grids() -> None:
     from descentlab.config import config_to_dict, resolve_config
     from descentlab.experiments.sparse_vit.config import PRESETS, SparseViTConfig
