@@ -65,3 +65,19 @@ def test_combined_report_links_resolve_from_its_own_folder(tmp_path: Path) -> No
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text())
     assert len(links) == 4 and all(not link.startswith("/") for link in links)
     assert all((report.parent / link).is_file() for link in links)
+
+
+def test_a_report_says_whether_its_run_is_evidence_a_search_or_a_smoke_run(tmp_path: Path) -> None:
+    from descentlab.report.build import preset_banner
+
+    texts = {}
+    for preset in ("full", "full-levels", "paper", "moonshot-search-w128", "quick", None):
+        run = RunDir.create(tmp_path, "toy")
+        (run.path / "results.json").write_text(json.dumps(RESULTS))
+        (run.path / "config.json").write_text(json.dumps({"preset": preset}))
+        texts[preset] = write_report(run.path).read_text()
+    for preset in ("full", "full-levels", "paper"):  # declared companion runs are evidence too
+        assert preset_banner(preset) is None and "not evidence" not in texts[preset]
+    assert "A search, not evidence." in texts["moonshot-search-w128"]
+    assert "A smoke run, not evidence." in texts["quick"] and "`quick` preset" in texts["quick"]
+    assert "`default` preset" in texts[None]

@@ -45,12 +45,25 @@ def judged_claims(results: dict[str, Any]) -> list[Claim]:
     return engine_rows(results.get("claims", [])) or []
 
 
-# presets sized to show an effect; every other preset is a smoke run of the pipeline
+# presets sized to show an effect: full, paper, and a study's declared companion runs (full-<name>); a
+# search (moonshot-search*) trains on tuning seeds to choose, not to judge; every other preset is a smoke run
 EVIDENCE_PRESETS = ("full", "paper")
 SMOKE_BANNER = (
     "> **A smoke run, not evidence.** The `{preset}` preset checks that the pipeline runs end to end; its "
     "seeds and steps are too few for its verdicts to mean anything. Verdicts come from the `full` preset."
 )
+SEARCH_BANNER = (
+    "> **A search, not evidence.** The `{preset}` preset trains on tuning seeds to choose a setting by the "
+    "rule declared in its config; its verdicts judge nothing. A setting it finds is judged on fresh seeds."
+)
+
+
+def preset_banner(preset: str | None) -> str | None:
+    """The banner a report of ``preset`` opens with: None for a run sized to show an effect."""
+    preset = preset or "default"
+    if preset in EVIDENCE_PRESETS or preset.startswith("full-"):
+        return None
+    return (SEARCH_BANNER if preset.startswith("moonshot-search") else SMOKE_BANNER).format(preset=preset)
 
 
 def _section(
@@ -66,8 +79,9 @@ def _section(
     lines = [f"{heading} {name}", ""]
     config = run_dir / "config.json"  # written by the runner; a folder without it is not a run of ours
     preset = json.loads(config.read_text()).get("preset") if config.is_file() else "full"
-    if preset not in EVIDENCE_PRESETS:
-        lines += [SMOKE_BANNER.format(preset=preset or "default"), ""]
+    banner = preset_banner(preset)
+    if banner is not None:
+        lines += [banner, ""]
     claims = judged_claims(results)
     primary = [c for c in claims if c.role == "primary"]
     if primary:
