@@ -21,3 +21,29 @@ import torch
 @pytest.fixture(autouse=True)
 def _seeded() -> None:
     torch.manual_seed(0)
+
+
+# The lowest free space seen on the temporary folder's disk, sampled after every test (one statvfs call):
+# a suite that errors in tmp_path set-up on a nearly full disk then says so in its last lines.
+_lowest_free_disk: list[int] = []
+
+
+def _free_bytes() -> int:
+    import shutil
+    import tempfile
+
+    return shutil.disk_usage(tempfile.gettempdir()).free
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    free = _free_bytes()
+    if not _lowest_free_disk or free < _lowest_free_disk[0]:
+        _lowest_free_disk[:] = [free]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _lowest_free_disk:
+        terminalreporter.write_line(
+            f"disk: lowest free space on the temporary folder's disk during the run "
+            f"{_lowest_free_disk[0] / 2**30:.2f} GiB (now {_free_bytes() / 2**30:.2f} GiB)"
+        )
