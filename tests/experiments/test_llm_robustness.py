@@ -508,3 +508,27 @@ def test_alpaca_data_trains_on_responses_only(tiny_llama_dir, tmp_path) -> None:
         n = x["prompt_length"][0]
         assert set(x["labels"][:n]) == {-100} and -100 not in x["labels"][n:]
         assert tok.decode(x["input_ids"][n:], skip_special_tokens=True) in {r["output"] for r in records}
+
+
+def test_the_fresh_seed_run_repeats_the_full_runs_choice_and_grid() -> None:
+    # full-seeds: ERM and hard at what the committed full run chose, one candidate (no tuning round), on
+    # seeds no other run used; data, budget, noise grid and tuning seed are the full preset's
+    import json
+    from pathlib import Path
+
+    full = resolve_config(exp.LlmRobustnessConfig, preset="full", presets=exp.PRESETS)
+    seeds = resolve_config(exp.LlmRobustnessConfig, preset="full-seeds", presets=exp.PRESETS)
+    assert seeds.methods == ["erm", "hard"] and len(seeds.seeds) >= 7
+    assert not set(seeds.seeds) & {*full.seeds, full.tune_seed, 900, 901}
+    assert (seeds.data, seeds.train, seeds.grid, seeds.tune_seed, seeds.val_n) == (
+        full.data,
+        full.train,
+        full.grid,
+        full.tune_seed,
+        full.val_n,
+    )
+    committed = Path(__file__).parents[2] / "docs" / "results" / "llm-robustness" / "results.json"
+    chosen = json.loads(committed.read_text())["selection"]["chosen"]["hard"]
+    assert seeds.candidates("hard") == [chosen]
+    assert seeds.method_config("erm") == full.method_config("erm")
+    assert seeds.method_config("hard") == full.method_config("hard")  # the candidate is applied on top

@@ -45,6 +45,14 @@ the size of the pilot's (+0.29), and cannot refute one. The fine-tunes' validati
 −2.1 % (ERM), −0.1 % and −2.0 % (hard), +0.0 % and +0.4 % (resilient) over the last doubling of steps, at
 the edge of the 2 % rule; 100 steps stay (200 would not fit the hour).
 
+Power of the ``full-seeds`` run, declared before it (ERM and hard only, at the full run's choice
+alpha_fraction 0.25, no tuning round; fresh evaluation seeds 4-10). The pilot is the full run itself: hard's
+per-seed win rates against ERM at gaussian ×3 were 0.700, 0.725 and 0.600 (sd 0.066, 80 examples), so with 7
+seeds the repeated primary row has an MDE of 2.447 · 0.066 / √7 · 2.80 / 1.96 = 0.087, half the full run's
+estimate (+0.175): a true gain of that size would be reproduced with at least 80 % power. It stays above the
+0.05 of interest, so a gain of five points can be reproduced there but only refuted if the estimate is near 0.
+The run has no resilient or NEFTune arm, so their rows read "no comparison in this run".
+
 Smallest effect of interest and parity margin: 0.05, five points of win rate. A win rate of 55 % means a
 net preference on 10 % of the examples; less is not worth a fine-tune that costs 1.6× ERM's step time. It is
 a quarter of the paper's noisy gain (19.93 points), so a parity band of ±5 points cannot hide an effect of
