@@ -302,6 +302,20 @@ class LlmRobustnessConfig:
 
 CONFIG = LlmRobustnessConfig
 
+# The full preset's data, budget, noise grid and tuning seed, which its fresh-seed companion (full-seeds) shares
+FULL_RUN: dict[str, Any] = {
+    "tune_seed": 1000,
+    "train.max_steps": 100,
+    "data.n_train": 4000,
+    "data.n_eval": 80,
+    "data.max_chars": 1_500_000,
+    "val_n": 100,
+    "selection_examples": 100,
+    "val_every": 20,
+    "grid.ratios": [1.5, 3.0, 10.0],
+    "grid.neftune_ratios": [3.0],
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     # the demo's budget (a few minutes on 2 cores): ERM and hard constraints on 2 seeds (and ERM's tuning run
     # for the levels), 16 steps, 24 held-out examples, the x3 level of each kind and NEFTune's 1.5
@@ -333,19 +347,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # step about 1.6x ERM's since, where the pilot's took 3.5x), in worker-seconds: fine-tunes 100 steps x
     # (1.9 + 4 x 3.0 + 3 x (1.9 + 2 x 3.0 + 2.1)) = 4,390, evaluations 12 x ~115 = 1,380, validation
     # scorings ~700, grid and reference ~100: about 6,600 s, 55 min on 2 cores.
-    "full": {
-        "seeds": [1, 2, 3],
-        "tune_seed": 1000,
-        "train.max_steps": 100,
-        "data.n_train": 4000,
-        "data.n_eval": 80,
-        "data.max_chars": 1_500_000,
-        "val_n": 100,
-        "selection_examples": 100,
-        "val_every": 20,
-        "grid.ratios": [1.5, 3.0, 10.0],
-        "grid.neftune_ratios": [3.0],
-    },
+    "full": {**FULL_RUN, "seeds": [1, 2, 3]},
     # The primary endpoint again, on fresh seeds: ERM and `hard` only, at what the full run chose on tuning
     # seed 1000 (hard: alpha_fraction 0.25; one candidate, so no tuning round), the full preset's data,
     # budget and noise grid (its levels come from the same ERM tuning run), 7 evaluation seeds no run has used
@@ -353,19 +355,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # times (ERM 180 s, hard 320 s, an evaluation ~115 s) about 5,700 worker-seconds, 48 min on 2 idle
     # cores. Its power is declared in claims.py.
     "full-seeds": {
+        **FULL_RUN,
         "methods": ["erm", "hard"],
         "seeds": [4, 5, 6, 7, 8, 9, 10],
-        "tune_seed": 1000,
         "selection.candidates": {"hard": ["alpha_fraction=0.25"]},
-        "train.max_steps": 100,
-        "data.n_train": 4000,
-        "data.n_eval": 80,
-        "data.max_chars": 1_500_000,
-        "val_n": 100,
-        "selection_examples": 100,
-        "val_every": 20,
-        "grid.ratios": [1.5, 3.0, 10.0],
-        "grid.neftune_ratios": [3.0],
     },
     # The pilot of the full preset: its budget's convergence check and the per-seed spread the MDE is
     # declared from. Two pilot seeds (900, 901: never evaluation seeds), ERM, hard and resilient, the full
