@@ -18,7 +18,7 @@ from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments.llm_robustness import claims as llm_claims
 from descentlab.experiments.llm_robustness import config as exp
 from descentlab.experiments.llm_robustness import jobs as lm_finetune
-from descentlab.report.claims import ONE_SEED, PENDING, UNTESTABLE, VERDICTS, judge
+from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, UNTESTABLE, VERDICTS, judge
 from descentlab.report.results import Results
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "results" / "llm-robustness"
@@ -294,6 +294,10 @@ def test_one_seed_and_missing_arrays() -> None:
     # a preset that runs only erm and hard: resilient's rows are absent, hard's are judged
     quick = {k: v for k, v in _planted().items() if "/resilient/" not in k}
     assert {r.method for r in judge(llm_claims.CLAIMS, quick) if r.name == "clean-parity"} == {"hard"}
+    # no NEFTune-trained arm (full-seeds): the positive control is not in this run, not a missing array
+    no_positive = {k: v for k, v in quick.items() if f"/{llm_claims.POSITIVE}/" not in k}
+    control = [r for r in judge(llm_claims.CLAIMS, no_positive) if r.name == "positive-control"]
+    assert [r.verdict for r in control] == [NOT_IN_RUN]
 
 
 def test_committed_result_is_rejudged_from_its_counts() -> None:

@@ -13,7 +13,7 @@ from descentlab.cli import main
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments import run_experiment
 from descentlab.io import load_arrays
-from descentlab.report.claims import ONE_SEED, PENDING
+from descentlab.report.claims import NOT_IN_RUN, ONE_SEED
 
 MICRO = [
     "n_train=256",
@@ -105,7 +105,7 @@ def test_runs_end_to_end_and_checkpoints_are_exactly_sparse(micro_run) -> None:
         ("horst-heavy-tailed", f"{blocks} 90 %, before the final pruning"),
     }  # fmt: skip
     assert [c["name"] for c in results["claims"] if c["role"] == "primary"] == ["horst-adamw"]
-    assert claims["horst-adamw", ""]["verdict"] == PENDING
+    assert claims["horst-adamw", ""]["verdict"] == NOT_IN_RUN
     for (name, _), c in claims.items():
         if name != "horst-adamw":
             assert c["verdict"] == ONE_SEED and c["seeds"] == 1 and c["low"] <= c["estimate"] <= c["high"]

@@ -10,6 +10,7 @@ import pytest
 
 from descentlab import experiments
 from descentlab.report.claims import (
+    NOT_IN_RUN,
     ONE_SEED,
     PENDING,
     UNTESTABLE,
@@ -235,7 +236,7 @@ def test_no_comparison_is_pending_and_a_non_finite_cell_is_not_judged() -> None:
     empty = ClaimSpec("none", "no arms", lambda arrays: [], "ppl", sesoi=0.1)
     arrays = {"main_a": _per_seed(5.0), "main_b": np.zeros(8)}
     rows = judge([_spec("main", primary=True), empty], arrays)
-    assert rows[1].verdict == PENDING and "no comparison" in rows[1].reason
+    assert rows[1].verdict == NOT_IN_RUN and "none of the arms" in rows[1].reason
     bad = np.array([1.0, np.inf, 2.0])
     row, tests = judge_cells(_spec("x"), Cells(bad, np.zeros(3), "m", "r"))
     assert row.verdict == UNTESTABLE and "not finite" in row.reason and tests is None

@@ -9,6 +9,8 @@ A claim is judged in one way everywhere:
   smallest effect of interest, sized, parity by equivalence, or untestable here with a reason;
 * a one-seed design gets ``one seed: training variance not measured``, never a bare verdict;
 * a claim whose arrays the run did not save gets ``pending re-run``;
+* a claim none of whose arms the run trained (a companion run of a few arms, say) gets ``not in this run``:
+  nothing is missing, and another run of the study judges it;
 * one claim is the study's primary endpoint, judged at level α; every other row is secondary and carries,
   beside its own verdict, the verdict after Holm's adjustment over the study's secondary rows.
 """
@@ -34,9 +36,13 @@ from descentlab.report.stats import (
 
 ONE_SEED = "one seed: training variance not measured"
 PENDING = "pending re-run"
+NOT_IN_RUN = "not in this run"
+NOT_IN_RUN_REASON = (
+    "the run trained none of the arms it compares; a run of the study with those arms judges it"
+)
 UNTESTABLE = "untestable here"
 ROLE_ORDER = ("primary", "secondary", "control")
-VERDICTS = ("reproduced", "refuted", "inconclusive", UNTESTABLE, ONE_SEED, PENDING)
+VERDICTS = ("reproduced", "refuted", "inconclusive", UNTESTABLE, ONE_SEED, PENDING, NOT_IN_RUN)
 
 
 class MissingArrays(KeyError):
@@ -305,7 +311,7 @@ def judge(
             )
             continue
         if not comparisons:  # the run has none of the arms this claim compares
-            rows.append(_row(spec, None, PENDING, "the run has no comparison for it; run the arms it names"))
+            rows.append(_row(spec, None, NOT_IN_RUN, NOT_IN_RUN_REASON))
             continue
         if spec.primary and len(comparisons) != 1:
             raise ValueError(

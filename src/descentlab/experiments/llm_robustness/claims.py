@@ -198,6 +198,9 @@ def paper_level_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
 
 
 def positive_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
+    trained = any(k.startswith(f"win/{POSITIVE}/") for k in arrays)
+    if not trained and any(k.startswith("win/") for k in arrays):
+        return  # the run judged other arms but trained no NEFTune one (full-seeds): not in this run
     for condition in _noisy_conditions(arrays, POSITIVE):
         yield _against_half(arrays, POSITIVE, condition)
 
