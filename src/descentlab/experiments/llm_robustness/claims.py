@@ -51,7 +51,7 @@ per-seed win rates against ERM at gaussian ×3 were 0.700, 0.725 and 0.600 (sd 0
 seeds the repeated primary row has an MDE of 2.447 · 0.066 / √7 · 2.80 / 1.96 = 0.087, half the full run's
 estimate (+0.175): a true gain of that size would be reproduced with at least 80 % power. It stays above the
 0.05 of interest, so a gain of five points can be reproduced there but only refuted if the estimate is near 0.
-The run has no resilient or NEFTune arm, so their rows read "no comparison in this run".
+The run has no resilient or NEFTune arm, so their rows read "not in this run".
 
 Smallest effect of interest and parity margin: 0.05, five points of win rate. A win rate of 55 % means a
 net preference on 10 % of the examples; less is not worth a fine-tune that costs 1.6× ERM's step time. It is
