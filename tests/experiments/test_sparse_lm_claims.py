@@ -13,7 +13,7 @@ import pytest
 from descentlab.experiments.sparse_lm.claims import CLAIMS, claim_arrays, grid_slope
 from descentlab.experiments.sparse_lm.tables import relative_spread, seed_spread_checks
 from descentlab.io import save_arrays
-from descentlab.report.claims import ONE_SEED, PENDING, UNTESTABLE, judge
+from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, UNTESTABLE, judge
 
 LEVELS = [0.0, 0.5, 0.8, 0.9]
 SEEDS, BLOCKS = 8, 200
@@ -120,8 +120,15 @@ def test_missing_cells_pend_and_one_seed_is_not_judged():
     no_ham = {k: v for k, v in arrays.items() if k != "nll/ham"}
     rows = _rows(no_ham)
     assert rows["horst-ham"].verdict == PENDING and rows["horst-adamw"].verdict == "reproduced"
+    # an arm or a sparsity the run's design never had is not in this run, not a re-run away
+    not_asked = _rows({**no_ham, "methods": np.asarray(["adamw", "horst"])})["horst-ham"]
+    assert not_asked.verdict == NOT_IN_RUN and "no ham arm (it trained adamw, horst)" in not_asked.reason
     no_80 = {**arrays, "levels": np.asarray([0.0, 0.5, 0.7, 0.9])}
-    assert _rows(no_80)["horst-adamw-80"].verdict == PENDING
+    assert _rows(no_80)["horst-adamw-80"].verdict == NOT_IN_RUN
+    untuned = _rows(
+        {k: v for k, v in arrays.items() if not k.startswith("grid/")} | {"tune": np.bool_(False)}
+    )
+    assert untuned["matched-ols"].verdict == NOT_IN_RUN and "no tuning round" in untuned["matched-ols"].reason
     one = _rows(_arrays([0.0, 0.0, -0.1, -0.2], seeds=1))
     assert one["horst-adamw"].verdict == ONE_SEED
 
@@ -153,6 +160,13 @@ def test_claim_arrays_reads_the_saved_nlls_of_a_run(tmp_path):
     assert rows["horst-peaked"].verdict == PENDING  # no arrays/shape.npz: the committed run's case
     (tmp_path / files["ham"][1]).unlink()
     assert _rows(claim_arrays(tmp_path))["horst-ham"].verdict == PENDING
+    # the config asked for ham and its file is gone: still a re-run away; without ham, not in this run
+    results["config"]["methods"] = ["adamw", "horst", "ham"]
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert _rows(claim_arrays(tmp_path))["horst-ham"].verdict == PENDING
+    results["config"]["methods"] = ["adamw", "horst"]
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert _rows(claim_arrays(tmp_path))["horst-ham"].verdict == NOT_IN_RUN
     assert claim_arrays(tmp_path / "nowhere") == {}
 
 

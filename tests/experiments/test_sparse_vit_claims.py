@@ -4,6 +4,8 @@ tables' seed-level intervals and the shared weight-shape measurements."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -141,6 +143,26 @@ def test_missing_cells_pend_and_one_seed_is_not_judged(tmp_path) -> None:
     assert {r.verdict for r in pending} == {PENDING} and "correct/horst/0.99" in pending[0].reason
     save_arrays(tmp_path / "arrays" / "claims.npz", **_arrays(0.06))
     assert judge(CLAIMS, claim_arrays(tmp_path))[0].verdict == "reproduced"
+
+
+def test_arms_the_config_never_had_are_not_in_this_run_and_saved_ones_are_judged(tmp_path) -> None:
+    save_arrays(tmp_path / "arrays" / "claims.npz", **_arrays(0.06))
+    cfg = {"sparsities": [0.98, 0.99], "claim_sparsity": 0.99, "methods": ["adamw", "horst"], "dense": None,
+           "paper_like_seeds": []}  # fmt: skip
+    (tmp_path / "results.json").write_text(json.dumps({"config": cfg}))
+    rows = {r.name: r for r in judge(CLAIMS, claim_arrays(tmp_path))}
+    for name, why in (
+        ("horst-ham", "no ham arm"),
+        ("paper-like", "no paper-like arm"),
+        ("regime", "no dense"),
+    ):
+        assert rows[name].verdict == NOT_IN_RUN and why in rows[name].reason, name
+    assert rows["horst-adamw"].verdict == "reproduced"
+    # the full design: the same cells are judged
+    cfg |= {"methods": ["adamw", "horst", "ham"], "dense": "adamw", "paper_like_seeds": [7, 8]}
+    (tmp_path / "results.json").write_text(json.dumps({"config": cfg}))
+    rows = {r.name: r for r in judge(CLAIMS, claim_arrays(tmp_path))}
+    assert NOT_IN_RUN not in {rows[n].verdict for n in ("horst-ham", "paper-like", "regime")}
 
 
 def _job(acc: float, seed: int, lr: float = 1e-3, alpha: float = 0.0) -> dict:

@@ -307,10 +307,13 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
     assert {(m, ref) for name, m, ref, _ in rows if name == "monotone"} == {
         ("constrained", "erm"), ("resilient", "erm")
     }  # fmt: skip
-    # erm-noise and deep-supervision were not trained: the positive control has no comparison in this run,
-    # and the baseline's cells name the array the run lacks
+    # erm-noise and deep-supervision were not trained: neither control is in this run, and the baseline's
+    # row names the arm the run lacks
     verdicts = {c["name"]: c["verdict"] for c in claims}
-    assert (verdicts["positive-control"], verdicts["beats-deep-supervision"]) == (NOT_IN_RUN, PENDING)
+    assert (verdicts["positive-control"], verdicts["beats-deep-supervision"]) == (NOT_IN_RUN, NOT_IN_RUN)
+    assert "no deep-supervision arm" in next(
+        c["reason"] for c in claims if c["name"] == "beats-deep-supervision"
+    )
     assert all(c["holm_verdict"] for c in claims if c["role"] == "secondary")
     assert not any("Claims" in t["title"] for t in res["tables"])  # the report renders the claims itself
     assert "follows constrained" in res["protocol"]["selection"]["resilient"]

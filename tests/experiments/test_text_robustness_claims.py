@@ -10,7 +10,7 @@ import pytest
 from descentlab.experiments.text_robustness import arrays as saved
 from descentlab.experiments.text_robustness.claims import CLAIMS, CONTROL, claim_arrays, layer_rise, rise
 from descentlab.io import save_arrays
-from descentlab.report.claims import ONE_SEED, PENDING, UNTESTABLE, judge
+from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, UNTESTABLE, judge
 
 GAMMAS = [0.0, 1.0, 2.0]
 KINDS = ["gaussian", "uniform"]
@@ -147,10 +147,11 @@ def test_missing_arrays_give_pending_rows() -> None:
     rows = judge(CLAIMS, {})
     assert {c.verdict for c in rows} == {PENDING}
     assert sorted(c.name for c in rows) == sorted(s.name for s in CLAIMS)
-    # a run without the λ ≡ 0 control arm: the primary endpoint is pending, and says why
+    # a run that saved its arrays but trained no λ ≡ 0 control arm: the primary is not in this run, and
+    # says which arm it lacks
     without = {k: v for k, v in _arrays(dict.fromkeys(ALL, 0.6)).items() if CONTROL not in k}
     primary = next(c for c in judge(CLAIMS, without) if c.role == "primary")
-    assert primary.verdict == PENDING and CONTROL in primary.reason
+    assert primary.verdict == NOT_IN_RUN and CONTROL in primary.reason
 
 
 def test_one_seed_is_never_judged() -> None:

@@ -506,6 +506,19 @@ def test_planted_effects_give_their_verdicts() -> None:
     assert worse.verdict == "refuted"
 
 
+def test_a_dust_only_run_has_no_ut_primary_and_says_so_instead_of_asking_for_a_re_run() -> None:
+    arrays = {k: v for k, v in _claim_arrays(constrained=0.8).items() if not k.endswith(tuple(f"/ut-{m}"
+              for m in ("erm", "constrained", "resilient", "blind")))}  # fmt: skip
+    arrays["methods"] = np.asarray([m for m in arrays["methods"].tolist() if m.startswith("dust-")])
+    rows = _rows(arrays)
+    (primary,) = rows["lower-rmse-ood"]
+    assert (
+        primary.verdict == NOT_IN_RUN and "ut-constrained" in primary.reason and "dust-erm" in primary.reason
+    )
+    assert "re-run" not in primary.reason
+    assert rows["lower-rmse-ood-variants"][0].verdict == "reproduced"  # DUST's own row is judged
+
+
 def test_missing_arrays_one_seed_and_a_monotone_reference() -> None:
     arrays = _claim_arrays(constrained=0.8)
     del arrays["final/ut-constrained"]

@@ -22,6 +22,7 @@ from descentlab.report.claims import (
     claims_table,
     judge,
     judge_cells,
+    require_arm,
 )
 from descentlab.report.stats import paired_interval
 
@@ -103,6 +104,22 @@ def test_missing_arrays_give_pending_rows() -> None:
     rows = judge([_spec("main", primary=True), spec], arrays)
     assert rows[1].verdict == PENDING and "nll-horst-seed0" in rows[1].reason
     assert rows[1].estimate is None
+
+
+def test_an_arm_the_design_lacks_is_not_in_this_run_and_is_not_a_re_run_away() -> None:
+    def no_ham(arrays):
+        require_arm(["adamw", "horst"], "ham")
+        yield from ()
+
+    rng = np.random.default_rng(2)
+    arrays = dict(zip(("main_a", "main_b"), _design(rng, effect=1.0), strict=True))
+    rows = judge(
+        [_spec("main", primary=True), ClaimSpec("vs-ham", "needs HAM", no_ham, "ppl", sesoi=0.1)], arrays
+    )
+    assert rows[1].verdict == rows[1].holm_verdict == NOT_IN_RUN and rows[1].estimate is None
+    assert "no ham arm (it trained adamw, horst)" in rows[1].reason and "re-run" not in rows[1].reason
+    assert rows[0].verdict == "reproduced"  # the primary is judged beside it
+    require_arm(["adamw", "ham"], "ham")  # an arm the run has passes
 
 
 def test_one_seed_is_never_judged() -> None:

@@ -10,7 +10,8 @@ A claim is judged in one way everywhere:
 * a one-seed design gets ``one seed: training variance not measured``, never a bare verdict;
 * a claim whose arrays the run did not save gets ``pending re-run``;
 * a claim none of whose arms the run trained (a companion run of a few arms, say) gets ``not in this run``:
-  nothing is missing, and another run of the study judges it;
+  nothing is missing, and another run of the study judges it. A cell function says so by yielding nothing,
+  or by raising :class:`NotInRun` with what the run's design lacks (an arm, a sparsity, a tuning round);
 * one claim is the study's primary endpoint, judged at level α; every other row is secondary and carries,
   beside its own verdict, the verdict after Holm's adjustment over the study's secondary rows.
 """
@@ -47,6 +48,18 @@ VERDICTS = ("reproduced", "refuted", "inconclusive", UNTESTABLE, ONE_SEED, PENDI
 
 class MissingArrays(KeyError):
     """Raised by a cell function when the run did not save what it needs (the row is ``pending re-run``)."""
+
+
+class NotInRun(LookupError):
+    """Raised by a cell function when the run's design has no part the claim compares: an arm it did not
+    train, a sparsity it did not prune to, a tuning round it skipped. The row is ``not in this run``; unlike
+    :class:`MissingArrays`, re-running the same preset would not judge it."""
+
+
+def require_arm(trained: Sequence[str], arm: str) -> None:
+    """Raise :class:`NotInRun` unless ``arm`` is among the arms the run's config asked for."""
+    if arm not in trained:
+        raise NotInRun(f"the run trained no {arm} arm (it trained {', '.join(trained)})")
 
 
 @dataclass(frozen=True)
@@ -305,6 +318,9 @@ def judge(
     for spec in specs:
         try:
             comparisons = list(spec.cells(arrays))
+        except NotInRun as exc:
+            rows.append(_row(spec, None, NOT_IN_RUN, f"{exc}; another run of the study judges this claim"))
+            continue
         except KeyError as exc:  # MissingArrays included
             rows.append(
                 _row(spec, None, PENDING, f"the run did not save {exc}; re-run the study to judge it")

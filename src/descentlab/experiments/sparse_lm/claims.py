@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from descentlab.io import load_arrays
-from descentlab.report.claims import Cells, ClaimSpec, MissingArrays
+from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun, require_arm
 
 PAPER = "no number given: after pruning, HORST's perplexity is significantly below AdamW's and HAM's"
 SOURCE = "HORST paper, GPT-2 small on SlimPajama-6B, one-shot layer-wise magnitude pruning"
@@ -65,7 +65,9 @@ def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
     runs, from ``arrays/nll-*.npz``), ``levels`` (0 = dense, then ``sparsities``), ``claim_low`` /
     ``claim_high``, the tuning runs' ``grid/val_nll`` (``[runs, levels]``) and ``grid/label``, and the
     per-matrix weight shape ``frac_below/<method>`` / ``kurtosis/<method>`` (``[seeds, matrices]``) when
-    the run saved ``arrays/shape.npz``. A method whose files are missing is left out (its claims pend)."""
+    the run saved ``arrays/shape.npz``. A method whose files are missing is left out (its claims pend);
+    ``methods`` (the arms the config asked for) and ``tune`` (whether it ran a tuning round) tell such a
+    method from one the run's design never had."""
     run_dir = Path(run_dir)
     path = run_dir / "results.json"
     if not path.is_file():
@@ -76,6 +78,10 @@ def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
     if "sparsities" in cfg:
         out["levels"] = np.asarray([0.0, *cfg["sparsities"]], dtype=np.float64)
     out |= {k: np.float64(cfg[k]) for k in ("claim_low", "claim_high") if k in cfg}
+    if "methods" in cfg:
+        out["methods"] = np.asarray(cfg["methods"])
+    if "tune" in cfg:
+        out["tune"] = np.bool_(cfg["tune"])
     for label, files in results.get("arrays", {}).get("nll", {}).items():
         paths = [run_dir / f for f in files]
         if paths and all(p.is_file() for p in paths):
@@ -95,12 +101,22 @@ def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
 def _index(arrays: Arrays, p: float) -> int:
     hits = np.flatnonzero(np.isclose(np.asarray(arrays["levels"]), p))
     if not hits.size:
-        raise MissingArrays(f"sparsity {p:g} (the run pruned to {list(np.asarray(arrays['levels'])[1:])})")
+        raise NotInRun(
+            f"the run did not prune to sparsity {p:g} (it pruned to {np.asarray(arrays['levels'])[1:].tolist()})"
+        )
     return int(hits[0])
+
+
+def _trained(arrays: Arrays, method: str) -> None:
+    """``method`` must be an arm of the run's config (a run without the record is taken to have had it:
+    its missing cells pend)."""
+    if "methods" in arrays:
+        require_arm(arrays["methods"].tolist(), method)
 
 
 def _at(arrays: Arrays, method: str, p: float) -> np.ndarray:
     """``n_M[:, p, :]``: method's ``[seeds, blocks]`` test NLLs at sparsity ``p``."""
+    _trained(arrays, method)
     return np.asarray(arrays[f"nll/{method}"])[:, _index(arrays, p)]
 
 
@@ -161,6 +177,8 @@ def matched_ols(arrays: Arrays) -> Iterator[Cells]:
     i = _index(arrays, hi)
     h_hi, a_hi = _at(arrays, "horst", hi), _at(arrays, "adamw", hi)
     h0, a0 = _at(arrays, "horst", 0.0), _at(arrays, "adamw", 0.0)
+    if "grid/val_nll" not in arrays and not arrays.get("tune", True):
+        raise NotInRun("the run had no tuning round, so no grid to fit the slope on")
     k = grid_slope(arrays["grid/val_nll"], np.asarray(arrays["grid/label"]), i)
     if k is None:
         why = "the tuning runs are too few to fit the slope on the dense log-ppl"
@@ -189,6 +207,13 @@ def horst_l2(arrays: Arrays) -> Iterator[Cells]:
             _at(arrays, "horst", hi), _at(arrays, "adamw", hi), "horst", "adamw", _pct(hi), untestable=why
         )
         return
+    if "methods" in arrays and "adamw-l2" not in arrays["methods"].tolist():
+        grid = (
+            f"AdamW's tuning grid held one weight decay, {tried[0]}"
+            if tried
+            else "the run had no tuning round"
+        )
+        raise NotInRun(f"the run trained no adamw-l2 arm, and {grid}")
     raise MissingArrays("nll/adamw-l2 (the strong-L2 AdamW arm did not run)")
 
 

@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from descentlab.io import load_arrays
-from descentlab.report.claims import Cells, ClaimSpec
+from descentlab.report.claims import Cells, ClaimSpec, NotInRun, require_arm
 
 PAPER_SOURCE = "HORST paper, experiments (DeiT on ImageNet with AC/DC)"
 ACCURACY_SESOI = 0.01  # 1 point (module docs)
@@ -72,7 +72,8 @@ Arrays = Mapping[str, np.ndarray]
 def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
     """The run's ``arrays/claims.npz``; the levels (``sparsities``, ``claim_sparsity``,
     ``paper_like_sparsity``) and the prunable set (``acdc.prune``) from its config when the run saved none,
-    so a missing cell is named."""
+    so a missing cell is named; the design (``methods``, the ``dense`` arm, ``paper_like_seeds``) from its
+    config, so a claim on an arm the run never had is ``not in this run`` rather than pending."""
     run_dir = Path(run_dir)
     path = run_dir / "arrays" / "claims.npz"
     out = load_arrays(path) if path.is_file() else {}
@@ -83,7 +84,20 @@ def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
             out[name] = np.asarray(cfg[name], dtype=np.float64)
     if "prune" not in out and "prune" in cfg.get("acdc", {}):
         out["prune"] = np.asarray(cfg["acdc"]["prune"])
+    if "methods" in cfg:
+        out["design/methods"] = np.asarray(cfg["methods"])
+    if "dense" in cfg:
+        out["design/dense"] = np.asarray(cfg["dense"] or "")
+    if "paper_like_seeds" in cfg:
+        out["design/paper_like_seeds"] = np.asarray(cfg["paper_like_seeds"], dtype=np.int64)
     return out
+
+
+def _trained(arrays: Arrays, method: str) -> None:
+    """``method`` must be an arm of the run's config (a run without the record is taken to have had it:
+    its missing cells pend)."""
+    if "design/methods" in arrays:
+        require_arm(arrays["design/methods"].tolist(), method)
 
 
 def key(kind: str, method: str, at: float | str) -> str:
@@ -125,6 +139,7 @@ def horst_adamw_levels(arrays: Arrays) -> Iterator[Cells]:
 
 
 def horst_ham(arrays: Arrays) -> Iterator[Cells]:
+    _trained(arrays, "ham")
     at = _level(arrays, "claim_sparsity")
     yield Cells(
         arrays[key("correct", "horst", at)],
@@ -140,12 +155,22 @@ def paper_like(arrays: Arrays) -> Iterator[Cells]:
     cells, or in a run whose prunable set is the block Linears, its cells at ``paper_like_sparsity``."""
     at = _level(arrays, "paper_like_sparsity")
     arm = "paper-like" if _prunable(arrays) != "blocks" else at
+    if (
+        arm == "paper-like"
+        and "design/paper_like_seeds" in arrays
+        and not arrays["design/paper_like_seeds"].size
+    ):
+        raise NotInRun(
+            "the run had no paper-like arm (no paper_like_seeds, and every Linear/Conv was prunable)"
+        )
     a, b = arrays[key("correct", "horst", arm)], arrays[key("correct", "adamw", arm)]
     yield Cells(a, b, "horst", "adamw", f"block Linears, sparsity {100 * at:g} %")
 
 
 def regime(arrays: Arrays) -> Iterator[Cells]:
     """The dense AdamW against AdamW with AC/DC at every sparsity (same seeds, same test images)."""
+    if "design/dense" in arrays and str(arrays["design/dense"]) != "adamw":
+        raise NotInRun("the run trained no dense AdamW arm (dense is not adamw in its config)")
     dense = arrays[key("correct", "adamw", "dense")]
     levels = [float(p) for p in np.atleast_1d(arrays["sparsities"])]
     cells = [(arrays[key("correct", "adamw", p)], p) for p in levels]

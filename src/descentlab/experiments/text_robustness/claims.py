@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from descentlab.experiments.text_robustness.arrays import ERM_VAL_PROFILE, EXAMPLES, LAYER_LOSS, SEP, load
-from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays
+from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays, NotInRun
 
 ERM, CONTROL = "erm", "erm-readout"  # the paper's reference; the matched λ ≡ 0 control
 CONSTRAINED, RESILIENT = "constrained", "resilient"
@@ -147,7 +147,7 @@ def layer_rise(arrays: Mapping[str, np.ndarray], method: str) -> np.ndarray:
 
 def _primary(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
     if CONTROL not in trained(arrays, (CONTROL,)):
-        raise MissingArrays(f"the matched λ ≡ 0 control arm {CONTROL!r} (the run did not train it)")
+        raise NotInRun(f"the run trained no matched λ ≡ 0 control arm {CONTROL!r}")
     a, b = robust(arrays, CONSTRAINED, "gaussian"), robust(arrays, CONTROL, "gaussian")
     return [Cells(a, b, CONSTRAINED, CONTROL, at="gaussian, γ >= 1")]
 
@@ -165,7 +165,7 @@ def _clean_parity(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
     methods = trained(arrays, CONSTRAINED_METHODS)
     references = trained(arrays, (CONTROL, ERM))
     if methods and not references:
-        raise MissingArrays(f"a reference arm ({CONTROL!r} or {ERM!r})")
+        raise NotInRun(f"the run trained no reference arm ({CONTROL!r} or {ERM!r})")
     return [Cells(clean(arrays, m), clean(arrays, r), m, r, at="clean") for m in methods for r in references]
 
 
@@ -211,6 +211,8 @@ def _per_kind(method: str, reference: str) -> CellFunction:
 def _baseline(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
     if not trained(arrays, (CONSTRAINED,)):
         return []
+    if not trained(arrays, (DEEP,)):
+        raise NotInRun(f"the run trained no {DEEP} arm")
     a, b = robust(arrays, CONSTRAINED, "gaussian"), robust(arrays, DEEP, "gaussian")
     return [Cells(a, b, CONSTRAINED, DEEP, at="gaussian, γ >= 1")]
 

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from descentlab.io import load_arrays
-from descentlab.report.claims import Cells, ClaimSpec, MissingArrays
+from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -187,8 +187,9 @@ def _pairs(arrays: Arrays, labels: tuple[str, ...], reference: str = "erm") -> I
 
 
 def _lower_ood_primary(arrays: Arrays) -> list[Cells]:
-    if not {"ut-constrained", "ut-erm"} <= set(_names(arrays, "methods")):
-        raise MissingArrays("ut-constrained and ut-erm (the run trained no such pair)")
+    trained = _names(arrays, "methods")
+    if not {"ut-constrained", "ut-erm"} <= set(trained):
+        raise NotInRun(f"the run trained no ut-constrained and ut-erm pair (it trained {', '.join(trained)})")
     return [Cells(ood_rmse(arrays, "ut-constrained"), ood_rmse(arrays, "ut-erm"), "ut-constrained", "ut-erm")]
 
 
