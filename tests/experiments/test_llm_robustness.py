@@ -298,6 +298,7 @@ def test_one_seed_and_missing_arrays() -> None:
     no_positive = {k: v for k, v in quick.items() if f"/{llm_claims.POSITIVE}/" not in k}
     control = [r for r in judge(llm_claims.CLAIMS, no_positive) if r.name == "positive-control"]
     assert [r.verdict for r in control] == [NOT_IN_RUN]
+    assert "no erm-neftune arm" in control[0].reason
 
 
 def test_committed_result_is_rejudged_from_its_counts() -> None:

@@ -40,6 +40,9 @@ HOW_TO_READ = """\
   says so.
 - **Pending re-run.** A committed run that did not save the per-seed arrays a claim needs is not re-judged
   from its old summary: its row says "pending re-run".
+- **Not in this run.** A run whose design lacks what a claim compares (an arm it did not train, a sparsity
+  it did not prune to, a tuning round it skipped; a companion run of a few arms, say) says "not in this
+  run" and names what it lacks: nothing is missing, and another run of the study judges the claim.
 """
 
 

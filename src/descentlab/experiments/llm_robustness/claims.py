@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 
 from descentlab.io import load_arrays
-from descentlab.report.claims import Cells, ClaimSpec, MissingArrays
+from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
 
 CLAIM_ARRAYS = "arrays/claims.npz"
 
@@ -199,8 +199,8 @@ def paper_level_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
 
 def positive_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
     trained = any(k.startswith(f"win/{POSITIVE}/") for k in arrays)
-    if not trained and any(k.startswith("win/") for k in arrays):
-        return  # the run judged other arms but trained no NEFTune one (full-seeds): not in this run
+    if not trained and any(k.startswith("win/") for k in arrays):  # other arms judged, no NEFTune one
+        raise NotInRun(f"the run trained no {POSITIVE} arm")
     for condition in _noisy_conditions(arrays, POSITIVE):
         yield _against_half(arrays, POSITIVE, condition)
 
