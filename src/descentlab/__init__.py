@@ -16,6 +16,9 @@ _EXPORTS: dict[str, str] = {
     "LayerwiseDescent": "descentlab.constrained.descent",
     "Resilience": "descentlab.constrained.dual",
     "PrimalDual": "descentlab.constrained.primal_dual",
+    "Constraint": "descentlab.constrained.problem",
+    "ConstraintSet": "descentlab.constrained.problem",
+    "ConstraintValue": "descentlab.constrained.problem",
     "layer_losses": "descentlab.readout",
     # Part 2: optimizers
     "HORST": "descentlab.optim.horst",

@@ -58,11 +58,23 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+_CONFIG_FILE_HELP = (
+    "YAML config, e.g. what 'descentlab config NAME' printed; applied after --preset, before key=value"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="descentlab", description=_plain(__doc__.splitlines()[0]))
     parser.add_argument("--version", action="version", version=f"descentlab {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="print the experiments, one a line, each with what it does")
+    listing = sub.add_parser(
+        "list", help="print the experiments, one a line, each with what it does and its presets"
+    )
+    listing.add_argument(
+        "--long",
+        action="store_true",
+        help="also each preset's settings and the files a run writes",
+    )
     config = sub.add_parser(
         "config", help="print an experiment's resolved config (YAML), as run would use it; nothing is run"
     )
@@ -70,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument(
         "--preset", default=None, help="quick, full, or another preset the experiment defines"
     )
+    config.add_argument("--config", dest="config_file", default=None, metavar="FILE", help=_CONFIG_FILE_HELP)
     config.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for run")
     run = sub.add_parser("run", help="run an experiment into a fresh run directory")
     run.add_argument("name")
@@ -77,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--preset", default=None, help="quick, full, or another preset the experiment defines (e.g. budget)"
     )
     run.add_argument("--out", default="runs", help="folder that receives the run directory (default: runs)")
+    run.add_argument("--config", dest="config_file", default=None, metavar="FILE", help=_CONFIG_FILE_HELP)
     run.add_argument(
         "overrides",
         nargs="*",
@@ -121,6 +135,31 @@ def _check_resume_experiment(name: str, resume: str) -> None:
         )
 
 
+# what every `descentlab run` leaves in its run directory (experiments.prepare / run_experiment, train.loop)
+RUN_FILES = (
+    "provenance.json, config.yaml, config.json, status.json, metrics.jsonl, metrics.csv, tensorboard/, "
+    "checkpoints/, results.json, report.md, tables/*.csv, figures/*.png"
+)
+
+
+def _long_listing(name: str, width: int = 100) -> list[str]:
+    """``list --long``: each preset with the keys it sets (cut at ``width``), then what a run writes."""
+    from descentlab.experiments import get
+
+    lines = []
+    for preset, keys in get(name).presets.items():
+        text = f"--preset {preset}: " + (", ".join(f"{k}={v}" for k, v in keys.items()) or "the defaults")
+        lines.append(text if len(text) <= width else text[: width - 1].rsplit(", ", 1)[0] + ", …")
+    lines.append(f"writes: RUN_DIR/ {RUN_FILES}")
+    return lines
+
+
+def _check_out(out: str) -> None:
+    """``--out`` must name a folder: an empty or blank value would put the run in the current directory."""
+    if not out.strip():
+        raise ConfigError("--out is empty; pass the folder that receives the run directory (default: runs)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _offline_by_default()
     parser = build_parser()
@@ -132,12 +171,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         if args.command == "list":
-            from descentlab.experiments import available
+            from descentlab.experiments import available, get
 
             names = available()
             width = max(map(len, names), default=0)
             for name in names:
-                print(f"{name:<{width}}  {describe(name)}")
+                presets = ", ".join(get(name).presets) or "none"
+                print(f"{name:<{width}}  {describe(name)} [presets: {presets}]")
+                if args.long:
+                    for line in _long_listing(name):
+                        print(f"{'':<{width}}  {line}")
             sys.stdout.flush()  # inside the try: a reader that left (`| head`) is a BrokenPipeError here
             return 0
         if args.command == "config":
@@ -146,7 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             exp = get(args.name)
             cfg = resolve_config(
-                exp.config_cls, preset=args.preset, presets=exp.presets, overrides=args.overrides
+                exp.config_cls,
+                preset=args.preset,
+                presets=exp.presets,
+                overrides=args.overrides,
+                config_file=args.config_file,
             )
             print(config_to_yaml(cfg), end="")
             return 0
@@ -157,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         from descentlab.experiments import DEMO, available, run_experiment, run_many
 
+        _check_out(args.out)
         if args.command == "run":
             resume = None
             overrides = []
@@ -170,7 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             before = _children(args.out) if resume is None else None
             try:
                 path = run_experiment(
-                    args.name, preset=args.preset, overrides=overrides, out=args.out, resume=resume
+                    args.name,
+                    preset=args.preset,
+                    overrides=overrides,
+                    out=args.out,
+                    resume=resume,
+                    config_file=args.config_file,
+                    argv=["descentlab", *(sys.argv[1:] if argv is None else argv)],
                 )
             except DescentlabError:
                 if before is not None:  # a fresh run that failed before training leaves nothing behind

@@ -16,7 +16,7 @@ from descentlab.config import resolve_config
 from descentlab.errors import ConfigError
 from descentlab.experiments import run_experiment
 from descentlab.experiments.llm_robustness import config as llm
-from descentlab.report.claims import VERDICTS
+from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, VERDICTS
 from tiny_tokenizers import llama_tokenizer
 
 TOPICS = ("the sea", "a garden", "trains", "the moon", "bread", "rain", "a violin", "winter")
@@ -103,6 +103,19 @@ def test_the_paper_preset_is_the_papers_setting() -> None:
         resolve_config(llm.CONFIG, overrides=["generative.conditions=[gaussian x3]"])
 
 
+def test_the_paper_preset_can_judge_its_primary() -> None:
+    # a verdict needs a seed-level interval: two evaluation seeds at least, and both of the primary's arms
+    from descentlab.experiments.llm_robustness.claims import PRIMARY_CONDITION, PRIMARY_METHOD
+
+    cfg = resolve_config(llm.CONFIG, preset="paper", presets=llm.PRESETS)
+    assert len(cfg.seeds) >= 5  # the sizing in the preset's comment (the full-seeds run's sd, 805 prompts)
+    assert {PRIMARY_METHOD, cfg.baseline} <= set(cfg.methods) and cfg.baseline == "erm"
+    kind, ratio = PRIMARY_CONDITION.split("-x")
+    assert kind in cfg.grid.kinds and float(ratio) in cfg.grid.ratios
+    assert cfg.tune_seed not in cfg.seeds
+    assert PRIMARY_CONDITION in cfg.generative.conditions  # the generated win rate is read there too
+
+
 def test_alpaca_through_the_paper_path_with_both_judges(setup, tmp_path) -> None:
     run_dir = run_experiment(
         "llm-robustness",
@@ -116,7 +129,8 @@ def test_alpaca_through_the_paper_path_with_both_judges(setup, tmp_path) -> None
             "generative.conditions=[clean,gaussian-x3]",
             "generative.examples=6",
             "generative.max_new_tokens=8",
-            # sized down only
+            # sized down only: two of the preset's seeds, so the rows get a seed-level interval
+            "seeds=[0,1]",
             "methods=[erm,hard]",
             "data.seq_len=64",
             "data.n_eval=8",
@@ -146,14 +160,15 @@ def test_alpaca_through_the_paper_path_with_both_judges(setup, tmp_path) -> None
     rows = results["claims"]
     assert (run_dir / "report.md").is_file() and rows and {r["verdict"] for r in rows} <= set(VERDICTS)
     primary = [r for r in rows if r["role"] == "primary"]
-    assert len(primary) == 1 and primary[0]["verdict"] != "pending re-run"
+    assert len(primary) == 1 and primary[0]["seeds"] == 2
+    assert primary[0]["verdict"] not in (PENDING, NOT_IN_RUN, ONE_SEED)
     # generate then judge: both orders, raw and length-controlled, per example
     judged = np.load(run_dir / "arrays" / "judged.npz")
     assert sorted(judged.files) == [
         "judged/hard/clean", "judged/hard/gaussian-x3", "judged_lc/hard/clean", "judged_lc/hard/gaussian-x3"
     ]  # fmt: skip
     raw = judged["judged/hard/clean"]
-    assert raw.shape == (1, 1, 6) and set(np.unique(raw)) <= {0.0, 0.5, 1.0}
+    assert raw.shape == (2, 1, 6) and set(np.unique(raw)) <= {0.0, 0.5, 1.0}
     table = next(t for t in results["tables"] if t["title"].startswith("Generate then judge"))
     assert {(r[0], r[1]) for r in table["rows"]} == {("hard", "clean"), ("hard", "gaussian-x3")}
     assert "generative_judge" in results["protocol"]

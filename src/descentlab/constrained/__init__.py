@@ -1,4 +1,5 @@
-"""Layer-wise descent constraints solved primal-dual (arXiv 2601.17257; docs/methods.md).
+"""Constraints solved primal-dual: layer-wise descent (arXiv 2601.17257; docs/methods.md) and any user-defined
+constraint (``Constraint`` / ``ConstraintSet``; docs/constrained.md).
 
 ``DescentConfig`` (which needs omegaconf) is imported on first use, so the solver itself imports with torch
 alone (``benchmarks/gpu_check.py`` runs on an image without omegaconf).
@@ -20,7 +21,16 @@ from descentlab.constrained.dual import (
     rank_mean,
     slack_dual_step,
 )
+from descentlab.constrained.formulation import (
+    augmented_lagrangian_term,
+    lagrangian_term,
+    project_multipliers,
+    projected_ascent,
+    quadratic_penalty_term,
+)
 from descentlab.constrained.primal_dual import PrimalDual
+from descentlab.constrained.problem import Constraint, ConstraintSet, ConstraintValue
+from descentlab.constrained.protocol import DualProblem
 
 
 def __getattr__(name: str) -> Any:
@@ -32,15 +42,24 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Constraint",
+    "ConstraintSet",
+    "ConstraintValue",
     "DescentConfig",
+    "DualProblem",
     "DualVariables",
     "LayerwiseDescent",
     "PrimalDual",
     "Resilience",
+    "augmented_lagrangian_term",
     "decay_dual_step",
     "descent_violations",
     "dual_ascent",
+    "lagrangian_term",
     "profile_constraints",
+    "project_multipliers",
+    "projected_ascent",
+    "quadratic_penalty_term",
     "rank_mean",
     "resolve_alpha",
     "slack_dual_step",

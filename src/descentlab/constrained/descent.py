@@ -36,14 +36,17 @@ def resolve_alpha(alpha: AlphaSpec, num_layers: int) -> Tensor:
         num_layers: L.
 
     Raises:
-        ConfigError: a value outside [0, 1) or a list of the wrong length.
+        ConfigError: a value that is not a number (e.g. the string ``'0.1'``), a value outside [0, 1), or a list
+            of the wrong length.
     """
     if callable(alpha):
-        values = [float(alpha(layer)) for layer in range(1, num_layers + 1)]
+        values = [_alpha_number(alpha(layer), f"alpha({layer})") for layer in range(1, num_layers + 1)]
     elif isinstance(alpha, (int, float)):
         values = [float(alpha)] * num_layers
+    elif isinstance(alpha, (str, bytes)) or not isinstance(alpha, Iterable) or getattr(alpha, "ndim", 1) == 0:
+        values = [_alpha_number(alpha, "alpha")] * num_layers  # a numpy/torch scalar; raises for a string
     else:
-        values = [float(a) for a in alpha]
+        values = [_alpha_number(a, f"alpha[{i}]") for i, a in enumerate(alpha)]
         if len(values) != num_layers:
             raise ConfigError(
                 f"alpha has {len(values)} values for num_layers={num_layers}; give one per layer (layer 1 "
@@ -53,6 +56,17 @@ def resolve_alpha(alpha: AlphaSpec, num_layers: int) -> Tensor:
     if bad:
         raise ConfigError(f"alpha must lie in [0, 1) at every layer; got (layer, alpha) = {bad[:4]}")
     return torch.tensor(values, dtype=torch.float64)
+
+
+def _alpha_number(value: object, where: str) -> float:
+    """``float(value)`` for a real number; ConfigError naming ``where`` for a string or another non-number."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        raise ConfigError(
+            f"{where} must be a number in [0, 1), a list of numbers or a callable l -> alpha_l; got {value!r} "
+            f"(a {type(value).__name__})"
+            + (": write alpha=0.1, not alpha='0.1'" if isinstance(value, str) else "")
+        )
+    return float(value)
 
 
 def compute_dtype(f: Tensor) -> torch.dtype:
@@ -191,6 +205,8 @@ class LayerwiseDescent:
         divergence_patience: raise once a λ_l has grown for this many dual steps in a row (None: never).
     """
 
+    extragradient = False  # DualProblem: LayerwiseDescent takes plain (not extra-gradient) dual steps
+
     def __init__(
         self,
         num_layers: int,
@@ -313,6 +329,17 @@ class LayerwiseDescent:
             self._g_count = 1
             self._last_f, self._last_g = f, g
         return self._flush()
+
+    def extrapolate_(self) -> None:
+        """Not supported: LayerwiseDescent takes plain dual steps (``extragradient`` is False)."""
+        raise ConfigError(
+            "LayerwiseDescent takes no extra-gradient steps; express the constraint with dl.ConstraintSet("
+            "..., extragradient=True) instead"
+        )
+
+    def violation_labels(self) -> list[int]:
+        """The constrained layers (1-based), one per entry of :meth:`pending_violations` (reads the host)."""
+        return [int(k) + 1 for k in self._index.tolist()]
 
     def pending_violations(self) -> Tensor | None:
         """The sum of the ĝ recorded since the last dual step, over the constrained layers (None: none

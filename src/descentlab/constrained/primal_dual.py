@@ -31,7 +31,10 @@ class PrimalDual(Optimizer):
 
     Args:
         optimizer: any ``torch.optim.Optimizer``; it owns the parameters and their state.
-        constraint: an object with ``dual_step_()``, ``state_dict()`` and ``load_state_dict()``.
+        constraint: a :class:`~descentlab.constrained.LayerwiseDescent`, a
+            :class:`~descentlab.constrained.ConstraintSet`, or any object with ``dual_step_()``,
+            ``state_dict()`` and ``load_state_dict()``; the optional members it may have are those of
+            :class:`~descentlab.constrained.protocol.DualProblem`, the one declaration of what is called.
 
         check_finite: before the wrapped step, check that every gradient and the ĝ remembered by
             ``lagrangian`` are finite, and raise :class:`~descentlab.errors.NumericalError` (saying what was
@@ -47,6 +50,16 @@ class PrimalDual(Optimizer):
     its cadence whether λ moves. When ``torch.distributed`` is initialised, ĝ is averaged over ranks inside
     the dual step, so every rank holds the same λ. A step taken while ``constraint.lagrangian`` has never
     been called warns once (``RuntimeWarning``): λ would never enter the loss.
+
+    Extra-gradient (when ``constraint.extragradient`` is True; ``step(closure)`` is then required)::
+
+        evaluate at (θ_t, λ_t);        θ_{t+½} = θ_t - η ∇_θ L̂,   λ_{t+½} = P(λ_t + η_λ c(θ_t))
+        evaluate at (θ_{t+½}, λ_{t+½}); θ_{t+1} = optimizer step from θ_t with ∇_θ L̂(θ_{t+½}, λ_{t+½}),
+                                        λ_{t+1} = P(λ_t + η_λ c(θ_{t+½}))
+
+    The primal extrapolation is the wrapped optimizer's own ``extrapolation()`` when it has one (Cooper's
+    ExtraSGD / ExtraAdam), else an SGD step with each group's ``lr``; with ``torch.optim.SGD`` (no momentum)
+    the whole step is the classic extra-gradient method.
     """
 
     def __init__(self, optimizer: Optimizer, constraint: Any, *, check_finite: bool = True) -> None:
@@ -58,7 +71,8 @@ class PrimalDual(Optimizer):
         for name in ("dual_step_", "state_dict", "load_state_dict"):
             if not callable(getattr(constraint, name, None)):
                 raise ConfigError(
-                    f"constraint {type(constraint).__name__} has no {name}(); pass a LayerwiseDescent"
+                    f"constraint {type(constraint).__name__} has no {name}(); pass a LayerwiseDescent or a "
+                    "ConstraintSet"
                 )
         self.optimizer = optimizer
         self.constraint = constraint
@@ -88,6 +102,8 @@ class PrimalDual(Optimizer):
             closure: re-evaluates the Lagrangian and returns it (for L-BFGS-style optimizers); it must call
                 ``constraint.lagrangian`` so that ĝ is current.
         """
+        if getattr(self.constraint, "extragradient", False):
+            return self._extragradient_step(closure)  # its closure builds the Lagrangian first
         if getattr(self.constraint, "lagrangian_calls", None) == 0 and not self._warned_no_lagrangian:
             self._warned_no_lagrangian = True
             warnings.warn(
@@ -100,6 +116,39 @@ class PrimalDual(Optimizer):
         if self.check_finite and closure is None:  # a closure makes its gradients inside the wrapped step
             self._check_finite()
         loss = self.optimizer.step() if closure is None else self.optimizer.step(torch.enable_grad()(closure))
+        self.constraint.dual_step_()
+        return loss
+
+    def _extragradient_step(self, closure: Callable[[], float] | None) -> Any:
+        if closure is None:
+            raise ConfigError(
+                "an extra-gradient step evaluates the problem twice: call opt.step(closure) with a closure that "
+                "zeroes the gradients, builds loss = constraint.lagrangian(...), calls loss.backward() and "
+                "returns the loss"
+            )
+        with torch.enable_grad():
+            loss = closure()
+        if self.check_finite:
+            self._check_finite()
+        extrapolation = getattr(self.optimizer, "extrapolation", None)
+        backup: list[tuple[Tensor, Tensor]] = []
+        if callable(extrapolation):
+            extrapolation()
+        else:
+            for group in self.param_groups:
+                sign = 1.0 if group.get("maximize", False) else -1.0
+                for p in group["params"]:
+                    if p.grad is not None:
+                        backup.append((p, p.detach().clone()))
+                        p.add_(p.grad, alpha=sign * group["lr"])
+        self.constraint.extrapolate_()
+        with torch.enable_grad():
+            closure()
+        if self.check_finite:
+            self._check_finite()
+        for p, saved in backup:
+            p.copy_(saved)
+        self.optimizer.step()
         self.constraint.dual_step_()
         return loss
 
@@ -150,11 +199,12 @@ class PrimalDual(Optimizer):
                 f"tensor {j}, shape {shape})"
             )
         if g_hat is not None and not bool(torch.isfinite(g_hat).all()):
-            index = getattr(self.constraint, "_index", None)
-            layers = [int(k) + 1 for k in index[~torch.isfinite(g_hat)].tolist()] if index is not None else []
-            problems.append(
-                f"non-finite constraint violation ĝ at layer(s) {layers} (remembered by lagrangian)"
-            )
+            labels_of = getattr(self.constraint, "violation_labels", None)
+            labels = labels_of() if callable(labels_of) else list(range(g_hat.numel()))
+            bad_at = torch.nonzero(~torch.isfinite(g_hat)).flatten().tolist()
+            where = [labels[k] for k in bad_at]
+            what = "layer(s)" if all(isinstance(w, int) for w in where) else "entries"
+            problems.append(f"non-finite constraint violation ĝ at {what} {where} (remembered by lagrangian)")
         if not problems:
             return
         raise NumericalError(

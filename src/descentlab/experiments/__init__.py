@@ -181,45 +181,70 @@ def _status(run: RunDir, state: str, **extra: Any) -> None:
 
 
 def prepare(
-    name: str, preset: str | None, overrides: Sequence[str], out: Path | str, resume: Path | str | None
+    name: str,
+    preset: str | None,
+    overrides: Sequence[str],
+    out: Path | str,
+    resume: Path | str | None,
+    *,
+    argv: Sequence[str] | None = None,
+    config_file: Path | str | None = None,
 ) -> tuple[Experiment, Any, RunDir]:
     """Resolve the config and make (or reopen) the run directory; nothing is created on a config error.
 
+    The config is: dataclass defaults <- ``preset`` <- ``config_file`` (YAML, as ``descentlab config``
+    prints it) <- ``overrides``. The run directory gets ``provenance.json`` (:mod:`descentlab.provenance`,
+    with ``argv``, default ``sys.argv``) as soon as it exists; a resume adds ``provenance-resume-<k>.json``.
     Under a multi-process launch every rank resolves the config (so a bad one fails everywhere), rank 0
-    alone creates the directory and the others share it without writing to it.
+    alone creates the directory and writes to it, the others share it without writing.
     """
     from descentlab.config import config_to_dict, config_to_yaml, load_config_yaml, resolve_config
     from descentlab.io import atomic_write_text
+    from descentlab.provenance import write_provenance
     from descentlab.train.rundir import RunDir
 
     exp = get(name)
     rank, world = launch_rank()
     if resume is not None:
-        if overrides or preset:
+        if overrides or preset or config_file is not None:
             raise ConfigError(
-                "resume=RUN_DIR continues a run with its saved config; drop the other overrides and --preset"
+                "resume=RUN_DIR continues a run with its saved config; drop the other overrides, --preset "
+                "and --config"
             )
         run = RunDir.open(resume)
         run.writer = rank == 0
         cfg = load_config_yaml(exp.config_cls, (run.path / "config.yaml").read_text())
+        if run.writer:
+            write_provenance(run.path, argv=argv, config=config_to_dict(cfg))
+        run.curves = True
         return exp, cfg, run
-    cfg = resolve_config(exp.config_cls, preset=preset, presets=exp.presets, overrides=overrides)
+    cfg = resolve_config(
+        exp.config_cls,
+        preset=preset,
+        presets=exp.presets,
+        overrides=overrides,
+        config_file=config_file,
+    )
 
     def make() -> RunDir:
         run = RunDir.create(out, name)
+        as_dict = config_to_dict(cfg)
+        write_provenance(run.path, argv=argv, config=as_dict)  # first: the record of the run's start
         atomic_write_text(run.path / "config.yaml", config_to_yaml(cfg))
         run.save_json(
             "config.json",
             {
                 "experiment": name,
                 "preset": preset,
+                "config_file": None if config_file is None else str(config_file),
                 "overrides": list(overrides),
-                "config": config_to_dict(cfg),
+                "config": as_dict,
             },
         )
         return run
 
     run = make() if world == 1 else _share_run_dir(rank, make)
+    run.curves = True  # the runner's runs write curves (metrics.csv, TensorBoard); a library fit does not
     return exp, cfg, run
 
 
@@ -230,13 +255,20 @@ def run_experiment(
     overrides: Sequence[str] = (),
     out: Path | str = "runs",
     resume: Path | str | None = None,
+    config_file: Path | str | None = None,
+    argv: Sequence[str] | None = None,
 ) -> Path:
-    """Run one experiment end to end and return its run directory."""
+    """Run one experiment end to end and return its run directory.
+
+    ``config_file`` is a YAML config (what ``descentlab config`` prints) applied after ``preset`` and
+    before ``overrides``; ``argv`` is the command line recorded in ``provenance.json`` (default
+    ``sys.argv``).
+    """
     from descentlab.config import config_to_dict
     from descentlab.report.build import write_report
     from descentlab.train.loop import TrainingInterrupted
 
-    exp, cfg, run = prepare(name, preset, overrides, out, resume)
+    exp, cfg, run = prepare(name, preset, overrides, out, resume, argv=argv, config_file=config_file)
     _status(run, "running", resumed=resume is not None)
     try:
         body = exp.run(cfg, run)

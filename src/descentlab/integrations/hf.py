@@ -401,3 +401,203 @@ def _batch_size(inputs: dict[str, Any]) -> int:
         if isinstance(value, torch.Tensor) and value.dim() > 0:
             return int(value.shape[0])
     raise ConfigError("an eval batch holds no tensor with a batch dimension")
+
+
+# -- callbacks: any Trainer subclass (TRL's SFTTrainer, Seq2SeqTrainer, yours) --------------------------------
+def primal_dual_optimizer(
+    constraint: Any, optimizer_cls: type[torch.optim.Optimizer] = torch.optim.AdamW, **optimizer_kwargs: Any
+) -> tuple[type[PrimalDual], dict[str, Any]]:
+    """``optimizer_cls_and_kwargs`` for any ``Trainer``: ``optimizer_cls(params, **kwargs)`` wrapped in
+    :class:`~descentlab.constrained.PrimalDual` around ``constraint``, so Trainer's ``optimizer.pt`` carries the
+    multipliers and its scheduler sees the wrapped optimizer's groups::
+
+        trainer = SFTTrainer(..., callbacks=[ConstraintCallback(cs, values=fn)],
+                             optimizer_cls_and_kwargs=primal_dual_optimizer(cs, torch.optim.AdamW, lr=1e-4))
+    """
+
+    class BoundPrimalDual(PrimalDual):  # a class, as Trainer calls optimizer_cls(params, **kwargs)
+        def __init__(self, params: Any, **kwargs: Any) -> None:
+            super().__init__(optimizer_cls(params, **kwargs), constraint)
+
+    BoundPrimalDual.__name__ = BoundPrimalDual.__qualname__ = f"PrimalDual_{optimizer_cls.__name__}"
+    return BoundPrimalDual, dict(optimizer_kwargs)
+
+
+class ConstraintCallback(TrainerCallback):
+    """Train any ``Trainer`` (or subclass) on a Lagrangian, through a forward hook on the model.
+
+    In training (module in train mode, gradients on) the hook replaces the model output's ``loss`` by
+
+        LayerwiseDescent:  f_L + Σ_l λ_l ĝ_l             with f = ``dl.layer_losses(model, batch, readout)``
+        ConstraintSet:     loss + Σ_c ψ_c(values(model, batch, outputs))     (any formulation)
+
+    so Trainer's (and TRL's) own ``compute_loss`` back-propagates the Lagrangian. Evaluation and
+    ``no_grad`` passes keep the model's loss and never move λ. The optimizer must be a ``PrimalDual`` around the
+    same constraint: pass ``optimizer_cls_and_kwargs=primal_dual_optimizer(constraint, ...)``
+    (checked at ``on_train_begin``).
+
+    Gradient accumulation: when Trainer hands the model ``num_items_in_batch`` it does not divide the loss by
+    the accumulation steps k (the model normalises by the accumulated token count itself), so the hook brings
+    the Lagrangian to the same normalisation: the descent Lagrangian is scaled by loss / f_L (the micro-batch's
+    share of the accumulated targets), and the constraint terms of a ConstraintSet by 1/k. Otherwise Trainer
+    divides the whole loss by k, as for any model. The dual step averages the violations of the k micro-batches.
+
+    Args:
+        constraint: a ``LayerwiseDescent`` or a ``ConstraintSet``.
+        values: for a ConstraintSet, ``fn(model, batch, outputs) -> {name: tensor or ConstraintValue}``.
+        readout: for a LayerwiseDescent, passed to ``dl.layer_losses``. The readout runs its own forward, so a
+            training step costs one extra forward beside the model's (use ``DescentTrainer`` to avoid it).
+    """
+
+    def __init__(
+        self,
+        constraint: Any,
+        values: Callable[[nn.Module, dict[str, Any], Any], dict[str, Any]] | None = None,
+        readout: Any = None,
+    ) -> None:
+        from descentlab.constrained.problem import ConstraintSet
+
+        self.constraint = constraint
+        self.is_set = isinstance(constraint, ConstraintSet)
+        if self.is_set and values is None:
+            raise ConfigError("a ConstraintSet needs values=fn(model, batch, outputs) -> {name: tensor}")
+        self.values = values
+        self.readout = readout
+        self._handle: Any = None
+        self._inside = False
+        self._accumulation = 1
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        optimizer = kwargs.get("optimizer")
+        if optimizer is not None and not (
+            isinstance(optimizer, PrimalDual) and optimizer.constraint is self.constraint
+        ):
+            inner = getattr(optimizer, "optimizer", None)  # Accelerate's AcceleratedOptimizer
+            if not (isinstance(inner, PrimalDual) and inner.constraint is self.constraint):
+                raise ConfigError(
+                    f"ConstraintCallback needs a PrimalDual around its constraint, Trainer built "
+                    f"{type(optimizer).__name__}: pass optimizer_cls_and_kwargs=primal_dual_optimizer(constraint, ...)"
+                )
+        self._accumulation = int(args.gradient_accumulation_steps)
+        target, _ = _readout_model(model)
+        if self._handle is None:
+            self._handle = target.register_forward_hook(self._hook, with_kwargs=True)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def loss_func(self, outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
+        """A ``compute_loss_func`` for trainers that compute their own loss (TRL's ``SFTTrainer`` computes it
+        from fused log-probabilities, so the model output has no ``loss`` for the hook to replace).
+
+        The loss is the causal-LM token cross-entropy of ``outputs.logits`` against the shifted ``labels``
+        (-100 ignored; divided by ``num_items_in_batch`` when Trainer gives it, else a per-token mean), plus the
+        constraint terms of ``values(None, {"labels": labels}, outputs)``, where ``outputs["loss"]`` is set to
+        the micro-batch's per-token mean cross-entropy. Trainer divides by nothing when a ``compute_loss_func`` is set, so the terms (and, without
+        ``num_items_in_batch``, the whole loss) are divided by the accumulation steps here. ConstraintSet only.
+        """
+        if not self.is_set:
+            raise ConfigError(
+                "loss_func serves a ConstraintSet; a LayerwiseDescent needs the model (use the hook)"
+            )
+        logits = outputs["logits"][:, :-1].float()
+        target = labels[:, 1:].to(logits.device)
+        total = nn.functional.cross_entropy(
+            logits.flatten(0, 1), target.flatten(), ignore_index=-100, reduction="sum"
+        )
+        mean = total / (target != -100).sum().clamp_min(1)  # this micro-batch's per-token mean
+        outputs["loss"] = mean  # what values() sees
+        values = self.values(None, {"labels": labels}, outputs)
+        loss = (
+            mean
+            if num_items_in_batch is None
+            else total / torch.as_tensor(num_items_in_batch, device=total.device)
+        )
+        terms = self.constraint.lagrangian(torch.zeros_like(loss), values, record=loss.requires_grad)
+        if num_items_in_batch is None:
+            return (loss + terms) / self._accumulation
+        return loss + terms / self._accumulation
+
+    def _hook(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> Any:
+        if self._inside or not module.training or not torch.is_grad_enabled():
+            return None
+        loss = output.get("loss") if hasattr(output, "get") else None
+        if loss is None:
+            return None  # no labels: nothing to constrain (e.g. a forward for logits only)
+        batch = dict(kwargs)
+        if args:
+            batch.setdefault("input_ids", args[0])
+        scaled = "num_items_in_batch" in kwargs
+        self._inside = True
+        try:
+            if self.is_set:
+                values = self.values(module, batch, output)
+                terms = self.constraint.lagrangian(torch.zeros_like(loss), values, record=True)
+                output["loss"] = loss + (terms / self._accumulation if scaled else terms)
+            else:
+                from descentlab.readout import layer_losses
+
+                batch.pop("num_items_in_batch", None)
+                f = layer_losses(module, batch, readout=self.readout)
+                lagrangian = self.constraint.lagrangian(f)
+                output["loss"] = lagrangian * (loss / f[-1]).detach() if scaled else lagrangian
+        finally:
+            self._inside = False
+        return output
+
+
+class ACDCCallback(TrainerCallback):
+    """AC/DC (or any sparsity controller) in any ``Trainer``: masks gradients before, and steps the controller
+    after, every optimizer step; its masks go into each checkpoint folder as ``descentlab_sparsity.pt`` and come
+    back when ``args.resume_from_checkpoint`` names a folder.
+
+    Args:
+        factory: ``(model, optimizer) -> controller``, e.g. ``lambda m, o: dl.ACDC(m, o, sparsity=0.9,
+            total_steps=args.max_steps)``; called at ``on_train_begin`` once the optimizer exists.
+    """
+
+    def __init__(self, factory: Callable[[nn.Module, torch.optim.Optimizer], Any]) -> None:
+        if not callable(factory):
+            raise ConfigError("ACDCCallback takes a factory (model, optimizer) -> controller")
+        self.factory = factory
+        self.controller: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if self.controller is None:
+            optimizer = kwargs["optimizer"]
+            optimizer = (
+                getattr(optimizer, "optimizer", optimizer)
+                if not isinstance(optimizer, PrimalDual)
+                else optimizer
+            )
+            self.controller = self.factory(_readout_model(model)[0], optimizer)
+        resume = getattr(args, "resume_from_checkpoint", None)
+        if isinstance(resume, str) and os.path.isfile(os.path.join(resume, SPARSITY_FILE)):
+            state_dict = torch.load(
+                os.path.join(resume, SPARSITY_FILE), weights_only=True, map_location="cpu"
+            )
+            self.controller.load_state_dict(state_dict)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if isinstance(self.controller, MasksGradients):
+            self.controller.before_optimizer_step()
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.controller.step()
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any
+    ) -> None:
+        if logs is not None and "loss" in logs and isinstance(self.controller, ReportsSparsity):
+            logs["sparsity/global"] = float(self.controller.report().global_sparsity)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.controller is None or not args.should_save:
+            return
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if os.path.isdir(folder):
+            tmp = os.path.join(folder, SPARSITY_FILE + ".tmp")
+            torch.save(self.controller.state_dict(), tmp)
+            os.replace(tmp, os.path.join(folder, SPARSITY_FILE))

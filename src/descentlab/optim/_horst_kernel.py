@@ -169,6 +169,11 @@ class HorstKernel:
         return int(reverted)
 
 
+#: Why the last :func:`load_kernel` returned None ("" when it built, or was never asked): HORST puts it in
+#: its "kernel_build" fallback warning, so a failed build is recorded, not only logged.
+build_error = ""
+
+
 @functools.lru_cache(maxsize=2)
 def load_kernel(*, portable: bool = False) -> HorstKernel | None:
     """Build (first call on a machine, about a second) or load the fused kernel.
@@ -180,7 +185,9 @@ def load_kernel(*, portable: bool = False) -> HorstKernel | None:
     Returns:
         The kernel, or ``None`` if it cannot be built here (then HORST uses its foreach path).
     """
+    global build_error
     if os.environ.get("DESCENTLAB_HORST_KERNEL", "1") == "0":
+        build_error = "DESCENTLAB_HORST_KERNEL=0"
         return None
     extra = ["-DHORST_PORTABLE"] if portable else []
     for flags, libs in _FLAG_SETS:
@@ -189,6 +196,7 @@ def load_kernel(*, portable: bool = False) -> HorstKernel | None:
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             detail = getattr(exc, "stderr", b"") or b""
             logger.warning("HORST kernel build with %s failed: %s %s", flags, exc, detail.decode()[-500:])
+            build_error = f"{type(exc).__name__}: {exc}"[:300]
     logger.warning("HORST fused CPU kernel unavailable; using the pure-torch foreach path")
     return None
 

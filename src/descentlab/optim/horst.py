@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
@@ -44,20 +45,19 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
+from torch.utils.weak import WeakIdKeyDictionary
 
 from descentlab.errors import ConfigError
-from descentlab.optim import _horst_compiled
+from descentlab.optim import _horst_compiled, _horst_kernel
 from descentlab.optim._horst_kernel import load_kernel
-from descentlab.optim._horst_rounding import can_round, rounding_key, stochastic_round_any
+from descentlab.optim._horst_rounding import can_round, rounding_key, stochastic_round, stochastic_round_any
 from descentlab.optim.functional import (
     Bucket,
     HorstHyper,
     adam_update_,
-    adam_update_foreach_,
     check_hyper,
     evaluate_closure,
     hyperbolic_mirror,
-    hyperbolic_mirror_foreach_,
 )
 
 logger = logging.getLogger(__name__)
@@ -65,6 +65,11 @@ logger = logging.getLogger(__name__)
 IMPLS = ("auto", "fused", "compiled", "foreach", "reference")
 _COMPILED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+class HorstFallbackWarning(RuntimeWarning):
+    """A tensor took HORST's foreach path instead of a faster one (warned once per reason; the reasons are
+    the keys of :data:`FALLBACK_REASONS`, counted in ``HORST.fallbacks``)."""
 
 
 class HorstStep(NamedTuple):
@@ -134,49 +139,207 @@ def horst_reference(
     return HorstStep(p.to(param.dtype), m.to(exp_avg.dtype), v.to(exp_avg_sq.dtype), reverted)
 
 
-def _horst_foreach_(bucket: Bucket, hp: HorstHyper, *, mirror: bool, sr_keys: list[int] | None = None) -> int:
-    """In-place HORST step of tensors sharing device and dtype, with ``torch._foreach_*`` ops.
+# The foreach path steps its tensors in chunks of at most this many elements (a share of the bucket, within
+# these bounds), splitting a large contiguous tensor into flat slices, so that its transient buffers (about
+# five float32 values per element of a chunk with the NaN guard, two without) are a bounded fraction of
+# the parameters instead of five times them.
+_CHUNK_SHARE = 8  # a chunk holds at most 1/8 of the bucket's elements ...
+_CHUNK_MIN = 1 << 16  # ... but no fewer than this (tiny models: one chunk, the foreach ops' batching kept)
+_CHUNK_MAX = 1 << 24  # ... and no more than this (64 MiB per float32 buffer, whatever the model's size)
+
+
+def _dtensor_type() -> type | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return None
+    return DTensor
+
+
+def _locals(p: Tensor, g: Tensor, m: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The local shards of DTensor parameters, gradients and moments (plain tensors pass through).
+
+    The update is elementwise, so stepping each rank's shard is the step of the whole tensor, provided the
+    four tensors are laid out alike; a gradient laid out otherwise is redistributed first (a collective,
+    as DTensor's own ops would do)."""
+    dtensor = _dtensor_type()
+    if dtensor is None or not isinstance(p, dtensor):
+        return p, g, m, v
+    if isinstance(g, dtensor) and (g.placements != p.placements or g.device_mesh != p.device_mesh):
+        g = g.redistribute(p.device_mesh, p.placements)
+    for name, t in (("gradient", g), ("exp_avg", m), ("exp_avg_sq", v)):
+        if not isinstance(t, dtensor) or t.placements != p.placements or t.device_mesh != p.device_mesh:
+            raise ConfigError(
+                f"HORST: a DTensor parameter's {name} is not a DTensor laid out like it "
+                f"({p.placements} on {p.device_mesh}); load the optimizer state with the model's sharding"
+            )
+    return p.to_local(), g.to_local(), m.to_local(), v.to_local()
+
+
+class _Segment(NamedTuple):
+    """A piece of one tensor that the foreach path steps: its parameter, gradient, moments (flat slices or
+    whole tensors), the step number and the rounding key of its first element (None: round to nearest)."""
+
+    p: Tensor
+    g: Tensor
+    m: Tensor
+    v: Tensor
+    step: int
+    key: int | None
+
+
+def _segments(bucket: Bucket, sr_keys: list[int] | None, limit: int) -> list[list[_Segment]]:
+    """The bucket's tensors (local shards of DTensors) as chunks of at most ``limit`` elements: a tensor
+    larger than ``limit`` is cut into flat slices when it and its gradient and moments are contiguous."""
+    chunks: list[list[_Segment]] = [[]]
+    size = 0
+    for i, (p, g, m, v, k) in enumerate(zip(*bucket, strict=True)):
+        p, g, m, v = _locals(p, g, m, v)
+        n = p.numel()
+        if n == 0:
+            continue
+        key = None if sr_keys is None else sr_keys[i]
+        flat = n > limit and all(t.is_contiguous() for t in (p, g, m, v))
+        pieces = [(a, min(a + limit, n)) for a in range(0, n, limit)] if flat else [(0, n)]
+        for a, b in pieces:
+            if flat:
+                seg = _Segment(
+                    p.view(-1)[a:b], g.view(-1)[a:b], m.view(-1)[a:b], v.view(-1)[a:b], k,
+                    None if key is None else key + a,  # random_bits(x, key) hashes index + key
+                )  # fmt: skip
+            else:
+                seg = _Segment(p, g, m, v, k, key)
+            if size and size + (b - a) > limit:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(seg)
+            size += b - a
+    return [c for c in chunks if c]
+
+
+def _local_numel(p: Tensor) -> int:
+    dtensor = _dtensor_type()
+    return p.to_local().numel() if dtensor is not None and isinstance(p, dtensor) else p.numel()
+
+
+def _chunk_limit(bucket: Bucket) -> int:
+    total = sum(_local_numel(p) for p in bucket.params)
+    return max(_CHUNK_MIN, min(_CHUNK_MAX, -(-total // _CHUNK_SHARE)))
+
+
+def _horst_foreach_(
+    bucket: Bucket, hp: HorstHyper, *, mirror: bool, sr_keys: list[int] | None = None
+) -> Tensor | None:
+    """In-place HORST step of tensors sharing device and dtype, with ``torch._foreach_*`` ops, chunk by chunk.
+
+    Tensor subclasses (FSDP2's DTensor) are stepped through their local shards. Each chunk (at most
+    ``max(2^16, min(2^24, numel / 8))`` elements; large contiguous tensors are cut into flat slices) computes
+    its new moments and parameters into fresh buffers and commits them with ``torch.where`` (the NaN guard:
+    an element whose new parameter is not finite keeps its old parameter and moments), so the transient
+    memory is about five float32 buffers of one chunk, not of the whole bucket; without the guard the
+    moments and float32 parameters are updated in place (two buffers). Nothing is read back to the host.
 
     ``sr_keys``: one key per tensor to round bf16 / fp16 results stochastically (None: to nearest).
 
     Returns:
-        The number of elements the NaN guard reverted.
+        The number of elements the NaN guard reverted, as a 0-dim int64 tensor on the bucket's device (None
+        without the guard, or when nothing was stepped).
     """
-    params, grads, exp_avgs, exp_avg_sqs, steps = bucket
     lr, beta1, beta2, eps, weight_decay, alpha, beta, exp_clamp, nan_guard = hp
-    low = params[0].dtype in _LOW_PRECISION
-    work = [p.float() for p in params] if low else params
-    grads = [g.float() for g in grads] if low else grads
-    if nan_guard:
-        old = (
-            [p.clone() for p in work],
-            [m.clone() for m in exp_avgs],
-            [v.clone() for v in exp_avg_sqs],
-        )
-    torch._foreach_mul_(work, 1 - lr * weight_decay)
-    u = adam_update_foreach_(grads, exp_avgs, exp_avg_sqs, steps=steps, lr=lr, betas=(beta1, beta2), eps=eps)
-    torch._foreach_sub_(work, u)
-    if mirror:
-        hyperbolic_mirror_foreach_(work, u, alpha=alpha, lr_beta=lr * beta, clamp=exp_clamp)
-    reverted = 0
-    if nan_guard:
-        for i, p in enumerate(work):
-            bad = ~torch.isfinite(p)
-            n_bad = int(bad.sum())
-            if n_bad:
-                reverted += n_bad
-                p.copy_(torch.where(bad, old[0][i], p))
-                exp_avgs[i].copy_(torch.where(bad, old[1][i], exp_avgs[i]))
-                exp_avg_sqs[i].copy_(torch.where(bad, old[2][i], exp_avg_sqs[i]))
-    if low and sr_keys is not None:
-        for p, w, key in zip(params, work, sr_keys, strict=True):
-            p.copy_(stochastic_round_any(w, p.dtype, key))
-    elif low:
-        torch._foreach_copy_(params, work)
-    return reverted
+    low = bucket.params[0].dtype in _LOW_PRECISION if bucket.params else False
+    bad: Tensor | None = None
+    for chunk in _segments(bucket, sr_keys, _chunk_limit(bucket)):
+        params = [s.p for s in chunk]
+        grads = [s.g.float() for s in chunk] if low else [s.g for s in chunk]
+        step_sizes, bc2_sqrts = hp.bias_corrections([s.step for s in chunk])
+        if nan_guard:
+            ms = torch._foreach_lerp([s.m for s in chunk], grads, 1 - beta1)
+            vs = torch._foreach_mul([s.v for s in chunk], beta2)
+        else:
+            ms, vs = [s.m for s in chunk], [s.v for s in chunk]
+            torch._foreach_lerp_(ms, grads, 1 - beta1)
+            torch._foreach_mul_(vs, beta2)
+        torch._foreach_addcmul_(vs, grads, grads, value=1 - beta2)
+        del grads  # the float32 copies of low-precision gradients
+        denom = torch._foreach_sqrt(vs)
+        torch._foreach_div_(denom, bc2_sqrts)
+        torch._foreach_add_(denom, eps)
+        u = torch._foreach_mul(ms, step_sizes)
+        torch._foreach_div_(u, denom)
+        if nan_guard or low:
+            work = torch._foreach_mul([p.float() for p in params] if low else params, 1 - lr * weight_decay)
+        else:
+            work = params
+            torch._foreach_mul_(work, 1 - lr * weight_decay)
+        torch._foreach_sub_(work, u)
+        if mirror:  # hyperbolic_mirror_foreach_, its exponent written into the denominator's buffers
+            x = denom
+            torch._foreach_copy_(x, work)
+            torch._foreach_sign_(x)
+            torch._foreach_mul_(x, u)
+            torch._foreach_mul_(x, -alpha)
+            torch._foreach_add_(x, -(lr * beta))
+            if exp_clamp is not None:
+                torch._foreach_clamp_min_(x, -exp_clamp)
+                torch._foreach_clamp_max_(x, exp_clamp)
+            torch._foreach_exp_(x)
+            torch._foreach_mul_(work, x)
+            del x
+        del denom, u
+        for s, w, m, v in zip(chunk, work, ms, vs, strict=True):
+            if nan_guard:
+                ok = torch.isfinite(w)
+                n_bad = ok.numel() - ok.sum()
+                bad = n_bad if bad is None else bad + n_bad
+                torch.where(ok, m, s.m, out=s.m)
+                torch.where(ok, v, s.v, out=s.v)
+                torch.where(ok, w, s.p.float() if low else s.p, out=w)
+            if not low:
+                if w is not s.p:
+                    s.p.copy_(w)
+            elif s.key is not None:
+                s.p.copy_(stochastic_round(w, s.p.dtype, s.key))
+            else:
+                s.p.copy_(w)
+        del work, ms, vs, w, m, v  # this chunk's buffers go before the next chunk's are made
+    return bad
 
 
 _PLAIN = (Tensor, nn.Parameter)  # not subclasses such as DTensor
+
+
+_TENSOR_HYPERS = ("lr", "eps", "weight_decay", "alpha", "beta")
+
+
+def _check_tensor_hypers(groups: list[dict[str, Any]]) -> None:
+    """Check tensor hyper-parameters (an ``lr`` tensor set after construction, e.g. by a scheduler) at each
+    step, as :func:`check_hyper` checks them at construction: finite and >= 0, betas in [0, 1).
+
+    A CPU tensor is read directly (no device sync); tensors on a device are checked together, with one
+    host read per step (keep such values on the CPU, as torch's schedulers do, to avoid it).
+    """
+    on_device: list[tuple[str, Tensor, Tensor]] = []
+    for group in groups:
+        values = [(k, group.get(k)) for k in _TENSOR_HYPERS]
+        betas = group.get("betas")
+        if isinstance(betas, list | tuple):
+            values += [(f"betas[{i}]", b) for i, b in enumerate(betas)]
+        for key, value in values:
+            if not isinstance(value, Tensor):
+                continue
+            if value.numel() != 1 or value.is_complex():
+                raise ConfigError(f"HORST: invalid {key}={value!r}; it must be a one-element real tensor")
+            if value.device.type == "cpu":
+                check_hyper("HORST", {key: value} if not key.startswith("betas") else {"betas": betas})
+                continue
+            x = value.detach().reshape(()).float()
+            high = 1.0 if key.startswith("betas") else math.inf
+            on_device.append((key, value, torch.isfinite(x) & (x >= 0) & (x < high)))
+    if on_device:
+        ok = torch.stack([c for _, _, c in on_device]).cpu().tolist()
+        for (key, value, _), good in zip(on_device, ok, strict=True):
+            if not good:
+                raise ConfigError(f"HORST: invalid {key}={value!r}; it must be a finite number >= 0")
 
 
 def _compiled_ok(p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> bool:
@@ -193,15 +356,11 @@ def _can_compile(device: torch.device) -> bool:
     return _horst_compiled.can_compile(device)
 
 
-def _advance_steps(counters: list[Tensor]) -> list[int]:
-    """Add 1 to each step counter (0-dim tensors, as AdamW keeps them) and return the new values, with one
-    read-back for the lot instead of one ``.item()`` per tensor."""
+def _read_steps(counters: list[Tensor]) -> list[int]:
+    """The values of step counters (0-dim tensors), with one read-back for the lot."""
     if not counters:
         return []
-    torch._foreach_add_(counters, 1.0)
-    if len({c.device for c in counters}) > 1:
-        return [int(c.item()) for c in counters]
-    return [int(k) for k in torch.stack(counters).tolist()]
+    return [int(k) for k in torch.stack([c.detach().to("cpu", torch.float64) for c in counters]).tolist()]
 
 
 def _is_cuda(p: Tensor) -> bool:
@@ -241,6 +400,40 @@ def _impl_of(impl: str, fused: bool | None, foreach: bool | None) -> str:
             "drop one of them"
         )
     return wanted
+
+
+# Why a tensor that ``impl="auto"`` (or ``"fused"``) would step with a faster path takes the foreach path:
+# reason -> what its one warning says. The reason is the key of ``HORST.fallbacks`` and of the group key
+# ``fallback_reasons``.
+FALLBACK_REASONS = {
+    "compile": "the compiled step failed to compile",
+    "fused_impl": "impl='fused', but neither the fused CPU kernel nor the compiled CUDA step could take it",
+    "stochastic_rounding": "a bf16 / fp16 tensor subclass that stochastic rounding cannot write",
+    "tensor_subclass": "a tensor subclass (e.g. FSDP2's DTensor) takes the foreach path by design",
+    "cpu_dtype": "the fused CPU kernel is float32 only (CPU bf16 / fp16 / float64 take foreach by design)",
+    "non_contiguous": "the fused CPU kernel needs contiguous tensors",
+    "kernel_build": "the fused CPU kernel did not build (no C compiler, or DESCENTLAB_HORST_KERNEL=0)",
+    "no_triton": "torch.compile cannot compile for this CUDA device here (no Triton)",
+    "cuda_dtype": "the compiled CUDA step takes float32, bf16 and fp16 only (float64 takes foreach)",
+    "device": "no fused path for this device type",
+}
+
+
+def _auto_reason(p: Tensor, m: Tensor, v: Tensor, g: Tensor, kernel: Any) -> str:
+    """Why ``impl="auto"`` steps this tensor with the foreach path (a key of :data:`FALLBACK_REASONS`)."""
+    if any(type(t) not in _PLAIN for t in (p, m, v, g)):
+        return "tensor_subclass"
+    if _is_cuda(p):
+        if p.dtype not in _COMPILED_DTYPES or m.dtype != torch.float32 or v.dtype != torch.float32:
+            return "cuda_dtype"
+        return "no_triton"
+    if p.is_cpu:
+        if p.dtype != torch.float32 or any(t.dtype != torch.float32 for t in (m, v, g)):
+            return "cpu_dtype"
+        if kernel is None:
+            return "kernel_build"
+        return "non_contiguous"
+    return "device"
 
 
 def _unfusable(p: Tensor) -> str:
@@ -379,15 +572,29 @@ class HORST(Optimizer):
         )
         check_hyper("HORST", defaults)
         _check_rounding(defaults)
-        self.reverted = 0
+        self._reverted_last: list[int | Tensor] = []  # the last step's counts (device tensors until read)
+        self._unread: list[tuple[dict[str, Any], Tensor]] = []  # device counts not yet added to the groups
+        self._steps_since_read = 0
+        #: Read the NaN guard's device counts (one host read for all tensors) every this many steps, so that
+        #: the first revert warns within that many steps; None: only when ``reverted``,
+        #: ``reverted_total`` or ``state_dict()`` is read (no host read in the step at all). Only the
+        #: foreach and compiled paths count on the device; the fused CPU kernel counts on the host.
+        self.nan_check_every: int | None = 1
+        # step counter -> its value, so that a step reads no counter back (see _steps_of)
+        self._host_steps: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.fused_fallbacks = 0
         #: reason -> tensor-steps that took the foreach path instead of the path asked for or chosen:
         #: "compile" (the compiled step failed to compile, e.g. dynamo's recompile limit; from then on every
         #: tensor that would take it is stepped by foreach), "fused_impl" (``impl="fused"``, a tensor neither
         #: the CPU kernel nor, on CUDA, the compiled step could take), "stochastic_rounding" (a bf16 / fp16
         #: tensor subclass other than DTensor in a ``stochastic_rounding`` group: rounded to nearest
-        #: instead). Each reason warns once. The per-group
-        #: sums are saved with the state dict (group key ``fallbacks``); see :attr:`fallbacks_total`.
+        #: instead), and under ``impl="auto"`` each tensor that takes the foreach path where other tensors
+        #: would take a faster one: "tensor_subclass" (DTensor, by design), "cpu_dtype" (CPU bf16 / fp16 /
+        #: float64, by design), "non_contiguous", "kernel_build" (the C kernel did not build), "no_triton"
+        #: (CUDA without Triton), "cuda_dtype" (CUDA float64), "device" (:data:`FALLBACK_REASONS`). Each
+        #: reason warns once. The per-group sums are saved with the state dict (group keys ``fallbacks``
+        #: and, by reason, ``fallback_reasons``); see :attr:`fallbacks_total` and
+        #: :attr:`fallback_messages`.
         self.fallbacks: dict[str, int] = {}
         self._compile_failed = False
         self._compile_error = ""
@@ -400,6 +607,7 @@ class HORST(Optimizer):
         group = self.param_groups[-1]
         check_hyper("HORST", group)
         _resolve_seed(group)
+        group["fallback_reasons"] = dict(group.get("fallback_reasons") or {})  # never a shared default
         impl = group["impl"]
         if impl not in IMPLS:
             raise ConfigError(f"HORST: impl must be one of {IMPLS}, got {impl!r}")
@@ -417,9 +625,63 @@ class HORST(Optimizer):
                     )
 
     @property
+    def reverted(self) -> int:
+        """Elements the NaN guard reverted at the last step (reads pending device counts: one host read)."""
+        self._read_counts()
+        return sum(int(n) for n in self._reverted_last)
+
+    @reverted.setter
+    def reverted(self, value: int) -> None:
+        self._reverted_last = [int(value)]
+
+    @property
     def reverted_total(self) -> int:
-        """Elements reverted by the NaN guard since the optimizer was made (or its state saved)."""
+        """Elements reverted by the NaN guard since the optimizer was made (or its state saved); reads
+        pending device counts (one host read)."""
+        self._read_counts()
         return sum(int(g.get("nan_reverted", 0)) for g in self.param_groups)
+
+    @property
+    def fallback_messages(self) -> dict[str, str]:
+        """Every fallback recorded in the groups (this process, and as saved with the state dict): reason ->
+        one line saying how many tensor-steps took the foreach path and why, for a run's log."""
+        counts: dict[str, int] = {}
+        for group in self.param_groups:
+            for why, n in (group.get("fallback_reasons") or {}).items():
+                counts[why] = counts.get(why, 0) + int(n)
+        return {
+            why: f"HORST: {n} tensor-step(s) took the foreach path: {FALLBACK_REASONS.get(why, why)}"
+            for why, n in counts.items()
+        }
+
+    def _read_counts(self, stacklevel: int = 5) -> None:
+        """Add the NaN guard's pending device counts to the groups, with one host read for all of them."""
+        self._steps_since_read = 0
+        if not self._unread:
+            return
+        pending, self._unread = self._unread, []
+        counts = torch.stack([c.detach().to("cpu", torch.int64) for _, c in pending]).tolist()
+        by_tensor = {id(c): int(n) for (_, c), n in zip(pending, counts, strict=True)}
+        for (group, _), n in zip(pending, counts, strict=True):
+            group["nan_reverted"] = int(group.get("nan_reverted", 0)) + int(n)
+        self._reverted_last = [n if isinstance(n, int) else by_tensor[id(n)] for n in self._reverted_last]
+        if any(counts):
+            self._warn_nan(sum(counts), stacklevel)
+
+    def _warn_nan(self, n: int, stacklevel: int = 4) -> None:
+        self._warn_once(
+            "nan_guard",
+            f"HORST: the NaN guard reverted {n} element(s) whose update was not finite (their "
+            "weights and moments keep the previous step's values); this warning is shown once, the count "
+            "is optimizer.reverted_total (per group: 'nan_reverted'). Check the data, lower the lr or "
+            "clip gradients",
+            stacklevel=stacklevel,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's state dict, after the NaN guard's pending device counts are read into the groups."""
+        self._read_counts()
+        return super().state_dict()
 
     @property
     def fallbacks_total(self) -> int:
@@ -427,17 +689,39 @@ class HORST(Optimizer):
         saved with its state dict."""
         return sum(int(g.get("fallbacks", 0)) for g in self.param_groups)
 
-    def _warn_once(self, key: str, message: str, stacklevel: int = 5) -> None:
+    def _warn_once(
+        self, key: str, message: str, stacklevel: int = 5, category: type[Warning] = RuntimeWarning
+    ) -> None:
         # stacklevel 5: _warn_once <- step <- torch.no_grad's wrapper <- Optimizer's step hook <- the caller
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
+            warnings.warn(message, category, stacklevel=stacklevel)
+
+    def _advance_steps(self, states: list[dict[str, Any]]) -> list[int]:
+        """Add 1 to each step counter (0-dim float32 CPU tensors, as AdamW keeps them) and return the new
+        values, from host copies of the counters: a step reads no counter back. A counter the optimizer has
+        not seen (replaced in the state, e.g. by hand) is read once, all such counters together."""
+        for state in states:
+            if not isinstance(state["step"], Tensor):
+                state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
+        counters = [state["step"] for state in states]
+        if not counters:
+            return []
+        unseen = [c for c in counters if c not in self._host_steps]
+        for c, k in zip(unseen, _read_steps(unseen), strict=True):
+            self._host_steps[c] = k
+        torch._foreach_add_(counters, 1.0)
+        steps = [self._host_steps[c] + 1 for c in counters]
+        for c, k in zip(counters, steps, strict=True):
+            self._host_steps[c] = k
+        return steps
 
     def _init_state(self, p: Tensor) -> dict[str, Any]:
         state = self.state[p]
         if not state:
             moment_dtype = torch.float32 if p.dtype in _LOW_PRECISION else p.dtype
             state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            self._host_steps[state["step"]] = 0
             state["exp_avg"] = torch.zeros_like(p, dtype=moment_dtype, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, dtype=moment_dtype, memory_format=torch.preserve_format)
         return state
@@ -446,28 +730,27 @@ class HORST(Optimizer):
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         """Perform one HORST step on every parameter that has a gradient."""
         loss = evaluate_closure(closure)
-        for group in self.param_groups:  # python numbers only: no device read-back; nothing touched yet
+        for group in self.param_groups:  # python numbers first: no device read-back; nothing touched yet
             check_hyper("HORST", group, tensors=False)
             _check_rounding(group)
-        self.reverted = 0
-        pending: list[tuple[dict[str, Any], Tensor]] = []  # the compiled path's device counts
+        _check_tensor_hypers(self.param_groups)
+        self._reverted_last = []
+        pending: list[tuple[dict[str, Any], Tensor]] = []  # device counts (foreach and compiled paths)
         first = 0  # the flat index of the group's first parameter (as in the state dict): the rounding key's
+        host = 0
         for group in self.param_groups:
-            self.reverted += self._step_group(group, pending, first)
+            host += self._step_group(group, pending, first)
             first += len(group["params"])
-        if pending:  # read back once per step
-            counts = torch.stack([c.cpu() for _, c in pending]).tolist()
-            for (group, _), n in zip(pending, counts, strict=True):
-                group["nan_reverted"] = int(group.get("nan_reverted", 0)) + int(n)
-                self.reverted += int(n)
-        if self.reverted:
-            self._warn_once(
-                "nan_guard",
-                f"HORST: the NaN guard reverted {self.reverted} element(s) whose update was not finite (their "
-                "weights and moments keep the previous step's values); this warning is shown once, the count "
-                "is optimizer.reverted_total (per group: 'nan_reverted'). Check the data, lower the lr or "
-                "clip gradients",
-            )
+        self._reverted_last = [host, *(c for _, c in pending)]
+        self._unread.extend(pending)
+        self._steps_since_read += 1
+        if host:
+            self._warn_nan(host, stacklevel=6)
+        every = self.nan_check_every
+        if self._unread and every is not None and self._steps_since_read >= every:
+            self._read_counts(
+                stacklevel=7
+            )  # the one host read of this step (none when no device count is pending)
         return loss
 
     def _path(self, impl: str, kernel: Any, p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> tuple[str, str]:
@@ -487,7 +770,11 @@ class HORST(Optimizer):
                     f"HORST: impl='compiled' cannot compile for {p.device} here (no Triton / C++ compiler); "
                     "use impl='auto'"
                 )
-        return "foreach", "fused_impl" if impl == "fused" else ""
+        if impl == "fused":
+            return "foreach", "fused_impl"
+        if impl == "auto":
+            return "foreach", _auto_reason(p, m, v, g, kernel)
+        return "foreach", ""
 
     def _step_group(
         self, group: dict[str, Any], pending: list[tuple[dict[str, Any], Tensor]], first: int
@@ -506,7 +793,7 @@ class HORST(Optimizer):
         states = [self._init_state(p) for p in params]
         stochastic, seed = group["stochastic_rounding"], group["sr_seed"]
         unroundable = 0
-        steps = _advance_steps([s["step"] for s in states])
+        steps = self._advance_steps(states)
         for (index, p), state, step in zip(indexed, states, steps, strict=True):
             mirror = p.ndim >= 2 if group["mirror"] is None else bool(group["mirror"])
             key = None
@@ -546,7 +833,9 @@ class HORST(Optimizer):
                     self._record_fallback(group, why, len(lists[0]))
                 if group.get("fused"):
                     self._fell_back(len(lists[0]))
-                reverted += _horst_foreach_(bucket, hp, mirror=mirror, sr_keys=sr_keys)
+                bad = _horst_foreach_(bucket, hp, mirror=mirror, sr_keys=sr_keys)
+                if bad is not None:  # a device count: read with the step's one read, or later
+                    pending.append((group, bad))
         if group.get("fused") and impl == "reference" and params:
             self._fell_back(len(params))
         group["nan_reverted"] = int(group.get("nan_reverted", 0)) + reverted
@@ -555,6 +844,8 @@ class HORST(Optimizer):
     def _record_fallback(self, group: dict[str, Any], why: str, n: int) -> None:
         self.fallbacks[why] = self.fallbacks.get(why, 0) + n
         group["fallbacks"] = int(group.get("fallbacks", 0)) + n
+        reasons = group.setdefault("fallback_reasons", {})
+        reasons[why] = int(reasons.get(why, 0)) + n
         if why == "compile":
             message = (
                 f"HORST: the compiled step could not be used ({self._compile_error}); {n} tensor(s) took the "
@@ -568,13 +859,22 @@ class HORST(Optimizer):
                 "round (only plain tensors and DTensors); they were rounded to nearest at this step. Shown once, "
                 "counted in optimizer.fallbacks['stochastic_rounding'] and optimizer.fallbacks_total"
             )
-        else:
+        elif why == "fused_impl":
             message = (
                 f"HORST: impl='fused', but {n} tensor(s) could take neither the fused CPU kernel (float32 "
                 "contiguous CPU tensors) nor the compiled CUDA step, and took the foreach path. Shown once, "
                 "counted in optimizer.fallbacks['fused_impl'] and optimizer.fallbacks_total"
             )
-        self._warn_once(f"fallback:{why}", message, stacklevel=7)
+        else:
+            reason = FALLBACK_REASONS[why]
+            if why == "kernel_build":
+                reason += f" ({_horst_kernel.build_error or 'no detail'})"
+            message = (
+                f"HORST: impl='auto' stepped {n} tensor(s) with the foreach path: {reason}. "
+                f"Shown once, counted in optimizer.fallbacks[{why!r}] (per group: 'fallback_reasons'); "
+                "optimizer.fallback_messages has a line per reason for a run's log"
+            )
+        self._warn_once(f"fallback:{why}", message, stacklevel=7, category=HorstFallbackWarning)
 
     def _fell_back(self, n: int) -> None:
         self.fused_fallbacks += n
@@ -627,6 +927,23 @@ class HORST(Optimizer):
                 group.setdefault(key, value)
             _check_rounding(group)
             _resolve_seed(group)
+        # torch moves `step` onto the parameter's device when a group has fused=True (as for its own fused
+        # optimizers), and a device counter would be read back at every step: HORST keeps its counters as
+        # float32 CPU scalars, and their values on the host (read here, once)
+        counters = []
+        for group in self.param_groups:
+            group["fallback_reasons"] = dict(group.get("fallback_reasons") or {})
+            for p in group["params"]:
+                state = self.state.get(p)
+                if state and "step" in state:
+                    step = state["step"]
+                    if not isinstance(step, Tensor):
+                        step = torch.tensor(float(step))
+                    state["step"] = step.detach().to("cpu", torch.float32, copy=True)
+                    counters.append(state["step"])
+        for c, k in zip(counters, _read_steps(counters), strict=True):
+            self._host_steps[c] = k
+        self._unread, self._reverted_last, self._steps_since_read = [], [], 0
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
         for saved_id, p in zip(saved_ids, params, strict=True):
@@ -637,4 +954,4 @@ class HORST(Optimizer):
                 self.state[p][key] = saved[key].to(device=p.device, dtype=saved[key].dtype, copy=True)
 
 
-__all__ = ["HORST", "HorstStep", "horst_reference"]
+__all__ = ["FALLBACK_REASONS", "HORST", "HorstFallbackWarning", "HorstStep", "horst_reference"]

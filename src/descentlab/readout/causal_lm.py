@@ -38,14 +38,33 @@ recomputed once in the backward pass), whatever the depth. Without gradients (ev
 every layer reads every token, so what is reported is exact. ``sample_tokens=None`` is the exact readout
 in training too.
 
+Variance. With k of the N targets drawn without replacement and shared by the R layers, write
+d_t = CE_l(t) - (1-α) CE_{l-1}(t) for a drawn target t. Then ĝ_l = mean_t d_t is unbiased for the
+full-batch g_l, with
+
+    Var(ĝ_l) = (1 - k/N) S_d² / k,        S_d² the variance of d over the N targets,
+
+and likewise Var(f̂_l) with CE_l(t) in place of d_t. The readout estimates S_d² by the sample variance of
+the k drawn d_t (unbiased for S_d² under sampling without replacement), so each step carries its own
+standard errors: :meth:`CausalLMReadout.standard_errors` (f̂_l and ĝ_l, for a given α) and
+:meth:`CausalLMReadout.wrong_sign_probability` (the normal approximation of P(sign ĝ_l ≠ sign g_l), with
+ĝ_l in place of g_l), from :attr:`CausalLMReadout.last_estimate`, kept on the device (nothing is read
+unless asked). Sharing the tokens across layers is what makes S_d small: CE_l(t) and CE_{l-1}(t) are
+strongly correlated, so S_d² = S_l² + (1-α)² S_{l-1}² - 2(1-α) Cov is far below the independent-draw sum.
+The ``ratio`` form f_l / f_{l-1} of the constraint divides two such means: the ratio of unbiased means is
+biased, by about (f_l Var(f̂_{l-1}) / f_{l-1}³ - Cov(f̂_l, f̂_{l-1}) / f_{l-1}²) to first order (delta
+method); use the ``difference`` form with a sampled readout, or ``sample_tokens=None``.
+
 The structure (final transform) and the head check run once per model, on a separate forward of one row
 and two positions without gradients, so the first training step's peak memory is that of every later one.
 """
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -84,6 +103,43 @@ def next_token_targets(batch: Batch) -> Tensor:
 # the per-token CE lives in descentlab.losses; these names stay for existing callers
 token_ce = head_token_nll
 chunked_token_ce = chunked_token_nll
+
+
+@dataclass
+class SampledEstimate:
+    """What the last :meth:`CausalLMReadout.compute` read: ``sampled`` (layers 0..L-1 read on k < N drawn
+    targets), ``k``, ``n``, the layers read, and ``per_token``, the detached per-target losses of those
+    layers ``[len(layers), k]`` (on the device; None when nothing was sampled). Layer L is always exact."""
+
+    sampled: bool
+    k: int
+    n: int
+    layers: list[int]
+    per_token: Tensor | None
+
+    def _fpc(self) -> float:
+        return (1.0 - self.k / self.n) / self.k if self.k > 1 else math.nan
+
+    def standard_errors(self, alpha: float | Tensor | None = None) -> dict[str, Tensor]:
+        """Standard errors of the sampled f̂_l (key ``"f"``, one per layer read) and, given ``alpha``, of
+        ĝ_l = f̂_l - (1-α) f̂_{l-1} for the read layers whose predecessor was read too (key ``"g"``, NaN
+        elsewhere), with the finite-population correction (module docs). Zeros when nothing was sampled.
+        Device tensors: nothing is read back."""
+        if self.per_token is None:
+            zeros = torch.zeros(len(self.layers))
+            return {"f": zeros, "g": zeros.clone()}
+        x = self.per_token.float()
+        out = {"f": (x.var(dim=1, unbiased=True) * self._fpc()).sqrt()}
+        if alpha is not None:
+            g = x.new_full((len(self.layers),), float("nan"))
+            a = torch.as_tensor(alpha, dtype=x.dtype, device=x.device).reshape(-1)
+            for j, layer in enumerate(self.layers):
+                if j > 0 and self.layers[j - 1] == layer - 1:
+                    keep = 1 - (a[min(layer - 1, a.numel() - 1)] if a.numel() > 1 else a[0])
+                    d = x[j] - keep * x[j - 1]
+                    g[j] = (d.var(unbiased=True) * self._fpc()).sqrt()
+            out["g"] = g
+        return out
 
 
 class CausalLMReadout(Readout):
@@ -139,6 +195,24 @@ class CausalLMReadout(Readout):
         self.checkpoint = checkpoint
         self.generator = generator
         self.fused = fused
+        #: What the last call read (sampled or exact, k of n, per-target losses of a sample); see
+        #: :meth:`standard_errors`. Logged f/l and g/l of a step where ``last_estimate.sampled`` is True are
+        #: sampled estimates, not full-batch values.
+        self.last_estimate: SampledEstimate | None = None
+
+    def standard_errors(self, alpha: float | Tensor | None = None) -> dict[str, Tensor]:
+        """Standard errors of the last call's sampled f̂_l and ĝ_l (see :class:`SampledEstimate`)."""
+        if self.last_estimate is None:
+            raise ConfigError("standard_errors: the readout has not read a batch yet")
+        return self.last_estimate.standard_errors(alpha)
+
+    def wrong_sign_probability(self, g_hat: Tensor, alpha: float | Tensor) -> Tensor:
+        """P(sign ĝ_l ≠ sign g_l) per read layer, by the normal approximation Φ(-|ĝ_l| / se(ĝ_l)) with the
+        estimate ĝ_l in place of the unknown g_l (``g_hat`` indexed by the layers read, as
+        ``last_estimate.layers``). 0 when nothing was sampled; NaN where ĝ_l has no standard error."""
+        se = self.standard_errors(alpha)["g"].to(g_hat.device)
+        z = g_hat.detach().float().abs() / se
+        return torch.where(se > 0, 0.5 * torch.erfc(z / math.sqrt(2.0)), torch.zeros_like(z))
 
     def supports(self, model: nn.Module) -> bool:
         cls = type(model).__name__
@@ -256,6 +330,7 @@ class CausalLMReadout(Readout):
         num_inner = len(states) - 1
         read = list(range(num_inner)) if self.layers is None else [i for i in self.layers if i < num_inner]
         sample = self._sample(n, len(read), y.device)
+        self._per_token: Tensor | None = None
         linear = model.get_output_embeddings()
         if self.fused and self.chunk_size is not None and ours and type(linear) is nn.Linear:
             last, means = self._fused(model, base, plan, out, states, valid, y, sample, read)
@@ -267,6 +342,8 @@ class CausalLMReadout(Readout):
                 return self._replayed_logits_fn(model, base, tail, out, call_model, head_inputs, plan)
 
             last, means = self._unfused(out, states, valid, y, sample, read, head, plan)
+        k = n if sample is None else int(sample.numel())
+        self.last_estimate = SampledEstimate(sample is not None, k, n, read, self._per_token)
         if not read:
             return torch.cat([last.new_full((num_inner,), float("nan")), last[None]])
         if len(read) == num_inner:
@@ -305,7 +382,10 @@ class CausalLMReadout(Readout):
         ce_inner = chunked_token_ce(
             x_inner, y_inner.repeat(len(read)), head(plan), self.chunk_size, self.checkpoint
         )
-        return ce_last.mean(), ce_inner.view(len(read), -1).mean(1)
+        per_token = ce_inner.view(len(read), -1)
+        if sample is not None:
+            self._per_token = per_token.detach()
+        return ce_last.mean(), per_token.mean(1)
 
     def _fused(
         self,
@@ -361,6 +441,7 @@ class CausalLMReadout(Readout):
                 ce = chunked_token_ce(x, targets, self._logits_fn(model, base, plan), self.chunk_size, False)
             else:
                 ce = linear_cross_entropy(x, linear.weight, targets, reduction="none", **inner, **common)
+            self._per_token = ce.detach().view(len(read), -1)
             return last, ce.view(len(read), -1).mean(1)
         # Every token: one call per layer, rows picked by index, so no [R·N, H] stack is ever made.
         means = [

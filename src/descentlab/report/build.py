@@ -14,6 +14,7 @@ from typing import Any
 
 from descentlab.errors import ConfigError
 from descentlab.io import atomic_write_text
+from descentlab.provenance import describe_code
 from descentlab.report.claims import Claim, claim_notes, claims_table, engine_rows, verdict_tally
 from descentlab.report.figures import plot_curves, plot_layer_loss
 from descentlab.report.tables import (
@@ -82,6 +83,9 @@ def _section(
     banner = preset_banner(preset)
     if banner is not None:
         lines += [banner, ""]
+    code = describe_code(run_dir)  # which commit, and whether the tree was dirty (provenance.json)
+    if code is not None:
+        lines += [code, ""]
     claims = judged_claims(results)
     primary = [c for c in claims if c.role == "primary"]
     if primary:
@@ -165,7 +169,8 @@ def write_report(run_dir: Path | str, *, figures: FigureFunction | None = None) 
     lines = _section(results, run_dir, "#", figures_fn=figures)
     lines += [
         "",
-        "Resolved config: `config.yaml`. Raw numbers: `results.json`. Training log: `metrics.jsonl`.",
+        "Resolved config: `config.yaml`. Raw numbers: `results.json`. Training log: `metrics.jsonl`. "
+        "Provenance (commit, packages, hardware, argv): `provenance.json`.",
         "",
     ]
     path = run_dir / "report.md"

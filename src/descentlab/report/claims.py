@@ -7,7 +7,19 @@ A claim is judged in one way everywhere:
   replication;
 * the verdict follows the claim's kind (:func:`~descentlab.report.stats.claim_tests`): directional with a
   smallest effect of interest, sized, parity by equivalence, or untestable here with a reason;
-* a one-seed design gets ``one seed: training variance not measured``, never a bare verdict;
+* the verdicts are exclusive and monotone (:func:`~descentlab.report.stats.outcome`): *reproduced*,
+  *refuted*, *negligible* (a directional claim whose interval lies wholly between 0 and its smallest effect
+  of interest: the direction holds, the size is below interest) and *inconclusive*; widening an interval
+  (Holm, a higher level) never turns one into its opposite;
+* a one-seed design gets ``one seed: a smoke run, not judged``, never a bare verdict;
+* a zero-width interval (every seed gave the same difference) reads ``degenerate: identical seeds`` and is
+  not judged: it carries no evidence of variance, only of its absence;
+* a non-finite cell is a result, not a hole: the row says ``diverged on k of S seeds`` and the diverged
+  cells count against the arm that diverged (each takes the worst finite value of the row on the claim's
+  side, so a diverged run is at least as bad as the worst run that finished);
+* an exploratory row (a claim outside the paper's stated scope, with the quote of why) is judged, labelled
+  exploratory and never reads as a refutation of the paper; like a control it is outside Holm;
+* an inconclusive row says how many seeds a run like it would need to detect its declared effect;
 * a claim whose arrays the run did not save gets ``pending re-run``;
 * a claim none of whose arms the run trained (a companion run of a few arms, say) gets ``not in this run``:
   nothing is missing, and another run of the study judges it. A cell function says so by yielding nothing,
@@ -33,17 +45,37 @@ from descentlab.report.stats import (
     holm,
     outcome,
     paired_interval,
+    seeds_needed,
 )
 
-ONE_SEED = "one seed: training variance not measured"
+ONE_SEED = "one seed: a smoke run, not judged"
+DEGENERATE = "degenerate: identical seeds"
 PENDING = "pending re-run"
 NOT_IN_RUN = "not in this run"
 NOT_IN_RUN_REASON = (
     "the run trained none of the arms it compares; a run of the study with those arms judges it"
 )
 UNTESTABLE = "untestable here"
-ROLE_ORDER = ("primary", "secondary", "control")
-VERDICTS = ("reproduced", "refuted", "inconclusive", UNTESTABLE, ONE_SEED, PENDING, NOT_IN_RUN)
+ROLE_ORDER = ("primary", "secondary", "control", "exploratory")
+#: What an exploratory row's verdict reads: the engine's outcome in words that do not judge the paper.
+EXPLORATORY_WORDS = {
+    "reproduced": "exploratory: holds here",
+    "refuted": "exploratory: does not hold here",
+    "negligible": "exploratory: direction holds, size negligible",
+    "inconclusive": "exploratory: inconclusive",
+}
+VERDICTS = (
+    "reproduced",
+    "refuted",
+    "negligible",
+    "inconclusive",
+    UNTESTABLE,
+    ONE_SEED,
+    DEGENERATE,
+    PENDING,
+    NOT_IN_RUN,
+    *EXPLORATORY_WORDS.values(),
+)
 
 
 class MissingArrays(KeyError):
@@ -107,6 +139,10 @@ class ClaimSpec:
         primary: the study's one primary endpoint.
         control: a positive control or a simple baseline: it checks that the run can see an effect, it is
             not a claim of the paper, so it is judged unadjusted and outside the secondary rows' Holm family.
+        exploratory: for a row outside the paper's stated scope, why (quote the paper's scope, e.g. "the
+            paper states Theorem 4.7 for finite p >= 2 and leaves the L∞ limit open"). It is judged
+            unadjusted, outside Holm, and its verdict reads as evidence on an open question, never as a
+            refutation of the paper.
     """
 
     name: str
@@ -123,6 +159,7 @@ class ClaimSpec:
     source: str | None = None
     primary: bool = False
     control: bool = False
+    exploratory: str | None = None
 
     def __post_init__(self) -> None:
         needs = {"directional": "sesoi", "sized": "size", "parity": "margin", "untestable": "reason"}
@@ -137,10 +174,19 @@ class ClaimSpec:
             raise ValueError(f"claim {self.name!r}: a primary endpoint must be testable")
         if self.primary and self.control:
             raise ValueError(f"claim {self.name!r}: a control cannot be the primary endpoint")
+        if self.exploratory is not None and (self.primary or self.control or not self.exploratory.strip()):
+            raise ValueError(
+                f"claim {self.name!r}: an exploratory row needs its reason (the paper's scope it lies outside) "
+                "and cannot be the primary endpoint or a control"
+            )
 
     @property
     def role(self) -> str:
-        return "primary" if self.primary else "control" if self.control else "secondary"
+        if self.primary:
+            return "primary"
+        if self.control:
+            return "control"
+        return "exploratory" if self.exploratory is not None else "secondary"
 
     @property
     def threshold(self) -> float | None:
@@ -154,7 +200,7 @@ class Claim:
 
     name: str
     description: str
-    role: str  # "primary" | "secondary" | "control"
+    role: str  # "primary" | "secondary" | "control" | "exploratory"
     kind: str
     direction: str
     threshold: float | None
@@ -176,6 +222,8 @@ class Claim:
     b_mean: float | None = None
     p_reproduce: float | None = None
     p_refute: float | None = None
+    seeds_needed: int | None = None
+    diverged: dict[str, int] | None = None
     paper: str | None = None
     source: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -259,36 +307,97 @@ def judge_cells(spec: ClaimSpec, cells: Cells, *, level: float = 0.95) -> tuple[
     """One row of ``spec`` on one comparison, with its tests (None when no verdict can be drawn)."""
     row = _row(spec, cells, "", "")
     a, b = np.asarray(cells.a, dtype=np.float64), np.asarray(cells.b, dtype=np.float64)
+    untestable = spec.reason if spec.kind == "untestable" else cells.untestable
+    diverged_note = ""
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        counted = count_divergence_against(a, b, spec.direction)
+        if counted is None:
+            row.verdict = UNTESTABLE
+            row.reason = "both arms diverged in every cell (no finite value to compare); nothing to judge"
+            return row, None
+        a, b, row.diverged = counted[0], counted[1], {cells.method: counted[2], cells.reference: counted[3]}
+        seeds = a.shape[0]
+        diverged_note = (
+            "; ".join(f"{arm} diverged on {k} of {seeds} seeds" for arm, k in row.diverged.items() if k)
+            + " (each diverged cell counted as the row's worst finite value)"
+        )
     if a.shape[:1] == (1,) and a.size == 1:  # one seed, one number: nothing to form an interval from
         row.estimate, row.seeds, row.examples = float(a.item() - b.item()), 1, 1
         row.a_mean, row.b_mean = float(a.item()), float(b.item())
-        untestable = spec.reason if spec.kind == "untestable" else cells.untestable
         row.verdict = UNTESTABLE if untestable else ONE_SEED
         row.reason = (
             f"{untestable}; one seed, one value" if untestable else "one seed, one value: no interval"
         )
         return row, None
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):
-        row.verdict, row.reason = UNTESTABLE, "a cell value is not finite (a run diverged); nothing to judge"
-        return row, None
     iv = paired_interval(a, b, level=level)
     row.estimate, row.low, row.high, row.level = iv.mean, iv.low, iv.high, level
     row.min_detectable_effect, row.seeds, row.examples = iv.min_detectable_effect(), iv.seeds, iv.examples
     row.a_mean, row.b_mean = float(a.mean()), float(b.mean())
-    text = _interval_text(iv)
-    if spec.kind == "untestable" or cells.untestable is not None:
-        row.verdict, row.reason = UNTESTABLE, f"{spec.reason or cells.untestable}; {text}"
+    text = _interval_text(iv) + (f"; {diverged_note}" if diverged_note else "")
+    if untestable is not None:
+        row.verdict, row.reason = UNTESTABLE, f"{untestable}; {text}"
         return row, None
     if iv.one_seed:
-        row.verdict, row.reason = ONE_SEED, f"{text}: the interval counts examples only"
+        row.verdict = ONE_SEED
+        row.reason = f"{text}: training variance not measured, the interval counts examples only"
+        return row, None
+    if iv.se == 0.0:
+        row.verdict = DEGENERATE
+        row.reason = f"{text}: every seed gave the same difference, a zero-width interval is not evidence"
         return row, None
     tests = claim_tests(
         iv, spec.kind, direction=spec.direction, sesoi=spec.sesoi, size=spec.size, margin=spec.margin
     )
     row.p_reproduce, row.p_refute = tests.p_reproduce, tests.p_refute
-    row.verdict = outcome(tests, 1 - level)
-    row.reason = f"{text}; {_rule_text(spec, row.verdict)}"
+    verdict = outcome(tests, 1 - level)
+    if verdict == "inconclusive":
+        row.seeds_needed = _seeds_to_decide(spec, iv)
+    row.verdict = EXPLORATORY_WORDS[verdict] if spec.exploratory is not None else verdict
+    scope = f"{spec.exploratory}; here: " if spec.exploratory is not None else ""
+    row.reason = f"{scope}{text}; {_rule_text(spec, verdict)}{_needed_text(row)}"
     return row, tests
+
+
+def count_divergence_against(
+    a: np.ndarray, b: np.ndarray, direction: str
+) -> tuple[np.ndarray, np.ndarray, int, int] | None:
+    """Count non-finite cells against the arm that produced them: each becomes the worst finite value of
+    the row (the minimum when higher is better, ``direction="greater"``; the maximum when lower is better),
+    so a diverged run scores at least as badly as the worst run that finished. Parity rows take their
+    declared direction as the better side.
+
+    Returns the filled ``a``, ``b`` and the number of seeds (first axis) on which each arm had a non-finite
+    cell, or None when no cell of either arm is finite.
+    """
+    finite_a, finite_b = np.isfinite(a), np.isfinite(b)
+    pool = np.concatenate([a[finite_a].ravel(), b[finite_b].ravel()])
+    if pool.size == 0:
+        return None
+    worst = pool.min() if direction == "greater" else pool.max()
+    seeds_a = int((~finite_a).reshape(a.shape[0], -1).any(axis=1).sum()) if a.ndim else int(not finite_a)
+    seeds_b = int((~finite_b).reshape(b.shape[0], -1).any(axis=1).sum()) if b.ndim else int(not finite_b)
+    return np.where(finite_a, a, worst), np.where(finite_b, b, worst), seeds_a, seeds_b
+
+
+def _seeds_to_decide(spec: ClaimSpec, iv: PairedInterval) -> int | None:
+    """Seeds for an inconclusive row: where its MDE reaches the declared effect (the SESOI or the parity
+    margin), or, for a sized claim, the gap between the estimate and the claimed size."""
+    if spec.kind == "sized":
+        assert spec.size is not None
+        effect = abs(abs(iv.mean) - spec.size)
+    else:
+        effect = spec.threshold or 0.0
+    return seeds_needed(iv, effect)
+
+
+def _needed_text(row: Claim) -> str:
+    if not row.verdict.endswith("inconclusive"):
+        return ""
+    if row.seeds_needed is None:
+        return "; no number of seeds decides it at these examples (the example piece alone is too wide)"
+    return (
+        f"; about {row.seeds_needed} seeds would decide it at 80 % power (plug-in, from this run's variance)"
+    )
 
 
 def _rule_text(spec: ClaimSpec, verdict: str) -> str:
@@ -299,6 +408,8 @@ def _rule_text(spec: ClaimSpec, verdict: str) -> str:
         goal = f"|a − b| >= {spec.size:g} on the {spec.direction} side"
     else:
         goal = f"|a − b| <= {spec.margin:g} (90 % CI, TOST)"
+    if verdict == "negligible":
+        return f"negligible for {goal}: the direction holds, every effect of interest is excluded"
     return f"{verdict} for {goal}"
 
 
@@ -353,31 +464,47 @@ def _fmt(x: float | None, spec: str = "+.4f") -> str:
     return "" if x is None else format(x, spec)
 
 
+def verdict_details(c: Claim) -> str:
+    """What a row's quoted verdict leaves out: the unadjusted verdict of a secondary row that Holm changed,
+    the divergence count, and the seeds an inconclusive row would need."""
+    parts = []
+    if c.role == "secondary" and c.holm_verdict is not None and c.holm_verdict != c.verdict:
+        parts.append(f"unadjusted: {c.verdict}")
+    if c.diverged:
+        seeds = c.seeds or 0
+        parts += [f"{arm} diverged on {k} of {seeds} seeds" for arm, k in c.diverged.items() if k]
+    if c.label.endswith("inconclusive") or c.verdict.endswith("inconclusive"):
+        if c.seeds_needed is not None:
+            parts.append(f"≈ {c.seeds_needed} seeds to decide")
+        elif c.estimate is not None and c.low is not None:
+            parts.append("more seeds alone do not decide it")
+    return "; ".join(parts)
+
+
 def claims_table(claims: Sequence[Claim]) -> dict[str, Any]:
-    """One table of every row, the primary first: ``{"title", "columns", "rows"}``."""
+    """One table of every row, the primary first: ``{"title", "columns", "rows"}``. Each row shows one verdict
+    to quote (:attr:`Claim.label`: Holm-adjusted for a secondary row); the other goes in the details."""
     ordered = sorted(claims, key=lambda c: ROLE_ORDER.index(c.role))
     rows = [
         [
-            f"**{c.name}** (primary)"
-            if c.role == "primary"
-            else c.name + (" (control)" if c.role == "control" else ""),
+            f"**{c.name}** (primary)" if c.role == "primary" else c.name + _role_tag(c.role),
             c.at,
             f"{c.method} − {c.reference}" if c.reference else c.method,
             f"{c.kind}"
             + (f" {c.direction}" if c.kind in ("directional", "sized") else "")
             + (f" {c.threshold:g}" if c.threshold is not None else ""),
-            "" if c.estimate is None else f"{c.estimate:+.4f} [{c.low:+.4f}, {c.high:+.4f}]",
+            "" if c.estimate is None or c.low is None else f"{c.estimate:+.4f} [{c.low:+.4f}, {c.high:+.4f}]",
             _fmt(c.min_detectable_effect, ".3g"),
             "" if c.seeds is None else str(c.seeds),
-            c.verdict,
-            c.holm_verdict or "",
+            c.label,
+            verdict_details(c),
             c.paper or "",
         ]
         for c in ordered
     ]
     return {
-        "title": "Claims: a − b with its 95 % seed-level interval; the primary endpoint first, secondary rows "
-        "also Holm-adjusted within the study",
+        "title": "Claims: a − b with its 95 % seed-level interval; the primary endpoint first; the verdict to "
+        "quote is Holm-adjusted within the study for secondary rows",
         "columns": [
             "claim",
             "at",
@@ -387,11 +514,15 @@ def claims_table(claims: Sequence[Claim]) -> dict[str, Any]:
             "MDE",
             "seeds",
             "verdict",
-            "Holm (secondary)",
+            "details",
             "paper",
         ],
         "rows": rows,
     }
+
+
+def _role_tag(role: str) -> str:
+    return {"control": " (control)", "exploratory": " (exploratory)"}.get(role, "")
 
 
 def claim_notes(claims: Sequence[Claim]) -> list[str]:

@@ -200,6 +200,7 @@ class ACDC:
         self.nm = tuple(nm)
         self.tensors = select_prunable(model, select)
         self.phases = self.schedule.phases(total_steps)
+        _check_ends_sparse(self.phases, self.schedule)
         self._starts = [p.start for p in self.phases]
         self.step_count = 0
         self._phase_index = self._index_at(0)
@@ -343,6 +344,35 @@ class ACDC:
             f"ACDC(sparsity={self.sparsity:g}, scope={self.scope!r}, phase={p.kind!r} [{p.start}, {p.end}), "
             f"step={self.step_count}/{self.phases[-1].end}, masked={masked}/{len(self.tensors)} tensors)"
         )
+
+
+def _ends_compressed(schedule: ACDCSchedule, total_steps: int) -> bool:
+    try:
+        return schedule.phases(total_steps)[-1].kind == "compressed"
+    except ConfigError:  # lengths that do not fit this run
+        return False
+
+
+def _check_ends_sparse(phases: list[Phase], schedule: ACDCSchedule, search_up_to: int = 10_000) -> None:
+    """Refuse a schedule whose last phase is not compressed: the run would end dense, every mask lifted.
+
+    That happens when the run is too short for the lengths to round to a final phase (``total_steps=2``
+    of the reference schedule: compressed [0, 1), decompressed [1, 2)), or when ``final=0``. The message
+    names the smallest ``total_steps`` that ends compressed with this schedule, when one exists.
+    """
+    last = phases[-1]
+    if last.kind == "compressed":
+        return
+    total = last.end
+    fix = "give it a final compressed phase: ACDCSchedule(final=...) of at least 1 step"
+    if schedule.total is None:
+        minimum = next((t for t in range(total + 1, search_up_to) if _ends_compressed(schedule, t)), None)
+        if minimum is not None:
+            fix = f"AC/DC needs total_steps >= {minimum} with this schedule (or {fix})"
+    raise ConfigError(
+        f"this AC/DC schedule over {total} steps ends in a {last.kind} phase [{last.start}, {last.end}): the "
+        f"run would end dense, no weight masked; {fix}"
+    )
 
 
 def _states_of(optimizer: Any, param: torch.Tensor) -> list[dict]:

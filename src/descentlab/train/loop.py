@@ -27,6 +27,7 @@ from torch.utils.data import default_collate
 from tqdm.auto import tqdm
 
 from descentlab.errors import ConfigError, DataError, NumericalError
+from descentlab.logs import CurveWriter
 from descentlab.sparsity.sharded import is_sharded
 from descentlab.train.checkpoint import load_latest, save_checkpoint, set_rng_state
 from descentlab.train.jobs import progress_allowed
@@ -324,6 +325,23 @@ class _MicroBatchSource:
         self._ahead = self._loader = None  # the last references: the iterator shuts its workers down
 
 
+def _curve_writer(run: RunDir | None, tag: str, main: bool) -> contextlib.AbstractContextManager[Any]:
+    """The job's :class:`~descentlab.logs.CurveWriter` when its run directory asks for curves (rank 0)."""
+    if run is None or not getattr(run, "curves", False) or not main or not run.writer:
+        return contextlib.nullcontext()
+    return CurveWriter(run.path, tag)
+
+
+def _learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """``lr`` (one param group) or ``lr/<i>`` per group; a tensor lr is read here, at a log step only."""
+    groups = optimizer.param_groups
+    rates = {}
+    for i, group in enumerate(groups):
+        if "lr" in group:
+            rates["lr" if len(groups) == 1 else f"lr/{i}"] = float(group["lr"])
+    return rates
+
+
 def _accelerator(mixed_precision: str) -> Any:
     """An Accelerator with this run's precision.
 
@@ -367,7 +385,10 @@ def fit(
     uses them to drop a skipped step's ĝ. With a ``run`` directory, checkpoints go to
     ``run.checkpoint_dir(tag)`` every ``cfg.checkpoint_every`` steps, at the end, and when SIGTERM/SIGINT
     arrives (then :class:`TrainingInterrupted` is raised); with ``resume`` the newest good checkpoint there
-    is loaded first.
+    is loaded first. When ``run.curves`` is set (the experiment runner sets it; a library ``RunDir`` has
+    it off), every log step is also written as curves: ``metrics.csv`` and TensorBoard events under
+    ``tensorboard/<tag>/`` (:class:`~descentlab.logs.CurveWriter`), with ``skipped`` and each param
+    group's ``lr`` beside the objective's logs.
     """
     n = len(train_data)
     if n == 0:
@@ -440,7 +461,12 @@ def fit(
         leave=False,
     )
     source = _MicroBatchSource(train_data, collate, cfg, rank, world, accelerator.device.type == "cuda")
-    with _SignalGuard() as guard, _plain_forward_after(accelerator, model), source:
+    with (
+        _SignalGuard() as guard,
+        _plain_forward_after(accelerator, model),
+        source,
+        _curve_writer(run, tag, accelerator.is_main_process) as curves,
+    ):
         while step < total:
             epoch, start = divmod(step, steps_per_epoch)
             batches = list(
@@ -511,6 +537,8 @@ def fit(
                     and (step % cfg.log_every == 0 or step == total)
                 ):
                     run.log(step=step, tag=tag, skipped=skipped, **last)
+                    if curves is not None:  # the values run.log just read: no further device read
+                        curves.write(step, {**last, "skipped": skipped, **_learning_rates(raw_optimizer)})
                 for callback in callbacks:
                     callback(step, model, last)
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:

@@ -117,11 +117,15 @@ def discard_untrained(path: Path | str) -> bool:
 class RunDir:
     """One run's folder: config, ``metrics.jsonl``, checkpoints, ``results.json``, ``report.md``, figures."""
 
-    def __init__(self, path: Path, writer: bool = True) -> None:
+    def __init__(self, path: Path, writer: bool = True, curves: bool = False) -> None:
         self.path = Path(path)
         # False on the ranks > 0 of a torchrun / accelerate launch: they share rank 0's folder and their
         # writes are dropped, so one run leaves one metrics.jsonl, one results.json, one set of figures.
         self.writer = writer
+        # True: ``fit`` also writes its log steps as curves (metrics.csv, TensorBoard events under
+        # tensorboard/, see descentlab.logs.CurveWriter). Off for a library user's own RunDir, who may
+        # log elsewhere; the experiment runner (``descentlab run``) turns it on.
+        self.curves = curves
 
     @classmethod
     def create(cls, root: Path | str, name: str) -> RunDir:

@@ -1,16 +1,17 @@
 """implicit-bias's config: the three synthetic problems, Theorem 4.7's own run, the heterogeneous-scale
-study and the presets. The primary endpoint is declared in ``claims.py`` (``theorem-sign-mirror``)."""
+study and the presets. The primary endpoint is declared in ``claims.py`` (``theorem-lp4-mirror``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from descentlab.errors import ConfigError
-from descentlab.experiments.implicit_bias.vector_fit import GEOMETRIES
+from descentlab.experiments.implicit_bias.vector_fit import GEOMETRIES, LP_GEOMETRIES
 
 METHODS = GEOMETRIES
 SCALE_METHODS = ("adam", "horst", "ham", "ngd+mirror_after", "sign+mirror_after")
-THEOREM_METHODS = ("ngd+mirror_after", "sign+mirror_after")
+# Theorem 4.7's objects in order of p: 2, 3, 4, 8 (the paper's finite p >= 2), then inf (outside its scope)
+THEOREM_METHODS = ("ngd+mirror_after", *LP_GEOMETRIES, "sign+mirror_after")
 
 
 @dataclass
@@ -32,7 +33,8 @@ class ProblemConfig:
 class TheoremConfig:
     """Theorem 4.7's own objects on the classification problem (``classification``'s n, d, support, one
     draw per evaluation seed): L_p steepest descent composed with the hyperbolic mirror step (M∘S, strength
-    ``alpha``, clamp 5), with normalised GD (p = 2) and sign descent (p = ∞), at the decaying step
+    ``alpha``, clamp 5) at p = 2 (normalised GD), 3, 4, 8 (``lp<p>+mirror_after``: the step of L_p length
+    lr_k along argmax_{||d||_p <= 1} <g, d>) and p = ∞ (sign descent), at the decaying step
     ``lr_k = lr / sqrt(k)`` for ``steps`` steps. The normalised L1 margin over the optimum is recorded at
     ``points`` log-spaced steps.
 
@@ -125,11 +127,20 @@ PRESETS = {
     "quick": {"seeds": [0], "regression.steps": 8000, "classification.steps": 5000, "scales.steps": 5000,
               "scales.decades": [0.0, 2.0, 4.0], "scales.validation_seeds": [100], "theorem.steps": 20000},
     # 20 evaluation seeds (HORST against HAM on equal scales needs >= 20; Theorem 4.7's run >= 10), validation
-    # seeds 100-101 apart; about 20-25 min on 2 cores (the 5-seed run of the same problems took 4 min 18 s;
-    # a theorem run of 10^5 steps takes about 10 s per (method, seed)).
-    # Declared before the run: the primary endpoint is claims.py's theorem-sign-mirror (sized: the ratio of
-    # sign descent + mirror's L1 margin to the LP optimum is >= 0.9 after 10^5 decaying steps). Pilot on
-    # seeds 200-203 (this preset, `seeds=[200,201,202,203]`, never evaluation seeds): 0.693 [0.601, 0.785],
-    # per-seed sd 0.058, so the seed-level MDE at 20 seeds is about 0.038 (0.12 at 4).
+    # seeds 100-101 apart. Wall time: the last full run (theorem objects p = 2 and inf only) took 28 min 25 s
+    # on the shared 2 cores; the three finite-p objects add 60 (method, seed) runs of 10^5 steps, 8-13 s
+    # each in the pilot (as costly as ngd+mirror_after's), so about 40 min (37-45 with the load).
+    # Declared before the run: the primary endpoint is claims.py's theorem-lp4-mirror (sized: the ratio of
+    # L4 steepest descent + mirror's L1 margin to the LP optimum is >= 0.9 after 10^5 decaying steps; the
+    # paper states Theorem 4.7 for finite p >= 2, p = inf is an exploratory row). Pilot (the `pilot` preset
+    # below, seeds 204-207): p = 4 ratio 0.939 [0.906, 0.973], per-seed sd s = 0.021, its 80 % upper bound
+    # s_U = s sqrt(3 / chi2_{0.2, 3}) = 0.036, so the seed-level MDE at 20 seeds is
+    # (t_{0.975,19} + t_{0.8,19}) s_U / sqrt(20) = 0.024 (claims.pilot_sizing), below the pilot's 0.039
+    # distance to tau.
     "full": {"seeds": list(range(20)), "regression.steps": 30000, "classification.steps": 20000},
+    # The sizing pilot of Theorem 4.7's objects alone (the full preset's theorem run: 10^5 decaying steps,
+    # every p) on seeds 204-207, never evaluation (0-19) or validation (100-101) seeds and not the earlier
+    # pilot's 200-203; no main problem, no scale study. claims.py's pilot_sizing turns its p = 4 ratios into
+    # the MDE.
+    "pilot": {"seeds": [204, 205, 206, 207], "methods": [], "scales.methods": []},
 }  # fmt: skip

@@ -5,8 +5,10 @@ The geometries of the implicit-bias study, each a real optimizer of
 linf, coordinate, adam, normalised GD), the hyperbolic mirror map composed with them in either order, exact
 hyperbolic mirror descent (``dual``), and HORST / HAM built from an
 :class:`~descentlab.optim.config.OptimizerConfig` over the raw tensor (mirror step on it, no weight decay,
-HAM's beta = 0). ``train`` steps the vector with ``w.grad`` set by a gradient function, so a run costs one
-closed-form gradient and one optimizer step per iteration.
+HAM's beta = 0). Theorem 4.7's finite-p objects ``lp<p>+mirror_after`` (:data:`LP_GEOMETRIES`) are L_p
+steepest descent (:func:`~descentlab.optim.compose.lp_update`) composed with the same mirror step
+(:class:`LpMirrorAfter`). ``train`` steps the vector with ``w.grad`` set by a gradient function, so a run
+costs one closed-form gradient and one optimizer step per iteration.
 """
 
 from __future__ import annotations
@@ -17,20 +19,61 @@ import torch
 from torch import Tensor
 
 from descentlab.errors import NumericalError
-from descentlab.optim.compose import HyperbolicMirror, compose
+from descentlab.optim.compose import HyperbolicMirror, compose, composed_step, lp_update
 from descentlab.optim.config import OptimizerConfig, build_optimizer
+from descentlab.optim.functional import evaluate_closure
 
 GEOMETRIES = (
     "gd", "sign", "coordinate", "adam", "hyperbolic_md", "horst", "ham", "ngd+mirror_after",
     "sign+mirror_after", "gd+mirror_before", "sign+mirror_before", "adam+mirror_before",
 )  # fmt: skip
+# Theorem 4.7's objects at finite p > 2: L_p steepest descent, then the mirror step (name -> p). The
+# decaying-step theorem run uses them beside ngd+mirror_after (p = 2) and sign+mirror_after (p = inf).
+LP_GEOMETRIES = {"lp3+mirror_after": 3.0, "lp4+mirror_after": 4.0, "lp8+mirror_after": 8.0}
+
+
+class LpMirrorAfter(torch.optim.Optimizer):
+    r"""M∘S with S = L_p steepest descent, per tensor w with gradient g:
+
+    .. math::
+
+        u = \eta\, d_p(g), \quad d_i = \operatorname{sign}(g_i) |g_i|^{q-1} / \|g\|_q^{q-1}, \quad
+        q = p/(p-1); \qquad
+        w \leftarrow (w - u) \odot \exp(\operatorname{clamp}_{\pm c}(-\alpha \operatorname{sign}(w - u) \odot u
+        - \eta \beta))
+
+    (``dual_scaled``: u = eta ||g||_q d_p(g)); alpha, beta and the clamp c are ``mirror``'s. The step is
+    :func:`~descentlab.optim.compose.composed_step` with order ``mirror_after``, the function
+    :class:`~descentlab.optim.compose.Composed` calls for ``ngd+mirror_after`` and ``sign+mirror_after``, with
+    the mirror step on every tensor and no weight decay, so p = 2 is ``ngd+mirror_after`` and p = inf is
+    ``sign+mirror_after``. ``Composed`` names its operators by string with no parameter; this class carries p.
+    """
+
+    def __init__(
+        self, params, *, lr: float, p: float, mirror: HyperbolicMirror, dual_scaled: bool = False
+    ) -> None:
+        super().__init__(params, {"lr": lr, "p": p, "dual_scaled": dual_scaled})
+        self.mirror = mirror
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        loss = evaluate_closure(closure)
+        for group in self.param_groups:
+            lr = group["lr"]
+            for w in group["params"]:
+                if w.grad is None:
+                    continue
+                u = lp_update(w.grad, lr, group["p"], dual_scaled=group["dual_scaled"])
+                w.copy_(composed_step(w, u, self.mirror, "mirror_after", lr=lr, weight_decay=0.0))
+        return loss
 
 
 def make_geometry(
     name: str, w: Tensor, lr: float, *, regression: bool, horst_alpha: float, ham_alpha: float, gamma: float
 ) -> torch.optim.Optimizer:
     """The optimizer called ``name`` over ``w``; in regression "sign" is L_inf steepest descent scaled by
-    ||g||_1 (plain sign steps never settle on an interpolant).
+    ||g||_1 (plain sign steps never settle on an interpolant), and ``lp<p>`` likewise L_p steepest descent
+    scaled by ||g||_q (:data:`LP_GEOMETRIES`).
 
     ``horst_alpha`` drives HORST and the mirror_after compositions (clamp 5), ``ham_alpha`` HAM, ``gamma``
     the width of the hyperbolic potential of mirror_before and dual (their alpha is 1).
@@ -53,6 +96,10 @@ def make_geometry(
         ),
         "ngd+mirror_after": lambda: compose([w], "normalized_gd", after, lr=lr, mirror_tensors=True),
         "sign+mirror_after": lambda: compose([w], sign, after, lr=lr, mirror_tensors=True),
+        **{
+            lp: lambda p=p: LpMirrorAfter([w], lr=lr, p=p, mirror=after, dual_scaled=regression)
+            for lp, p in LP_GEOMETRIES.items()
+        },
         "sign+mirror_before": lambda: compose([w], sign, before, "mirror_before", lr=lr, mirror_tensors=True),
         "adam+mirror_before": lambda: compose(
             [w], "adam", before, "mirror_before", lr=lr, mirror_tensors=True
@@ -109,4 +156,12 @@ def log_grid(steps: int, points: int) -> list[int]:
     return sorted({max(1, round(steps ** (i / (points - 1)))) for i in range(points)})
 
 
-__all__ = ["GEOMETRIES", "log_grid", "make_geometry", "regression_lr", "train"]
+__all__ = [
+    "GEOMETRIES",
+    "LP_GEOMETRIES",
+    "LpMirrorAfter",
+    "log_grid",
+    "make_geometry",
+    "regression_lr",
+    "train",
+]

@@ -3,7 +3,7 @@ head to head under embedding noise?
 
 The paper fine-tuned Llama 3.1 8B with and without the layer-wise descent constraints and judged the two
 head to head on AlpacaEval: a 50 % win rate of the constrained model at γ = 0 and 69.93 % at γ = 1.5 (its
-abstract and its LLM fine-tuning experiment). Its noise formula is not public.
+LLM fine-tuning results). Its noise formula is not public.
 
 Cells. The run saves ``arrays/claims.npz``:
 
@@ -96,7 +96,7 @@ PAPER_REASON = (
 )
 
 WIN_METRIC = "head-to-head win rate against ERM − 1/2 (likelihood judge, ties 1/2)"
-SOURCE = "abstract; LLM fine-tuning experiment (Llama 3.1 8B, AlpacaEval, head to head)"
+SOURCE = "experimental results, LLM fine-tuning (Llama 3.1 8B, AlpacaEval, head to head)"
 
 
 def win_key(method: str, condition: str) -> str:

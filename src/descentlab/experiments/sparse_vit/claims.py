@@ -14,7 +14,7 @@ Cells (``arrays/claims.npz``, written by the run):
 
 A run whose prunable set is the block Linears (the ``full-paper-like`` preset, tuned in that setting) is
 the paper-like arm itself: its cells at ``paper_like_sparsity`` judge ``paper-like``, every other row names
-the set, and the primary endpoint (every Linear/Conv prunable) has no comparison in it.
+the set, and the primary endpoint (every Linear/Conv prunable) is not in it, the reason naming both sets.
 
 A difference of accuracies is ``mean(c_a − c_b)`` over the cells; its interval is the seed-level one of the
 engine (:func:`~descentlab.report.stats.paired_interval`). Accuracies are fractions: 0.01 is one point.
@@ -109,6 +109,10 @@ def _level(arrays: Arrays, name: str) -> float:
     return float(arrays[name])
 
 
+# the prunable sets in words (``acdc.prune``), for the reason a claim's set is not the run's
+_SETS = {"all": "every Linear/Conv weight", "blocks": "the block Linears only"}
+
+
 def _prunable(arrays: Arrays) -> str:
     """The run's prunable set: ``all`` (every Linear/Conv weight) or ``blocks`` (the block Linears)."""
     return str(arrays["prune"]) if "prune" in arrays else "all"
@@ -121,9 +125,13 @@ def _pct(arrays: Arrays, p: float) -> str:
 
 
 def horst_adamw(arrays: Arrays) -> Iterator[Cells]:
-    """HORST against AdamW at the claim sparsity, every Linear/Conv prunable (none in a block-Linear run)."""
-    if _prunable(arrays) != "all":
-        return
+    """HORST against AdamW at the claim sparsity, every Linear/Conv prunable; a run over another prunable
+    set trained the right arms on the wrong weights, so it is not in this run, naming both sets."""
+    if (prune := _prunable(arrays)) != "all":
+        raise NotInRun(
+            f"the run's prunable set is {_SETS.get(prune, prune)} (acdc.prune={prune}); the primary compares "
+            f"AC/DC over {_SETS['all']} (acdc.prune=all)"
+        )
     at = _level(arrays, "claim_sparsity")
     a, b = arrays[key("correct", "horst", at)], arrays[key("correct", "adamw", at)]
     yield Cells(a, b, "horst", "adamw", _pct(arrays, at))
@@ -223,8 +231,8 @@ CLAIMS: list[ClaimSpec] = [
     ),
     ClaimSpec(
         name="paper-like",
-        description="in the paper's setting (AC/DC over the block Linears at 90 %), HORST is more accurate "
-        "than AdamW",
+        description="in a paper-like setting (AC/DC over the block Linears at the paper's 90 %), HORST is "
+        "more accurate than AdamW",
         cells=paper_like,
         metric="test accuracy (fraction)",
         direction="greater",

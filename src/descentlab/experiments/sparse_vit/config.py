@@ -220,14 +220,15 @@ PRESETS = {
         "workers": 1,
     },
     "full": FULL,
-    # The paper-like arm as its own run: AC/DC over the block Linears only (the set the paper prunes) at
-    # 90 %, everything else as in ``full``, AdamW, HORST and HAM each tuned in this setting (4 candidates on
-    # tune_seed, at 90 %), then 6 fresh evaluation seeds (200-205; the pilot and the MDE are in claims.py):
-    # 12 tuning + 6 x (3 sparse + AdamW dense) = 36 runs of about 2.3 worker-minutes, about 41 min on 2
-    # idle cores. Its headline row is ``paper-like``; the primary endpoint has no comparison in it. The
-    # grids come from the earlier protocol's validation scores in this setting (commit cf00da3, seed 0,
-    # neither a tuning nor an evaluation seed here): AdamW best at lr 2e-3 of {1, 2, 4}e-3, HORST's two best
-    # α 1 and 10, HAM's 1000 and 200, all at lr 2e-3; so every method's lrs bracket 2e-3 from above
+    # The paper-like arm as its own run: AC/DC over the block Linears only (this project's choice for ViTs;
+    # the paper does not state its prunable set) at 90 %, everything else as in ``full``, AdamW, HORST and HAM
+    # each tuned in this setting (4 candidates on tune_seed, at 90 %), then 6 fresh evaluation seeds (200-205;
+    # the pilot and the MDE are in claims.py): 12 tuning + 6 x (3 sparse + AdamW dense) = 36 runs of about 2.3
+    # worker-minutes, about 41 min on 2 idle cores. Its headline row is ``paper-like``; the primary endpoint
+    # has no comparison in it. The grids come from the earlier protocol's validation scores in this setting
+    # (commit cf00da3, seed 0, neither a tuning nor an evaluation seed here): AdamW best at lr 2e-3 of {1, 2,
+    # 4}e-3, HORST's two best α 1 and 10, HAM's 1000 and 200, all at lr 2e-3; so every method's lrs bracket
+    # 2e-3 from above
     "full-paper-like": FULL
     | {
         "acdc.prune": "blocks",
@@ -277,16 +278,24 @@ PRESETS = {
         "tune_lr_by": {"adamw": [1e-3, 2e-3, 4e-3, 8e-3]},
         "tune_alpha": {"horst": [0.3, 1.0]},
     },
-    # DeiT on ImageNet with AC/DC at 70 / 80 / 90 %, on one GPU (docs/paper-scale.md: the command, GPU hours
-    # and memory, estimated). dataset= an ImageNet-style folder (train/<class>/*.JPEG, val/<class>/*.JPEG);
+    # DeiT on ImageNet with AC/DC at 70 / 80 / 90 %, on one GPU (docs/paper-scale.md, generated from this
+    # preset). dataset= an ImageNet-style folder (train/<class>/*.JPEG, val/<class>/*.JPEG);
     # timm.model=deit_small_patch16_224 (default here) or deit_base_patch16_224, random init. DeiT's recipe
     # through timm: 300 epochs at batch 1,024 (256 x 4 accumulated), AdamW lr 1e-3 (5e-4 x 1024 / 512), wd
     # 0.05 on matrices, 5 warm-up epochs then cosine, bf16, RandAugment m9, random erasing 0.25, Mixup 0.8 /
-    # CutMix 1.0, label smoothing 0.1, drop path 0.1, 224 px; 10 loader workers. AC/DC on the block Linears
-    # (as the paper prunes), the reference schedule scaled to the run: dense 10 %, alternating 5 % phases,
-    # decompressed 10 %, compressed 15 % to the end. 10,000 training images held out for tuning (tuning seed
-    # 1000, at 90 %): AdamW 2 lrs, HORST and HAM 2 alphas at the DeiT lr; then 3 evaluation seeds on ImageNet
-    # val (the test split): 6 tuning + 27 sparse + 3 dense runs
+    # CutMix 1.0, label smoothing 0.1, drop path 0.1, 224 px; 10 loader workers. AC/DC on the reference
+    # schedule scaled to the run: dense 10 %, alternating 5 % phases, decompressed 10 %, compressed 15 % to
+    # the end. The prunable set is every Linear/Conv weight (patch projection, block Linears, head), because
+    # that is the set the primary endpoint (horst-adamw, claims.py) was declared on: a block-Linear run could
+    # never judge it. The block Linears (this project's choice for ViTs; the paper does not state its prunable
+    # set) are the paper-like arm: AdamW and HORST at their chosen settings, block Linears at 90 %, on the
+    # same evaluation seeds (paper_like_seeds), which judges the paper-like row. 10,000 training images held
+    # out for tuning (tuning seed 1000, at 90 %): AdamW 2 lrs, HORST and HAM 2 alphas at the DeiT lr; then 3
+    # evaluation seeds on ImageNet val (the test split): 6 tuning + 27 sparse + 3 dense + 6 paper-like = 42
+    # runs. Seeds: the full run's 8 per-seed differences HORST - AdamW had sd 0.71 points (claims.py), 0.96 at
+    # its 80 % upper bound; at that sd 3 seeds detect (t_0.975,2 + t_0.8,2) * 0.96 / sqrt(3) = 2.98 points
+    # with 80 % power, under the paper's +7.97, and 10 seeds would be needed for the 1-point smallest effect
+    # of interest (seeds=[0,...,9])
     "paper": {
         "dataset": "imagenet",
         "n_train": 1_271_167,
@@ -299,6 +308,7 @@ PRESETS = {
         "tune_sparsity": 0.9,
         "paper_like_sparsity": 0.9,
         "seeds": [0, 1, 2],
+        "paper_like_seeds": [0, 1, 2],
         "tune": True,
         "tune_seed": 1000,
         "lr_from": None,
@@ -310,7 +320,7 @@ PRESETS = {
         "method.optimizer.decay": "matrices",
         "method.optimizer.schedule": "warmup_cosine",
         "method.optimizer.warmup_frac": 0.0167,
-        "acdc.prune": "blocks",
+        "acdc.prune": "all",
         "acdc.unit": "steps",
         "acdc.min_phase_steps": 1000,
         "train.epochs": 300,

