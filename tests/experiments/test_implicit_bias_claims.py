@@ -11,7 +11,7 @@ import pytest
 
 from descentlab.experiments.implicit_bias import claims as ib
 from descentlab.io import load_arrays
-from descentlab.report.claims import EXPLORATORY_WORDS, NOT_IN_RUN, PENDING, judge
+from descentlab.report.claims import EXPLORATORY_WORDS, NOT_IN_RUN, ONE_SEED, PENDING, judge
 
 COMMITTED = Path(__file__).parents[2] / "docs" / "results" / "implicit-bias"
 
@@ -99,7 +99,7 @@ def test_a_run_short_of_tau_refutes_the_primary_but_never_through_sign_descent()
     assert rows["horst-vs-ham-equal-scales", "0 decades"].verdict != "reproduced"
 
 
-def test_missing_runs_are_pending_and_one_seed_is_not_judged() -> None:
+def test_missing_runs_are_pending_diverged_seeds_count_and_one_seed_is_a_smoke_run() -> None:
     arrays = {k: v for k, v in _arrays().items() if not k.startswith("theorem_")}
     rows = _rows(arrays)
     assert rows["theorem-lp4-mirror", ""].verdict == PENDING
@@ -113,13 +113,14 @@ def test_missing_runs_are_pending_and_one_seed_is_not_judged() -> None:
     assert rows["theorem-ngd-mirror", ib.END].verdict == "reproduced"
     overflowed = _arrays()
     overflowed["cls_l1_margin_ratio__adam"][3] = np.nan
-    assert _rows(overflowed)["horst-l1-vs-adam", ""].verdict == PENDING
+    row = _rows(overflowed)["horst-l1-vs-adam", ""]  # a diverged seed is a result, counted against adam
+    assert row.diverged == {"horst": 0, "adam": 1} and "adam diverged on 1 of" in row.reason
     one = {k: (v if k in ("theorem_steps", "scales_decades") else v[..., :1]) for k, v in _arrays().items()}
     for key in [k for k in one if k.startswith("theorem_ratio__")]:
         one[key] = _arrays()[key][:1]
-    rows = _rows(one)  # one number per arm: nothing to judge, the rows wait for a run with more seeds
-    assert rows["theorem-lp4-mirror", ""].verdict == PENDING
-    assert "at least two seeds" in rows["horst-l1-vs-adam", ""].reason
+    rows = _rows(one)  # one number per arm: a smoke run, labelled and not judged
+    assert rows["theorem-lp4-mirror", ib.END].verdict == ONE_SEED
+    assert rows["horst-l1-vs-adam", ""].verdict == ONE_SEED
 
 
 def test_saved_arrays_give_one_primary_row(tmp_path: Path) -> None:

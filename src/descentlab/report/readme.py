@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from descentlab.io import atomic_write_text
-from descentlab.report.claims import PENDING, claims_table, engine_rows, verdict_tally
+from descentlab.report.claims import PENDING, Claim, claims_table, engine_rows, verdict_tally
+from descentlab.report.preregistration import read as read_preregistration
 from descentlab.report.tables import markdown_table
 
 HOW_TO_READ = """\
@@ -22,28 +23,136 @@ HOW_TO_READ = """\
 
 - **The unit of replication is the training seed.** A row's interval is the seed-level 95 % interval of
   a − b (`descentlab.report.stats.paired_interval`): seeds and test examples are crossed, and the
-  interval carries the variance between training runs as well as the variance between examples. A
-  design with one training seed reads "one seed: training variance not measured" and is not judged.
-- **Four verdicts.**
-  - *reproduced*: the interval lies beyond 0 on the claimed side (a sized claim: beyond the claimed size;
-    parity: the 90 % interval lies inside the margin, an equivalence test);
-  - *refuted*: the interval excludes every effect of interest (beyond the declared smallest effect of
+  interval carries the variance between training runs as well as the variance between examples.
+- **Four verdicts, exclusive and monotone.**
+  - *reproduced*: the interval lies beyond 0 on the claimed side and does not exclude the smallest effect
+    of interest (a sized claim: beyond the claimed size; parity: the 90 % interval lies inside the margin,
+    an equivalence test);
+  - *refuted*: the interval excludes every effect of interest (short of the declared smallest effect of
     interest on the claimed side; a sized claim: short of the size; parity: wholly outside the margin);
-  - *inconclusive*: neither; the MDE column says the smallest effect the run detects with 80 % power;
-  - *untestable here*: the run cannot show the claim (the reference already has the property, the
-    statistic sits at its bound, or the protocol cannot move it); the row says why.
-- **Primary and secondary.** Each study declares one primary endpoint, with its smallest effect of
-  interest, in its committed config before the run. Every other row is secondary: its "Holm" column is
-  the verdict after Holm's adjustment over the study's secondary rows, and that is the one to quote.
-  Controls (positive controls, null controls, the simple baselines a person of the field tries first) are
-  judged unadjusted: they show whether the run could see an effect, and a study that loses to a baseline
-  says so.
-- **Pending re-run.** A committed run that did not save the per-seed arrays a claim needs is not re-judged
-  from its old summary: its row says "pending re-run".
-- **Not in this run.** A run whose design lacks what a claim compares (an arm it did not train, a sparsity
-  it did not prune to, a tuning round it skipped; a companion run of a few arms, say) says "not in this
-  run" and names what it lacks: nothing is missing, and another run of the study judges the claim.
+  - *negligible*: a directional claim whose interval lies wholly between 0 and its smallest effect of
+    interest: the direction holds, and the size is below interest;
+  - *inconclusive*: none of these; the details column says about how many seeds a run like it would need
+    (a plug-in figure from the run's own variance), and the MDE column the smallest effect the run detects
+    with 80 % power.
+
+  Widening an interval (Holm's adjustment, a higher level) only moves a verdict toward less information
+  (negligible to reproduced, refuted or inconclusive; reproduced or refuted to inconclusive), never to its
+  opposite; property-based tests hold the engine to that.
+- **Rows that are not judged.** *one seed: a smoke run, not judged* (training variance not measured);
+  *degenerate: identical seeds* (a zero-width interval carries no evidence); *untestable here* (the
+  reference already has the property, the statistic sits at its bound, or the protocol cannot move it; the
+  row says why); *pending re-run* (the run did not save the arrays the claim needs); *not in this run* (the
+  run's design lacks an arm, a sparsity or a tuning round the claim compares, and names it).
+- **A diverged run is a result.** A non-finite cell counts against the arm that produced it (it takes the
+  row's worst finite value) and the row says "diverged on k of S seeds".
+- **Primary, secondary, control, exploratory.** Each study has one primary endpoint, judged at α = 0.05.
+  The verdict column is the one to quote: Holm-adjusted over the study's secondary rows for a secondary
+  row, whose unadjusted verdict is in the details column. Controls (positive controls, null controls, the
+  simple baselines a person of the field tries first) are judged unadjusted: they show whether the run
+  could see an effect. An *exploratory* row tests something outside the paper's stated scope (it quotes
+  the scope): its verdict reads "holds here" or "does not hold here", and it never refutes the paper.
+- **Declared before the run is checked, not asserted.** For each run's primary, the first commit of the
+  study's claims module that declares it, and the commit and start time of the run
+  (`<run>/provenance.json`), are compared (`python -m descentlab.report.preregistration docs/results`
+  writes `<run>/preregistration.json`). A primary declared after its run reads *post hoc*.
 """
+
+#: Which paper each study tests; robust-sparse tests a hypothesis neither paper states.
+PAPERS = {
+    "HORST (composing optimizer geometries for sparse transformers)": (
+        "implicit-bias",
+        "sparse-lm",
+        "sparse-vit",
+    ),
+    "Constrained learning of unrolled transformers (layer-wise descent constraints)": (
+        "text-robustness",
+        "video-denoising",
+        "llm-robustness",
+    ),
+    "Neither paper: constrained robustness of a pruned model (this project's hypothesis)": ("robust-sparse",),
+}
+
+
+def _interval(c: Claim) -> str:
+    if c.estimate is None or c.low is None or c.high is None:
+        return ""
+    return f"{c.estimate:+.4g} [{c.low:+.4g}, {c.high:+.4g}]"
+
+
+def _preregistered(run_dir: Path) -> str:
+    facts = read_preregistration(run_dir)
+    if facts is None:
+        return ""
+    if facts["status"] == "declared before the run":
+        return "declared before the run"
+    return (
+        "post hoc: declared after the run"
+        if facts["status"].endswith("(post hoc)")
+        else "declaration unchecked"
+    )
+
+
+def _primary_sentence(run_dir: Path, results: dict[str, Any], label: str) -> str | None:
+    """One plain sentence of a run's primary, or None when the run does not judge it (a companion run
+    of other arms says so on its page)."""
+    claims = engine_rows(results.get("claims", [])) or []
+    primary = next((c for c in claims if c.role == "primary"), None)
+    if primary is None or primary.estimate is None:
+        return None
+    model = (results.get("protocol") or {}).get("model")
+    scale = f"{model}, " if isinstance(model, str) and model else ""
+    where = f" ({primary.at})" if primary.at else ""
+    prereg = _preregistered(run_dir)
+    verdict = f"{primary.label}, {prereg}" if prereg.startswith("post hoc") else primary.label
+    return (
+        f"{label} ({scale}{primary.seeds} seeds): {primary.description}{where}: **{verdict}**, "
+        f"{primary.method} − {primary.reference} = {_interval(primary)} in {primary.metric}."
+    )
+
+
+def bottom_line(results_dir: Path) -> list[str]:
+    """The index's opening: per paper, one plain sentence per study from its primary (and its declared
+    companion runs), then how its controls fared. Every number comes from the committed rows."""
+    lines = [
+        "## Bottom line",
+        "",
+        "Every study here runs far below the papers' scale (2 CPU cores); read each verdict as what holds at "
+        "the scale named in its sentence.",
+        "",
+    ]
+    for paper, studies in PAPERS.items():
+        sentences: list[str] = []
+        controls: list[Claim] = []
+        for study in studies:
+            body = results_dir / study / "results.json"
+            if not body.is_file():
+                continue
+            results = json.loads(body.read_text())
+            sentence = _primary_sentence(body.parent, results, f"`{study}`")
+            if sentence:
+                sentences.append(sentence)
+            controls += [c for c in engine_rows(results.get("claims", [])) or [] if c.role == "control"]
+            for companion in companion_runs(results_dir / study):
+                extra = _primary_sentence(
+                    companion.parent,
+                    json.loads(companion.read_text()),
+                    f"its companion run `{companion.parent.name}`",
+                )
+                if extra:
+                    sentences.append(extra)
+        if not sentences:
+            continue
+        judged = [c for c in controls if c.label in ("reproduced", "refuted", "negligible", "inconclusive")]
+        control_text = (
+            f"Controls and simple baselines in the main runs ({len(judged)} judged rows): "
+            f"{verdict_tally(judged)}. A positive control should read reproduced and a null control (parity) "
+            "should not read refuted; each page names its controls and what each one showed."
+            if judged
+            else "The main runs judge no control rows."
+        )
+        lines += [f"**{paper}.**", "", *(f"- {s}" for s in sentences), f"- {control_text}", ""]
+    return lines
 
 
 def coverage_section(coverage: dict[str, Any]) -> list[str]:
@@ -101,7 +210,9 @@ def coverage_section(coverage: dict[str, Any]) -> list[str]:
     ]
 
 
-def study_section(name: str, results: dict[str, Any], preset: str = "full") -> list[str]:
+def study_section(
+    name: str, results: dict[str, Any], preset: str = "full", run_dir: Path | None = None
+) -> list[str]:
     """One run of a study: its primary verdict, then every row. ``preset`` other than ``full``: a companion
     run of the study (its folder under the study's is named after that preset), titled by it."""
     raw = results.get("claims", [])
@@ -120,10 +231,22 @@ def study_section(name: str, results: dict[str, Any], preset: str = "full") -> l
         if primary.estimate is None
         else f": {primary.estimate:+.4g} [{primary.low:+.4g}, {primary.high:+.4g}]"
     )
+    prereg = read_preregistration(run_dir) if run_dir is not None else None
+    declared = ""
+    if prereg is not None:
+        declared = (
+            f" Preregistration: **{prereg['status']}** ({prereg['why']})."
+            if prereg["status"] != "declared before the run"
+            else f" Preregistration: declared before the run ({prereg['why']})."
+        )
+    post_hoc = prereg is not None and prereg["status"].endswith("(post hoc)")
+    metrics = sorted({c.metric for c in claims if c.estimate is not None})
     lines += [
         "",
         f"**Primary endpoint: {primary.name}** ({primary.description}; {primary.metric}){estimate}: "
-        f"**{primary.verdict}**.",
+        f"**{primary.label}{', post hoc' if post_hoc else ''}**.{declared}",
+        "",
+        "Units of a − b: " + "; ".join(metrics) + "." if metrics else "",
         "",
     ]
     table = claims_table(claims)
@@ -159,6 +282,7 @@ def results_index(results_dir: Path | str) -> str:
         "`results.json`; do not edit by hand. Each study's page gives its protocol, its command, its wall "
         "time, its figures and the history of its earlier protocols.",
         "",
+        *bottom_line(results_dir),
         HOW_TO_READ,
     ]
     coverage = results_dir / "coverage.json"
@@ -169,9 +293,14 @@ def results_index(results_dir: Path | str) -> str:
             continue
         body = results_dir / page.stem / "results.json"
         if body.is_file():
-            lines += study_section(page.stem, json.loads(body.read_text()))
+            lines += study_section(page.stem, json.loads(body.read_text()), run_dir=body.parent)
         for companion in companion_runs(results_dir / page.stem):
-            lines += study_section(page.stem, json.loads(companion.read_text()), preset=companion.parent.name)
+            lines += study_section(
+                page.stem,
+                json.loads(companion.read_text()),
+                preset=companion.parent.name,
+                run_dir=companion.parent,
+            )
     return "\n".join(lines).rstrip() + "\n"
 
 
