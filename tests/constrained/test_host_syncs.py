@@ -99,7 +99,9 @@ def test_the_counter_sees_every_kind_of_sync() -> None:
         assert c.total == expected, (fn, dict(c.counts))
 
 
-def _one_step(model: torch.nn.Module, layers: int, batch: dict, *, check_finite: bool = True) -> SyncCounter:
+def _one_step(
+    model: torch.nn.Module, layers: int, batch: dict, *, check_finite: bool = True, sampled: bool = False
+) -> SyncCounter:
     constraint = dl.LayerwiseDescent(num_layers=layers, alpha=0.05, dual_lr=0.1)
     # SGD with momentum: its own step never reads the device (AdamW's per-tensor step counters would)
     opt = dl.PrimalDual(
@@ -120,7 +122,11 @@ def _one_step(model: torch.nn.Module, layers: int, batch: dict, *, check_finite:
     with SyncCounter() as reading:
         values = dict(logs)
     assert reading.total == 1, dict(reading.counts)  # all of them in one read-back
-    assert {"loss", "lagrangian", f"f/{layers}", f"g/{layers}", f"lambda/{layers}"} <= set(values)
+    # a sampled readout (the causal LM's default under grad) labels its estimates, and their standard
+    # errors come back in the same one read
+    g = "g_sampled" if sampled else "g"
+    assert {"loss", "lagrangian", f"f/{layers}", f"{g}/{layers}", f"lambda/{layers}"} <= set(values)
+    assert (f"g_se/{layers}" in values) == sampled and (f"g/{layers}" in values) != sampled
     assert values["lambda/1"] == pytest.approx(float(constraint.multipliers[0]), abs=0.2)
     counter.logs_read = values  # type: ignore[attr-defined]
     return counter
@@ -129,6 +135,9 @@ def _one_step(model: torch.nn.Module, layers: int, batch: dict, *, check_finite:
 def _gpt2(layers: int) -> tuple[torch.nn.Module, dict]:
     ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(0))
     return tiny_gpt2(layers=layers), {"input_ids": ids, "labels": ids}
+
+
+_gpt2.sampled = True  # type: ignore[attr-defined]  # the default causal-LM readout samples under grad
 
 
 def _bert(layers: int) -> tuple[torch.nn.Module, dict]:
@@ -140,12 +149,15 @@ def _bert(layers: int) -> tuple[torch.nn.Module, dict]:
     }
 
 
+_bert.sampled = False  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("family", [_gpt2, _bert], ids=["gpt2", "bert"])
 def test_syncs_per_constrained_step_do_not_grow_with_depth(family) -> None:
     counts = {}
     for layers in (2, 6):
         model, batch = family(layers)
-        counts[layers] = _one_step(model, layers, batch)
+        counts[layers] = _one_step(model, layers, batch, sampled=family.sampled)
     few, many = counts[2], counts[6]
     assert few.total == many.total, (dict(few.counts), dict(many.counts))
     # PrimalDual's documented finiteness read-back, plus what the readout needs once per batch (the causal

@@ -15,7 +15,7 @@ options, remembers ĝ between ``lagrangian`` and the dual step, and runs the dua
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -390,30 +390,52 @@ class LayerwiseDescent:
         """ĝ of the last ``lagrangian`` call (detached), or None before the first."""
         return self._last_g
 
-    def log_values(self) -> LazyLogs:
+    def log_values(self, estimate: Any = None) -> LazyLogs:
         """Per-layer f̂, ĝ, λ (and u) of the last ``lagrangian`` call, kept on the device until read.
 
         Keys as :meth:`log_dict`; the first read of any value reads all of them back at once (one host
         read, which also reads the deferred guards and runs :meth:`check_health` when one fired), so a
         training step that only builds its logs never syncs.
+
+        Args:
+            estimate: what the readout that gave the last ``lagrangian`` call its f read, e.g.
+                ``CausalLMReadout.last_estimate`` (anything with ``sampled``, ``k``, ``n`` and
+                ``violation_errors(f, alpha, form)``). When it says ``sampled``, layers 0..L-1 were read on
+                k of the N targets, so f_0..f_{L-1} and every ĝ_l (which reads f_{l-1}) are estimates, and
+                the keys say so: ``f_sampled/l`` (l < L; ``f/L`` stays, it is exact), ``g_sampled/l``,
+                ``g_se/l`` (the standard error of ĝ_l, estimated from the same draw), ``readout/sampled_k``
+                and ``readout/n``. None, or an exact read: the plain keys.
         """
         vectors: dict[str, tuple[Tensor, int]] = {}
+        scalars: dict[str, float] = {}
         if self._last_f is not None:
-            vectors["f"] = (self._last_f, 0)
-            vectors["g"] = (self._last_g, 1)
+            if estimate is not None and getattr(estimate, "sampled", False):
+                # renamed, not only flagged: a curve named f/3 in a dashboard would still read as exact
+                last = self.num_layers
+                vectors["f_sampled"] = (self._last_f[:-1], 0)
+                vectors["f"] = (self._last_f[last:], last)
+                vectors["g_sampled"] = (self._last_g, 1)
+                # device tensors, read back with the other values at a log step: no host read here
+                vectors["g_se"] = (estimate.violation_errors(self._last_f, self.alpha, self.form), 1)
+                scalars = {"readout/sampled_k": float(estimate.k), "readout/n": float(estimate.n)}
+            else:
+                vectors["f"] = (self._last_f, 0)
+                vectors["g"] = (self._last_g, 1)
         vectors["lambda"] = (self.duals.lam, 1)
         slacks = self.slacks
         if slacks is not None:
             vectors["u"] = (slacks, 1)
         flag = self.health_flag()
-        return LazyLogs(vectors=vectors, alarm=None if flag is None else (flag, self.check_health))
+        return LazyLogs(scalars, vectors, alarm=None if flag is None else (flag, self.check_health))
 
-    def log_dict(self) -> dict[str, float]:
-        """Per-layer f̂, ĝ, λ (and u) of the last ``lagrangian`` call: {"f/0": .., "g/1": .., "lambda/1": ..}.
+    def log_dict(self, estimate: Any = None) -> dict[str, float]:
+        """Per-layer f̂, ĝ, λ (and u) of the last ``lagrangian`` call: {"f/0": .., "g/1": .., "lambda/1": ..}
+        (``f_sampled/l``, ``g_sampled/l`` and ``g_se/l`` instead when ``estimate`` says the readout sampled;
+        see :meth:`log_values`).
 
         Reads the device (once); see :meth:`log_values` for the lazy form a training step should use.
         """
-        return dict(self.log_values())
+        return dict(self.log_values(estimate))
 
     # -- deferred guards ---------------------------------------------------------------------------------
     @property

@@ -141,6 +141,33 @@ class SampledEstimate:
             out["g"] = g
         return out
 
+    def violation_errors(self, f: Tensor, alpha: Tensor, form: str = "difference") -> Tensor:
+        """Standard errors of ĝ_1..ĝ_L as :class:`~descentlab.constrained.descent.LayerwiseDescent` forms them
+        from ``f`` (the L+1 losses this call returned) and ``alpha`` [L], one tensor [L] on the device.
+
+        ĝ_l is linear in the per-target losses of layers l and l-1 (to first order for ``form="ratio"``,
+        the delta method at the sampled means), so se(ĝ_l) = sqrt((1 - k/N) S_d² / k) with d_t = a_l CE_l(t)
+        - b_l CE_{l-1}(t): a = 1, b = 1 - α_l for the difference, a = 1 / f_{l-1}, b = f_l / f_{l-1}² for the
+        ratio. Layer L is read on every target, so it adds no variance: its row is 0. NaN where layer l or
+        l-1 was not read (and everywhere when k = 1); zeros when nothing was sampled. No host read."""
+        num = f.numel() - 1
+        if self.per_token is None:
+            return f.new_zeros(num)
+        x = self.per_token.to(dtype=f.dtype, device=f.device)
+        row = {layer: j for j, layer in enumerate(self.layers)}
+        nan, zero = x.new_full((x.shape[1],), float("nan")), x.new_zeros(x.shape[1])
+        # rows of layers 1..L (current) and 0..L-1 (previous); views and one stack each, so the cost is a
+        # few kernels whatever the depth and nothing is read back
+        cur = torch.stack([x[row[i]] if i in row else nan for i in range(1, num)] + [zero])
+        prev = torch.stack([x[row[i]] if i in row else nan for i in range(num)])
+        f = f.detach()
+        if form == "ratio":
+            a, b = 1.0 / f[:-1], f[1:] / f[:-1].square()
+        else:
+            a, b = torch.ones_like(f[1:]), 1.0 - alpha.to(device=f.device, dtype=f.dtype)
+        d = a[:, None] * cur - b[:, None] * prev
+        return (d.var(dim=1, unbiased=True) * self._fpc()).sqrt()
+
 
 class CausalLMReadout(Readout):
     """Logit-lens per-layer loss of a Hugging Face ``*ForCausalLM`` / ``*LMHeadModel``.

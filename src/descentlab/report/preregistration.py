@@ -71,10 +71,11 @@ def has_history(repo: Path) -> bool:
         return False
 
 
-def declares_primary(source: str, name: str) -> bool:
+def declares_primary(source: str, name: str, package: str | None = None) -> bool:
     """Whether module ``source`` declares a claim called ``name`` with ``primary=True``: a call with the
     keyword ``primary=True`` whose ``name=`` keyword, or first positional argument, is the string ``name``
-    (a literal, or a module-level constant bound to one)."""
+    (a literal, or a module-level constant bound to one). When such a call's name is built at import time
+    (a helper formatting it), the module is executed as a module of ``package`` and its ``CLAIMS`` read."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -94,6 +95,7 @@ def declares_primary(source: str, name: str) -> bool:
             return constants.get(node.id)
         return None
 
+    unresolved = False
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
@@ -102,9 +104,25 @@ def declares_primary(source: str, name: str) -> bool:
         if not (isinstance(flag, ast.Constant) and flag.value is True):
             continue
         named = keywords.get("name", node.args[0] if node.args else None)
-        if named is not None and text(named) == name:
+        value = text(named) if named is not None else None
+        if value == name:
             return True
-    return False
+        unresolved |= not isinstance(value, str)
+    # a name built at import time (an f-string in a helper): run the module and read its CLAIMS
+    return unresolved and name in _primaries_by_running(source, package)
+
+
+def _primaries_by_running(source: str, package: str | None) -> set[str]:
+    """The names of the primary claims of ``source``'s ``CLAIMS``, by executing it as a module of
+    ``package`` (its relative imports resolve to the installed package's current modules). Empty when it
+    does not run: a declaration that cannot be read is not counted."""
+    namespace: dict[str, Any] = {"__name__": f"{package}._preregistration_probe", "__package__": package}
+    try:
+        # the repository's own code at a past commit, read to see what it declared
+        exec(compile(source, "<claims at a past commit>", "exec"), namespace)
+        return {spec.name for spec in namespace.get("CLAIMS", []) if getattr(spec, "primary", False)}
+    except Exception:  # old code that no longer runs declares nothing we can read
+        return set()
 
 
 def first_declaration(repo: Path, module: str, name: str) -> tuple[str, str] | None:
@@ -125,9 +143,15 @@ def first_declaration(repo: Path, module: str, name: str) -> tuple[str, str] | N
             source = _git(repo, "show", f"{commit}:{path}")
         except subprocess.CalledProcessError:
             continue
-        if declares_primary(source, name):
+        if declares_primary(source, name, package=_package_of(path)):
             return commit, when
     return None
+
+
+def _package_of(path: str) -> str | None:
+    """``src/descentlab/experiments/x/claims.py`` -> ``descentlab.experiments.x``."""
+    parts = Path(path).with_suffix("").parts
+    return ".".join(parts[1:-1]) if parts and parts[0] == "src" else None
 
 
 def _is_ancestor(repo: Path, ancestor: str, commit: str) -> bool | None:
@@ -146,7 +170,13 @@ def _time(iso: str) -> datetime:
 def check_run(repo: Path, run_dir: Path) -> Preregistration | None:
     """The preregistration facts of the run in ``run_dir`` (None when its results judge no primary)."""
     results = json.loads((run_dir / "results.json").read_text())
-    primaries = [c["name"] for c in results.get("claims", []) if c.get("role") == "primary"]
+    # a run that does not judge its primary (a companion of other arms, a run before the claim existed)
+    # has nothing whose declaration to check
+    primaries = [
+        c["name"]
+        for c in results.get("claims", [])
+        if c.get("role") == "primary" and c.get("verdict") not in ("not in this run", "pending re-run")
+    ]
     if not primaries:
         return None
     name = primaries[0]
@@ -204,6 +234,7 @@ def write_all(results_root: Path, repo: Path) -> list[Path]:
     for run_dir in runs(results_root):
         facts = check_run(repo, run_dir)
         if facts is None:
+            (run_dir / FILE).unlink(missing_ok=True)
             continue
         atomic_write_text(run_dir / FILE, json.dumps(facts.to_dict(), indent=2) + "\n")
         written.append(run_dir / FILE)

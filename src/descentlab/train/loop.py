@@ -342,6 +342,28 @@ def _learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
     return rates
 
 
+def _fallback_source(optimizer: Any) -> Any:
+    """The optimizer (``optimizer`` or one it wraps: PrimalDual, Accelerate's wrapper) that records its
+    fallbacks as ``fallback_messages`` (HORST), or None."""
+    seen: set[int] = set()
+    while optimizer is not None and id(optimizer) not in seen:
+        seen.add(id(optimizer))
+        if hasattr(optimizer, "fallback_messages"):
+            return optimizer
+        optimizer = getattr(optimizer, "optimizer", None)
+    return None
+
+
+def _new_fallbacks(source: Any, written: set[str]) -> dict[str, str]:
+    """The fallback lines (reason -> line) not yet in the run's log; marks them written. Host data only
+    (the optimizer keeps its counts in its param groups as ints), so a log step reads no device for it."""
+    if source is None:
+        return {}
+    new = {why: line for why, line in dict(source.fallback_messages).items() if why not in written}
+    written.update(new)
+    return new
+
+
 def _accelerator(mixed_precision: str) -> Any:
     """An Accelerator with this run's precision.
 
@@ -388,7 +410,10 @@ def fit(
     is loaded first. When ``run.curves`` is set (the experiment runner sets it; a library ``RunDir`` has
     it off), every log step is also written as curves: ``metrics.csv`` and TensorBoard events under
     ``tensorboard/<tag>/`` (:class:`~descentlab.logs.CurveWriter`), with ``skipped`` and each param
-    group's ``lr`` beside the objective's logs.
+    group's ``lr`` beside the objective's logs. An optimizer that records why it left its fast path
+    (``fallback_messages``, as HORST does; also when wrapped by PrimalDual) has each reason's line written
+    once into ``metrics.jsonl``, in the first log record after it appears, as ``optimizer_fallbacks``
+    (reason -> line); a resumed run does not repeat a reason its log already holds.
     """
     n = len(train_data)
     if n == 0:
@@ -429,6 +454,14 @@ def fit(
                     obj.load_state_dict(extra[name])
             set_rng_state(ckpt.rng_state())
             step, skipped, resumed_from = ckpt.step, int(ckpt.state.get("skipped", 0)), ckpt.step
+
+    fallbacks = _fallback_source(raw_optimizer)
+    written: set[str] = set()  # fallback reasons already in this job's log
+    if fallbacks is not None and resumed_from is not None and run is not None and accelerator.is_main_process:
+        # the loaded optimizer state carries the earlier run's reasons; its log already said them
+        for record in run.metrics():
+            if record.get("tag") == tag and isinstance(record.get("optimizer_fallbacks"), dict):
+                written.update(record["optimizer_fallbacks"])
 
     def checkpoint() -> None:
         # an FSDP2 model is gathered by every rank (rank 0 writes); otherwise rank 0 alone saves
@@ -536,7 +569,14 @@ def fit(
                     and accelerator.is_main_process
                     and (step % cfg.log_every == 0 or step == total)
                 ):
-                    run.log(step=step, tag=tag, skipped=skipped, **last)
+                    new = _new_fallbacks(fallbacks, written)
+                    run.log(
+                        step=step,
+                        tag=tag,
+                        skipped=skipped,
+                        **last,
+                        **({"optimizer_fallbacks": new} if new else {}),
+                    )
                     if curves is not None:  # the values run.log just read: no further device read
                         curves.write(step, {**last, "skipped": skipped, **_learning_rates(raw_optimizer)})
                 for callback in callbacks:

@@ -8,10 +8,15 @@ step whose logs nobody reads (the loop writes them every ``log_every`` steps) ne
   :class:`~descentlab.constrained.descent.LayerwiseDescent`,
   ``L(θ, λ) = f_L + Σ_l λ_l ĝ_l``; pair it with :class:`~descentlab.constrained.primal_dual.PrimalDual`,
   whose ``step()`` takes the dual step.
+
+A readout that reads layers 0..L-1 on a token subsample (the causal-LM default in a training step) makes
+f_0..f_{L-1} and every ĝ_l estimates; the logs then say so (``f_sampled/l``, ``g_sampled/l``, the standard
+error ``g_se/l``, ``readout/sampled_k`` of ``readout/n`` targets; docs/constrained.md).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +37,29 @@ def model_loss(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor
             f"{type(model).__name__} returned no loss; put `labels` in the batch or pass ERM(loss_fn=...)"
         )
     return loss
+
+
+def _readout_for(readout: Any, model: torch.nn.Module) -> Any:
+    """The readout ``layer_losses`` would use, as an object whose ``last_estimate`` can be read after the
+    call: None dispatches by family (the registered instance), anything else is passed on as it is."""
+    from descentlab.readout import find_readout
+
+    return find_readout(model) if readout is None else readout
+
+
+def _own_readout(readout: Any) -> Any:
+    """A built-in readout name becomes one instance for the objective's life, so the estimate it records is
+    the one this objective's logs describe (``layer_losses`` would build a fresh one per call)."""
+    from descentlab.readout import BUILTIN
+
+    return BUILTIN[readout]() if isinstance(readout, str) and readout in BUILTIN else readout
+
+
+def _sampled_labels(estimate: Any) -> dict[str, float]:
+    """``readout/sampled_k`` and ``readout/n`` when the readout sampled (host ints, no device read)."""
+    if estimate is None or not getattr(estimate, "sampled", False):
+        return {}
+    return {"readout/sampled_k": float(estimate.k), "readout/n": float(estimate.n)}
 
 
 class ERM:
@@ -57,8 +85,12 @@ class Constrained:
 
     def __init__(self, constraint: Any, readout: Any = None) -> None:
         self.constraint = constraint
-        self.readout = readout
+        self.readout = _own_readout(readout)
         self._pending: Any = None
+        lazy = getattr(constraint, "log_values", None)
+        # a constraint whose log_values takes the readout's estimate labels sampled values itself
+        # (LayerwiseDescent); for another one the objective adds the labels beside its plain keys
+        self._labels_itself = callable(lazy) and "estimate" in inspect.signature(lazy).parameters
 
     def begin_step(self) -> None:
         """Called by ``fit`` before each optimizer step's micro-batches: remembers the dual step's pending ĝ."""
@@ -78,11 +110,17 @@ class Constrained:
     ) -> tuple[torch.Tensor, Mapping[str, float]]:
         from descentlab.readout import layer_losses
 
-        f = layer_losses(model, batch, readout=self.readout)
+        readout = _readout_for(self.readout, model)
+        f = layer_losses(model, batch, readout=readout)
         loss = self.constraint.lagrangian(f)
+        estimate = getattr(readout, "last_estimate", None)
         logs = LazyLogs({"loss": f[-1].detach(), "lagrangian": loss.detach()})
         lazy = getattr(self.constraint, "log_values", None)
-        logs.update(lazy() if callable(lazy) else self.constraint.log_dict())
+        if self._labels_itself:
+            logs.update(lazy(estimate=estimate))
+        else:
+            logs.update(lazy() if callable(lazy) else self.constraint.log_dict())
+            logs.update(_sampled_labels(estimate))
         return loss, logs
 
     def end_epoch(self) -> None:
@@ -103,16 +141,20 @@ class DeepSupervision:
     """
 
     def __init__(self, readout: Any = None) -> None:
-        self.readout = readout
+        self.readout = _own_readout(readout)
 
     def __call__(
         self, model: torch.nn.Module, batch: Mapping[str, Any]
     ) -> tuple[torch.Tensor, Mapping[str, float]]:
         from descentlab.readout import layer_losses
 
-        f = layer_losses(model, batch, readout=self.readout)
+        readout = _readout_for(self.readout, model)
+        f = layer_losses(model, batch, readout=readout)
         loss = f[1:].mean()
-        return loss, LazyLogs({"loss": f[-1].detach(), "mean_layer_loss": loss.detach()})
+        logs = LazyLogs({"loss": f[-1].detach(), "mean_layer_loss": loss.detach()})
+        # mean_layer_loss averages sampled f_1..f_{L-1} when the readout sampled: say so
+        logs.update(_sampled_labels(getattr(readout, "last_estimate", None)))
+        return loss, logs
 
 
 class EmbeddingNoise:

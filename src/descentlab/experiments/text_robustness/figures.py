@@ -84,7 +84,9 @@ def _layer_loss(run_dir: Path) -> list[dict[str, Any]]:
         ax.fill_between(layers, stats[:, 1], stats[:, 2], alpha=0.15)
     caption = "Per-layer clean test loss at every layer, mean and seed-level 95 % interval"
     spike = largest_rise(arrays[ERM]) if ERM in arrays else None
-    if spike is not None:  # the paper: ERM's loss spikes at layer 19 of RoBERTa-large's 24
+    if (
+        spike is not None
+    ):  # the paper: ERM's loss spikes at layer 19 of its RoBERTa (deeper than base; it names no size)
         layer, rise = spike
         ax.axvline(layer, color="grey", ls=":", lw=1.0)
         caption += f"; dotted: ERM's largest rise, at layer {layer} (+{rise:.3g} nats over layer {layer - 1})"
