@@ -223,8 +223,9 @@ class CausalLMReadout(Readout):
         self.generator = generator
         self.fused = fused
         #: What the last call read (sampled or exact, k of n, per-target losses of a sample); see
-        #: :meth:`standard_errors`. Logged f/l and g/l of a step where ``last_estimate.sampled`` is True are
-        #: sampled estimates, not full-batch values.
+        #: :meth:`standard_errors`. f_l (l < L) and ĝ_l of a step where ``last_estimate.sampled`` is True are
+        #: sampled estimates, not full-batch values: ``Constrained`` (and ``LayerwiseDescent.log_values``
+        #: given this estimate) logs them as ``f_sampled/l``, ``g_sampled/l`` with ``g_se/l``.
         self.last_estimate: SampledEstimate | None = None
 
     def standard_errors(self, alpha: float | Tensor | None = None) -> dict[str, Tensor]:

@@ -223,6 +223,7 @@ class Claim:
     p_reproduce: float | None = None
     p_refute: float | None = None
     seeds_needed: int | None = None
+    seed_share: float | None = None
     diverged: dict[str, int] | None = None
     paper: str | None = None
     source: str | None = None
@@ -333,6 +334,10 @@ def judge_cells(spec: ClaimSpec, cells: Cells, *, level: float = 0.95) -> tuple[
     row.estimate, row.low, row.high, row.level = iv.mean, iv.low, iv.high, level
     row.min_detectable_effect, row.seeds, row.examples = iv.min_detectable_effect(), iv.seeds, iv.examples
     row.a_mean, row.b_mean = float(a.mean()), float(b.mean())
+    # the share of Var(mean) between seeds says which coverage regimes apply (docs/results/README.md)
+    row.seed_share = (
+        sum(p.variance for p in iv.pieces if p.source == "seeds") / iv.se**2 if iv.se > 0 else None
+    )
     text = _interval_text(iv) + (f"; {diverged_note}" if diverged_note else "")
     if untestable is not None:
         row.verdict, row.reason = UNTESTABLE, f"{untestable}; {text}"

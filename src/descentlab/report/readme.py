@@ -210,6 +210,51 @@ def coverage_section(coverage: dict[str, Any]) -> list[str]:
     ]
 
 
+def regimes_of_primaries(results_dir: Path) -> list[str]:
+    """Which coverage regime each study's primary is in: its share of Var(mean) between seeds, and what
+    that means for the regimes where the interval under-covers."""
+    rows = []
+    for body in sorted(results_dir.glob("*/results.json")):
+        claims = engine_rows(json.loads(body.read_text()).get("claims", [])) or []
+        primary = next((c for c in claims if c.role == "primary" and c.seed_share is not None), None)
+        if primary is None:
+            continue
+        share = primary.seed_share
+        regime = (
+            "seed-dominated: the seed-level regimes apply (skewed seeds or one bad seed can under-cover; "
+            "read the per-seed differences on the page)"
+            if share >= 0.8
+            else "example-dominated: clustered examples would under-cover unless labelled (clusters=)"
+            if share <= 0.2
+            else "mixed: both kinds of regime apply in part"
+        )
+        rows.append(
+            [
+                body.parent.name,
+                primary.name,
+                str(primary.seeds),
+                str(primary.examples),
+                f"{share:.2f}",
+                regime,
+            ]
+        )
+    if not rows:
+        return []
+    return [
+        "Where each study's primary sits (its share of Var(mean) between seeds, from its committed row):",
+        "",
+        markdown_table(["study", "primary", "seeds", "examples", "seed share", "regime"], rows),
+        "",
+        "Grouped examples: video-denoising's test sequences are cut from one video and llm-robustness's 80 "
+        "held-out passages from one novel, so neither example axis is independent. video-denoising's "
+        "primary is seed-dominated, so its example piece, where grouping would enter, barely counts. "
+        "llm-robustness's is mixed: if its passages share a chapter's style, its example piece is too "
+        "small and its interval too narrow; passing chapter labels as `clusters=` to `paired_interval` "
+        "is the fix, not yet applied to its committed runs.",
+        "",
+    ]
+
+
 def study_section(
     name: str, results: dict[str, Any], preset: str = "full", run_dir: Path | None = None
 ) -> list[str]:
@@ -288,6 +333,7 @@ def results_index(results_dir: Path | str) -> str:
     coverage = results_dir / "coverage.json"
     if coverage.is_file():
         lines += coverage_section(json.loads(coverage.read_text()))
+        lines += regimes_of_primaries(results_dir)
     for page in sorted(results_dir.glob("*.md")):
         if page.stem == "README":
             continue
