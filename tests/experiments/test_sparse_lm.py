@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from descentlab.errors import AssetMissingError, ConfigError
+from descentlab.report.claims import ONE_SEED
 
 TINY = [
     "threads=1",
@@ -304,7 +305,7 @@ def test_horst_without_mirror_is_adamw_and_workers_do_not_change_results(seq_run
     # no "horst" among the methods: its claims are not in this run; the AdamW-only control has one seed
     assert _claim(res, "horst-adamw")["verdict"] == _claim(res, "matched-ols")["verdict"] == "not in this run"
     assert "no horst arm (it trained adamw, horst0)" in _claim(res, "horst-adamw")["reason"]
-    assert _claim(res, "control")["verdict"] == "one seed: training variance not measured"
+    assert _claim(res, "control")["verdict"] == ONE_SEED
     assert [c["verdict"] for c in res["checks"]] == ["untested (one seed)"] * 2
 
 

@@ -48,7 +48,7 @@ and likewise Var(f̂_l) with CE_l(t) in place of d_t. The readout estimates S_d�
 the k drawn d_t (unbiased for S_d² under sampling without replacement), so each step carries its own
 standard errors: :meth:`CausalLMReadout.standard_errors` (f̂_l and ĝ_l, for a given α) and
 :meth:`CausalLMReadout.wrong_sign_probability` (the normal approximation of P(sign ĝ_l ≠ sign g_l), with
-ĝ_l in place of g_l), from :attr:`CausalLMReadout.last_estimate`, kept on the device (nothing is read
+ĝ_l in place of g_l), from ``CausalLMReadout.last_estimate`` (a :class:`SampledEstimate`), kept on the device (nothing is read
 unless asked). Sharing the tokens across layers is what makes S_d small: CE_l(t) and CE_{l-1}(t) are
 strongly correlated, so S_d² = S_l² + (1-α)² S_{l-1}² - 2(1-α) Cov is far below the independent-draw sum.
 The ``ratio`` form f_l / f_{l-1} of the constraint divides two such means: the ratio of unbiased means is

@@ -246,10 +246,10 @@ def regimes_of_primaries(results_dir: Path) -> list[str]:
         markdown_table(["study", "primary", "seeds", "examples", "seed share", "regime"], rows),
         "",
         "Grouped examples: video-denoising's test sequences are cut from one video and llm-robustness's 80 "
-        "held-out passages from one novel, so neither example axis is independent. video-denoising's "
+        "held-out passages from one author's novels, so neither example axis is independent. video-denoising's "
         "primary is seed-dominated, so its example piece, where grouping would enter, barely counts. "
-        "llm-robustness's is mixed: if its passages share a chapter's style, its example piece is too "
-        "small and its interval too narrow; passing chapter labels as `clusters=` to `paired_interval` "
+        "llm-robustness's is mixed: if passages from one book or chapter resemble each other, its example piece is too "
+        "small and its interval too narrow; passing book or chapter labels as `clusters=` to `paired_interval` "
         "is the fix, not yet applied to its committed runs.",
         "",
     ]

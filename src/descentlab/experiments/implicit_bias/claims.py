@@ -26,8 +26,8 @@ refutation of the paper).
 
 Primary endpoint: ``theorem-lp4-mirror``: L4 steepest descent + mirror (the step of L4 length lr_k along
 argmax_{||d||_4 <= 1} <g, d>, then the mirror step) reaches τ = 0.9 of the optimal L1 margin at the end of
-the decaying-step run. p = 4 was chosen a priori, in the issue that asked for the L_p operator (issue 43),
-before the operator existed: it is the middle of the finite range the project had no operator for (p = 2
+the decaying-step run. p = 4 was chosen a priori, when the L_p operator was asked for and before
+it existed: it is the middle of the finite range the project had no operator for (p = 2
 had normalised GD, p = ∞ sign descent), the geometric mean of the run's other finite p > 2 (3 and 8)
 rather than an end of the range, where the object would sit closest to a case already run. p = 2, 3 and 8
 are secondary rows of the same form; p = ∞ (``theorem-sign-mirror``) and its "still rising" row are

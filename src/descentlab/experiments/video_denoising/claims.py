@@ -22,7 +22,7 @@ Cells. A statistic ``T_s = f(x̄_s)`` of per-seed means enters as its linearised
 whose mean over n is ``T_s`` exactly. The cells are ``[seeds, sequences]``: the seed means are the pooled
 per-seed statistics (so :func:`~descentlab.report.stats.paired_interval`'s seed piece is the t-interval over
 per-seed pooled differences) and the spread over sequences is the delta-method share of the test set. A
-one-seed run (the ``budget`` preset) gets "one seed: training variance not measured".
+one-seed run (the ``budget`` preset) gets "one seed: a smoke run, not judged".
 
 Power, declared before the full run (the ``full`` preset: UT at 16,000 steps, evaluation seeds 100-102,
 tuning seed 1000). The pilot is the 2,000-step protocol's run (seeds 0-2, ``full-2000``): its per-seed
