@@ -132,7 +132,15 @@ def bottom_line(results_dir: Path) -> list[str]:
             sentence = _primary_sentence(body.parent, results, f"`{study}`")
             if sentence:
                 sentences.append(sentence)
-            controls += [c for c in engine_rows(results.get("claims", [])) or [] if c.role == "control"]
+            rows = engine_rows(results.get("claims", [])) or []
+            controls += [c for c in rows if c.role == "control"]
+            sentences += [
+                f"`{study}`, exploratory ({c.reason.split('; here: ')[0]}): {c.description}"
+                f"{f' ({c.at})' if c.at else ''}: **{c.label.removeprefix('exploratory: ')}**, "
+                f"{c.method} − {c.reference} = {_interval(c)}."
+                for c in rows
+                if c.role == "exploratory" and c.estimate is not None and c.low is not None
+            ]
             for companion in companion_runs(results_dir / study):
                 extra = _primary_sentence(
                     companion.parent,
