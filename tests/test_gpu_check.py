@@ -58,4 +58,6 @@ def test_gpu_check_tiny_runs_every_section_and_passes(tmp_path: Path) -> None:
         for key in ("adamw_fused_ms", "horst_ms", "ratio_to_fused_adamw", "horst_gbps", "copy_gbps",
                     "compile_s", "horst_recompiles_over_lr_schedule", "horst_kernels_per_step"):  # fmt: skip
             assert key in row, (name, key)
-        assert row["horst_fallbacks"] == {}
+        # on this CPU, bf16 takes HORST's foreach path by design, and every such step is now recorded
+        allowed = {"cpu_dtype"} if name.endswith("bf16") else set()
+        assert set(row["horst_fallbacks"]) <= allowed, (name, row["horst_fallbacks"])

@@ -13,7 +13,7 @@ from descentlab.cli import main
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments import run_experiment
 from descentlab.io import load_arrays
-from descentlab.report.claims import NOT_IN_RUN, ONE_SEED
+from descentlab.report.claims import DEGENERATE, NOT_IN_RUN, ONE_SEED
 
 MICRO = [
     "n_train=256",
@@ -402,7 +402,13 @@ def test_the_paper_like_arm_prunes_the_block_linears_only(tmp_path) -> None:
         pytest.skip(f"no image dataset installed: {exc}")
     results = json.loads((path / "results.json").read_text())
     (row,) = [c for c in results["claims"] if c["name"] == "paper-like"]
-    assert row["seeds"] == 2 and row["verdict"] in ("reproduced", "refuted", "inconclusive")
+    assert row["seeds"] == 2 and row["verdict"] in (
+        "reproduced",
+        "refuted",
+        "negligible",
+        "inconclusive",
+        DEGENERATE,
+    )
     assert row["at"] == "block Linears, sparsity 90 %"
     assert load_arrays(path / "arrays" / "claims.npz")["correct/horst/paper-like"].shape == (2, 128)
     blocks = load_file(

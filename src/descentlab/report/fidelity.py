@@ -10,7 +10,7 @@ Each study declares, once, in ``experiments/<study>/fidelity.py``:
 
 This module renders both into a Markdown section and places it in a page between two HTML-comment markers,
 just before the page's "History" section (or at its end). It knows no study: the caller (the experiment
-layer, :mod:`descentlab.experiments.fidelity`) resolves the presets and passes the declarations in, because
+layer, the experiments package's ``fidelity`` module) resolves the presets and passes the declarations in, because
 report/ never imports experiments/ (tests/test_layering.py).
 """
 

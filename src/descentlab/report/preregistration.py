@@ -149,7 +149,7 @@ def first_declaration(repo: Path, module: str, name: str) -> tuple[str, str] | N
 
 
 def _package_of(path: str) -> str | None:
-    """``src/descentlab/experiments/x/claims.py`` -> ``descentlab.experiments.x``."""
+    """The package of a module path under ``src/``: ``src/<pkg>/<sub>/<study>/claims.py`` -> ``<pkg>.<sub>.<study>``."""
     parts = Path(path).with_suffix("").parts
     return ".".join(parts[1:-1]) if parts and parts[0] == "src" else None
 
