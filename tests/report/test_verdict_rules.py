@@ -205,3 +205,26 @@ def test_sd_upper_bound_matches_the_chi_square_bound_and_covers_by_simulation() 
     assert abs(covered - 0.8) < 3 * math.sqrt(0.8 * 0.2 / 20_000)
     with pytest.raises(ValueError):
         sd_upper_bound(1.0, 1)
+
+
+def test_no_committed_row_reads_reproduced_inside_the_sesoi_or_carries_opposite_verdicts() -> None:
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[2] / "docs" / "results"
+    rows = [
+        row
+        for path in results.glob("**/results.json")
+        for row in json.loads(path.read_text()).get("claims", [])
+        if "role" in row
+    ]
+    assert rows
+    for row in rows:
+        verdicts = {row["verdict"], row.get("holm_verdict") or row["verdict"]}
+        assert verdicts != {"reproduced", "refuted"}, row["name"]
+        if row["kind"] == "directional" and row["verdict"] == "reproduced" and row["low"] is not None:
+            sign = 1.0 if row["direction"] == "greater" else -1.0
+            low, high = sorted((sign * row["low"], sign * row["high"]))
+            assert not (low > 0 and high < row["threshold"]), row["name"]
+        if row["verdict"] in ("reproduced", "refuted", "negligible", "inconclusive"):
+            assert row["low"] < row["high"], row["name"]  # never judged on a zero-width interval
