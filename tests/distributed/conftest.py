@@ -24,6 +24,38 @@ def load_worker(path: Path) -> ModuleType:
     return module
 
 
+def _spawn_ranks(worker: Path, out_root: Path, *, timeout: int) -> tuple[list[dict], ModuleType]:
+    """Run ``worker out`` (a script that spawns its own 2 gloo ranks) and return each rank's
+    ``out/rank{r}.pt`` and the worker module.
+
+    gloo's own threads can abort a rank at teardown on a loaded machine ("terminate called without an
+    active exception"; seen once in a fresh-clone CI run, never alone). A fault of the code under test
+    aborts again, so one fresh launch after a SIGABRT tells the two apart.
+    """
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def launch(out: Path) -> subprocess.CompletedProcess:
+        out.mkdir()
+        return subprocess.run(
+            [sys.executable, str(worker), str(out)], env=env, capture_output=True, text=True, timeout=timeout
+        )
+
+    proc = launch(out := out_root / "try1")
+    if proc.returncode != 0 and "terminated with signal SIGABRT" in proc.stderr:
+        proc = launch(out := out_root / "try2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    return ranks, load_worker(worker)
+
+
+@pytest.fixture(scope="module")
+def spawn_ranks() -> Callable[..., tuple[list[dict], ModuleType]]:
+    """``spawn_ranks(worker, out_root, timeout=...)``: see :func:`_spawn_ranks`."""
+    return _spawn_ranks
+
+
 @pytest.fixture(scope="module")
 def torchrun() -> Callable[..., tuple[list[dict], ModuleType]]:
     """``torchrun(worker, out)`` runs ``worker out`` on ``WORLD`` ranks and returns each rank's
