@@ -27,6 +27,7 @@ L = pytest.importorskip(
 import descentlab as dl  # noqa: E402
 from descentlab.errors import ConfigError, NumericalError  # noqa: E402
 from descentlab.integrations.lightning import DescentModule  # noqa: E402
+from lightning_trainer import cpu_trainer as _trainer  # noqa: E402
 from tiny_models import tiny_bert  # noqa: E402
 
 LAYERS = 2
@@ -77,19 +78,6 @@ class Record(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         self.lambdas.append(module.constraint.multipliers.clone())
-
-
-def _trainer(**kwargs) -> L.Trainer:
-    settings = {
-        "accelerator": "cpu",
-        "devices": 1,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "logger": False,
-        "enable_checkpointing": False,
-        "deterministic": True,
-    }
-    return L.Trainer(**{**settings, **kwargs})
 
 
 def _plain_loop(data, steps: int):

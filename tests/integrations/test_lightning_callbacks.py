@@ -26,6 +26,7 @@ import descentlab as dl  # noqa: E402
 from descentlab.errors import ConfigError, NumericalError  # noqa: E402
 from descentlab.integrations.lightning import ACDC_KEY, ACDCCallback, ConstraintCallback  # noqa: E402
 from descentlab.sparsity import Selection  # noqa: E402
+from lightning_trainer import cpu_trainer as _trainer  # noqa: E402
 from tiny_models import tiny_bert  # noqa: E402
 
 BATCH = 4
@@ -106,19 +107,6 @@ class Record(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         self.lambdas.append(self._lam())
-
-
-def _trainer(**kwargs) -> L.Trainer:
-    settings = {
-        "accelerator": "cpu",
-        "devices": 1,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "logger": False,
-        "enable_checkpointing": False,
-        "deterministic": True,
-    }
-    return L.Trainer(**{**settings, **kwargs})
 
 
 @pytest.fixture(autouse=True)
