@@ -187,7 +187,7 @@ def test_a_run_from_a_config_file_records_provenance_and_curves(tmp_path, capsys
     provenance.json, metrics.csv and TensorBoard events, and its report names the commit."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from descentlab.provenance import KEYS
+    from descentlab.provenance import END_KEYS, KEYS, run_wall_seconds
 
     assert main(["config", "smoke", "--preset", "quick", "n_train=200", "n_test=100"]) == 0
     file = tmp_path / "smoke.yaml"
@@ -199,7 +199,8 @@ def test_a_run_from_a_config_file_records_provenance_and_curves(tmp_path, capsys
     assert config["config"]["n_train"] == 200 and config["config"]["train"]["log_every"] == 3
     assert config["config_file"] == str(file)
     record = json.loads((run_dir / "provenance.json").read_text())
-    assert tuple(record) == KEYS
+    assert tuple(record) == KEYS + END_KEYS  # the start's record, then the end of its one process
+    assert run_wall_seconds(run_dir) == record["wall_seconds"] > 0
     assert record["argv"] == ["descentlab", *args, "train.progress=false"]
     assert record["seeds"] == config["config"]["seeds"]
     report = (run_dir / "report.md").read_text()

@@ -20,6 +20,8 @@ from descentlab.provenance import (
     git_state,
     read_provenance,
     read_resumes,
+    record_segment_end,
+    run_wall_seconds,
     write_provenance,
 )
 
@@ -161,3 +163,17 @@ def test_the_report_shows_the_commit_and_a_dirty_tree(repo: Path, tmp_path: Path
     head = _git(repo, "rev-parse", "HEAD").strip()
     report = write_report(run).read_text()
     assert f"**Code.** descentlab commit `{head[:12]}` **with uncommitted changes**" in report
+
+
+def test_the_wall_time_sums_the_start_and_every_resume(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert record_segment_end(run, 1.0) is None and run_wall_seconds(run) is None
+    write_provenance(run, argv=["a"])
+    assert run_wall_seconds(run) is None  # started, not ended: no measured cost yet
+    record_segment_end(run, 12.34)
+    assert run_wall_seconds(run) == pytest.approx(12.3)
+    write_provenance(run, argv=["b"])  # a resume whose process was killed records no end
+    assert run_wall_seconds(run) is None
+    record_segment_end(run, 30.0)
+    assert run_wall_seconds(run) == pytest.approx(42.3)
+    assert read_provenance(run)["wall_seconds"] == pytest.approx(12.3)  # the start's record keeps its own

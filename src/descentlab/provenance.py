@@ -25,6 +25,15 @@ missing git, a missing package or an unreadable ``/proc/cpuinfo``: provenance ne
 
 A resumed run keeps the ``provenance.json`` of its start and gets ``provenance-resume-<k>.json`` (same
 keys) for its k-th resume, so a run continued on other code is visible (:func:`read_resumes`).
+
+When a process of the run ends (done, interrupted or failed), its record gains two more keys
+(:func:`record_segment_end`)::
+
+    ended_at      ISO-8601 UTC with seconds
+    wall_seconds  the seconds this process ran the study, from prepare to its end
+
+and :func:`run_wall_seconds` sums them over the start and every resume: the run's measured cost, which
+``descentlab list`` and the sizing of a study (hours on this machine per seed) read.
 """
 
 from __future__ import annotations
@@ -43,12 +52,15 @@ from typing import Any
 from descentlab.io import save_json
 
 __all__ = [
+    "END_KEYS",
     "FILENAME",
     "collect_provenance",
     "describe_code",
     "git_state",
     "read_provenance",
     "read_resumes",
+    "record_segment_end",
+    "run_wall_seconds",
     "write_provenance",
 ]
 
@@ -67,6 +79,8 @@ KEYS = (
     "threads",
     "seeds",
 )
+#: the keys :func:`record_segment_end` adds when the process ends
+END_KEYS = ("ended_at", "wall_seconds")
 _GIT_TIMEOUT_S = 10.0  # a hung git (a network file system, a lock) must not hold a run's start for long
 
 
@@ -269,3 +283,43 @@ def describe_code(run_dir: Path | str) -> str | None:
         if (resume.get("commit"), resume.get("dirty"), resume.get("diff_sha256")) != same:
             text += f"; **resume {k} ran other code**: {_code_phrase(resume)}"
     return text + "."
+
+
+def _segment_files(run_dir: Path) -> list[Path]:
+    """The record files of the run's processes, in order: the start, then each resume."""
+    files = [run_dir / FILENAME]
+    k = 1
+    while (run_dir / f"provenance-resume-{k}.json").is_file():
+        files.append(run_dir / f"provenance-resume-{k}.json")
+        k += 1
+    return [f for f in files if f.is_file()]
+
+
+def record_segment_end(run_dir: Path | str, wall_seconds: float) -> Path | None:
+    """Add ``ended_at`` and ``wall_seconds`` to the record of the process now ending (the newest record
+    file), atomically; None when the run has no record. Never raises for an unreadable record: provenance
+    never stops a run."""
+    files = _segment_files(Path(run_dir))
+    if not files:
+        return None
+    record = _read(files[-1])
+    if record is None:
+        return None
+    record["ended_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    record["wall_seconds"] = round(float(wall_seconds), 1)
+    save_json(files[-1], record)
+    return files[-1]
+
+
+def run_wall_seconds(run_dir: Path | str) -> float | None:
+    """The run's wall time: the sum of ``wall_seconds`` over its start and its resumes; None when a
+    process of the run recorded none (it predates the field, or it was killed before its end)."""
+    total = 0.0
+    files = _segment_files(Path(run_dir))
+    for f in files:
+        record = _read(f)
+        seconds = None if record is None else record.get("wall_seconds")
+        if not isinstance(seconds, int | float):
+            return None
+        total += float(seconds)
+    return total if files else None

@@ -25,7 +25,7 @@ from descentlab.report.claims import (
     judge_cells,
     require_arm,
 )
-from descentlab.report.stats import paired_interval
+from descentlab.report.stats import UNDERPOWERED, paired_interval
 
 
 def _design(rng, seeds=8, examples=200, effect=0.0, scale=1.0):
@@ -73,7 +73,8 @@ def test_judge_rows_roles_and_holm() -> None:
     assert rows["main"].verdict == "reproduced"
     assert {rows["strong"].role, rows["null"].role} == {"secondary"}
     assert rows["strong"].holm_verdict == "reproduced"
-    assert rows["null"].verdict == "inconclusive" and rows["null"].holm_verdict == "inconclusive"
+    # sd 1 over 8 seeds detects ≈ 1.0, ten times the SESOI: the design could not have decided it
+    assert rows["null"].verdict == UNDERPOWERED and rows["null"].holm_verdict == UNDERPOWERED
     assert rows["null"].p_reproduce == pytest.approx(1.0)
 
 
@@ -86,7 +87,8 @@ def test_holm_turns_marginal_secondaries_inconclusive() -> None:
     specs = [_spec("main", primary=True)]
     for i in range(4):
         arrays[f"s{i}_a"], arrays[f"s{i}_b"] = marginal, np.zeros(8)
-        specs.append(_spec(f"s{i}"))
+        # SESOI 1.5 lies above the design's MDE (≈ 1.0): a Holm-inconclusive row that is not underpowered
+        specs.append(_spec(f"s{i}", sesoi=1.5))
     rows = [r for r in judge(specs, arrays) if r.role == "secondary"]
     assert all(r.verdict == "reproduced" and r.holm_verdict == "inconclusive" for r in rows)
     assert all(r.p_reproduce == pytest.approx(alone) for r in rows)
@@ -241,7 +243,7 @@ def test_controls_are_judged_outside_the_holm_family() -> None:
     specs = [_spec("main", primary=True)]
     for i in range(4):
         arrays[f"s{i}_a"], arrays[f"s{i}_b"] = marginal, np.zeros(8)
-        specs.append(_spec(f"s{i}", control=i == 0))
+        specs.append(_spec(f"s{i}", control=i == 0, sesoi=1.5))
     rows = {r.name: r for r in judge(specs, arrays)}
     assert (
         rows["s0"].role == "control" and rows["s0"].holm_verdict is None and rows["s0"].label == "reproduced"

@@ -21,6 +21,7 @@ from descentlab.report.claims import (
 )
 from descentlab.report.stats import (
     OUTCOME_ORDER,
+    UNDERPOWERED,
     WIDENING,
     ClaimTests,
     PairedInterval,
@@ -175,7 +176,8 @@ def test_an_exploratory_row_never_reads_refuted_and_is_outside_holm() -> None:
 def test_an_inconclusive_row_says_how_many_seeds_would_decide_it() -> None:
     diff = np.array([-0.8, 0.2, 1.2])  # a small effect, three noisy seeds
     row, _ = judge_cells(_spec(sesoi=0.5), Cells(diff, np.zeros(3), "m", "r"))
-    assert row.verdict == "inconclusive" and row.seeds_needed is not None and row.seeds_needed > 3
+    # its MDE (≈ 3.7) exceeds the SESOI: inconclusive, and underpowered
+    assert row.verdict == UNDERPOWERED and row.seeds_needed is not None and row.seeds_needed > 3
     assert f"about {row.seeds_needed} seeds" in row.reason
     iv = paired_interval(diff, np.zeros(3))
     # at the answer the MDE reaches the SESOI, one seed fewer it does not

@@ -268,17 +268,21 @@ def run_experiment(
     from descentlab.report.build import write_report
     from descentlab.train.loop import TrainingInterrupted
 
+    started = time.monotonic()
     exp, cfg, run = prepare(name, preset, overrides, out, resume, argv=argv, config_file=config_file)
     _status(run, "running", resumed=resume is not None)
     try:
         body = exp.run(cfg, run)
     except TrainingInterrupted as exc:
+        _end_segment(run, started)
         _status(run, "interrupted", error=str(exc))
         raise
     except DescentlabError as exc:
+        _end_segment(run, started)
         _status(run, "failed", error=str(exc))
         raise
     except BaseException as exc:
+        _end_segment(run, started)
         _status(run, "failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         raise
     if not isinstance(body, dict) or not isinstance(body.get("methods"), dict):
@@ -292,8 +296,17 @@ def run_experiment(
     if run.writer:
         rejudge(run.path)
         write_report(run.path, figures=exp.figures)
+    _end_segment(run, started)
     _status(run, "done")
     return run.path
+
+
+def _end_segment(run: RunDir, started: float) -> None:
+    """Record this process's wall time in its provenance record (rank 0 only)."""
+    from descentlab.provenance import record_segment_end
+
+    if run.writer:
+        record_segment_end(run.path, time.monotonic() - started)
 
 
 def rejudge(run_dir: Path | str) -> list[Any]:

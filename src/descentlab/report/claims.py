@@ -19,7 +19,10 @@ A claim is judged in one way everywhere:
   side, so a diverged run is at least as bad as the worst run that finished);
 * an exploratory row (a claim outside the paper's stated scope, with the quote of why) is judged, labelled
   exploratory and never reads as a refutation of the paper; like a control it is outside Holm;
-* an inconclusive row says how many seeds a run like it would need to detect its declared effect;
+* an inconclusive row says how many seeds a run like it would need to detect its declared effect, from
+  its own variance and from the 80 % upper bound of its seed standard deviation (the sizing rule of
+  :func:`~descentlab.report.stats.size_design`); one whose design could not detect that effect at all
+  (minimum detectable effect above the SESOI, or above a parity margin) reads ``underpowered here``;
 * a claim whose arrays the run did not save gets ``pending re-run``;
 * a claim none of whose arms the run trained (a companion run of a few arms, say) gets ``not in this run``:
   nothing is missing, and another run of the study judges it. A cell function says so by yielding nothing,
@@ -37,14 +40,17 @@ from typing import Any
 import numpy as np
 
 from descentlab.report.stats import (
+    UNDERPOWERED,
     ClaimTests,
     Direction,
     Kind,
     PairedInterval,
     claim_tests,
+    design_power_shortfall,
     holm,
     outcome,
     paired_interval,
+    power_verdict,
     seeds_needed,
 )
 
@@ -69,6 +75,7 @@ VERDICTS = (
     "refuted",
     "negligible",
     "inconclusive",
+    UNDERPOWERED,
     UNTESTABLE,
     ONE_SEED,
     DEGENERATE,
@@ -223,6 +230,8 @@ class Claim:
     p_reproduce: float | None = None
     p_refute: float | None = None
     seeds_needed: int | None = None
+    seeds_needed_bounded: int | None = None
+    power_shortfall: float | None = None
     seed_share: float | None = None
     diverged: dict[str, int] | None = None
     paper: str | None = None
@@ -355,9 +364,14 @@ def judge_cells(spec: ClaimSpec, cells: Cells, *, level: float = 0.95) -> tuple[
     )
     row.p_reproduce, row.p_refute = tests.p_reproduce, tests.p_refute
     verdict = outcome(tests, 1 - level)
+    row.power_shortfall = design_power_shortfall(iv, spec.kind, spec.sesoi or spec.margin)
     if verdict == "inconclusive":
         row.seeds_needed = _seeds_to_decide(spec, iv)
-    row.verdict = EXPLORATORY_WORDS[verdict] if spec.exploratory is not None else verdict
+        row.seeds_needed_bounded = _seeds_to_decide(spec, iv, sd_confidence=0.8)
+    if spec.exploratory is not None:
+        row.verdict = EXPLORATORY_WORDS[verdict]
+    else:
+        row.verdict = power_verdict(verdict, iv, spec.kind, spec.sesoi or spec.margin)
     scope = f"{spec.exploratory}; here: " if spec.exploratory is not None else ""
     row.reason = f"{scope}{text}; {_rule_text(spec, verdict)}{_needed_text(row)}"
     return row, tests
@@ -384,25 +398,41 @@ def count_divergence_against(
     return np.where(finite_a, a, worst), np.where(finite_b, b, worst), seeds_a, seeds_b
 
 
-def _seeds_to_decide(spec: ClaimSpec, iv: PairedInterval) -> int | None:
+def _seeds_to_decide(spec: ClaimSpec, iv: PairedInterval, sd_confidence: float | None = None) -> int | None:
     """Seeds for an inconclusive row: where its MDE reaches the declared effect (the SESOI or the parity
-    margin), or, for a sized claim, the gap between the estimate and the claimed size."""
+    margin), or, for a sized claim, the gap between the estimate and the claimed size. ``sd_confidence``:
+    size from that upper bound of the seed standard deviation (see :func:`seeds_needed`)."""
     if spec.kind == "sized":
         assert spec.size is not None
         effect = abs(abs(iv.mean) - spec.size)
     else:
         effect = spec.threshold or 0.0
-    return seeds_needed(iv, effect)
+    return seeds_needed(iv, effect, sd_confidence=sd_confidence)
+
+
+def is_inconclusive(verdict: str) -> bool:
+    """True for the verdicts that decide nothing: inconclusive, underpowered here, and the exploratory
+    inconclusive."""
+    return verdict.endswith("inconclusive") or verdict == UNDERPOWERED
 
 
 def _needed_text(row: Claim) -> str:
-    if not row.verdict.endswith("inconclusive"):
+    if not is_inconclusive(row.verdict):
         return ""
-    if row.seeds_needed is None:
-        return "; no number of seeds decides it at these examples (the example piece alone is too wide)"
-    return (
-        f"; about {row.seeds_needed} seeds would decide it at 80 % power (plug-in, from this run's variance)"
+    why = (
+        f"; the design detects {row.power_shortfall + (row.threshold or 0):.3g} at 80 % power, above the "
+        f"declared {row.threshold:g}"
+        if row.verdict == UNDERPOWERED and row.power_shortfall is not None and row.threshold is not None
+        else ""
     )
+    if row.seeds_needed is None:
+        return f"{why}; no number of seeds decides it at these examples (the example piece alone is too wide)"
+    bounded = (
+        f", {row.seeds_needed_bounded} at the 80 % upper bound of the seed sd (the sizing rule)"
+        if row.seeds_needed_bounded is not None
+        else ""
+    )
+    return f"{why}; about {row.seeds_needed} seeds would decide it at 80 % power (plug-in, from this run's variance){bounded}"
 
 
 def _rule_text(spec: ClaimSpec, verdict: str) -> str:
@@ -458,7 +488,9 @@ def judge(
         rep = holm([t.p_reproduce for _, t in tested])
         ref = holm([t.p_refute for _, t in tested])
         for (row, _), p_rep, p_ref in zip(tested, rep, ref, strict=True):
-            row.holm_verdict = outcome(ClaimTests(p_rep, p_ref), alpha)
+            adjusted = outcome(ClaimTests(p_rep, p_ref), alpha)
+            underpowered = adjusted == "inconclusive" and (row.power_shortfall or 0) > 0
+            row.holm_verdict = UNDERPOWERED if underpowered else adjusted
     for row in rows:
         if row.role == "secondary" and row.holm_verdict is None:
             row.holm_verdict = row.verdict
@@ -478,9 +510,10 @@ def verdict_details(c: Claim) -> str:
     if c.diverged:
         seeds = c.seeds or 0
         parts += [f"{arm} diverged on {k} of {seeds} seeds" for arm, k in c.diverged.items() if k]
-    if c.label.endswith("inconclusive") or c.verdict.endswith("inconclusive"):
+    if is_inconclusive(c.label) or is_inconclusive(c.verdict):
         if c.seeds_needed is not None:
-            parts.append(f"≈ {c.seeds_needed} seeds to decide")
+            bounded = f", {c.seeds_needed_bounded} at the sd bound" if c.seeds_needed_bounded else ""
+            parts.append(f"≈ {c.seeds_needed} seeds to decide{bounded}")
         elif c.estimate is not None and c.low is not None:
             parts.append("more seeds alone do not decide it")
     return "; ".join(parts)

@@ -33,8 +33,11 @@ HOW_TO_READ = """\
   - *negligible*: a directional claim whose interval lies wholly between 0 and its smallest effect of
     interest: the direction holds, and the size is below interest;
   - *inconclusive*: none of these; the details column says about how many seeds a run like it would need
-    (a plug-in figure from the run's own variance), and the MDE column the smallest effect the run detects
-    with 80 % power.
+    (a plug-in figure from the run's own variance, then the sizing rule's figure from the 80 % upper bound
+    of its seed standard deviation), and the MDE column the smallest effect the run detects with 80 % power;
+  - *underpowered here*: an inconclusive row whose design could not have decided it: its MDE exceeds the
+    smallest effect of interest (a parity row: its equivalence MDE exceeds the margin). It is not evidence
+    either way; the sizing table below says what would decide it and what that costs on this machine.
 
   Widening an interval (Holm's adjustment, a higher level) only moves a verdict toward less information
   (negligible to reproduced, refuted or inconclusive; reproduced or refuted to inconclusive), never to its
@@ -263,6 +266,82 @@ def regimes_of_primaries(results_dir: Path) -> list[str]:
     ]
 
 
+def sizing_section(results_dir: Path) -> list[str]:
+    """Each main run's primary against its declared effect: the MDE the run reached, the seeds a design
+    like it needs (plug-in and the sizing rule), and the hours that costs here, from the run's own wall time
+    per seed (``provenance.json``'s ``wall_seconds``: tuning included, spread over its evaluation seeds)."""
+    from descentlab.provenance import run_wall_seconds
+    from descentlab.report.claims import is_inconclusive
+
+    rows = []
+    for body in sorted(results_dir.glob("*/results.json")):
+        claims = engine_rows(json.loads(body.read_text()).get("claims", [])) or []
+        primary = next((c for c in claims if c.role == "primary" and c.seeds), None)
+        if primary is None:
+            continue
+        wall = run_wall_seconds(body.parent)
+        per_seed = None if wall is None else wall / primary.seeds
+        need = primary.seeds_needed_bounded
+        if not is_inconclusive(primary.label):
+            verdict_need, hours, fits = "decided at this design", "—", "—"
+        elif need is None:
+            verdict_need, hours, fits = "no number of seeds at these examples", "—", "no"
+        else:
+            verdict_need = f"{primary.seeds_needed} plug-in, **{need}** at the sd bound"
+            h = None if per_seed is None else need * per_seed / 3600
+            hours = "unmeasured" if h is None else f"{h:,.1f}"
+            fits = "—" if h is None else ("yes" if h <= 6 else "no")
+        rows.append(
+            [
+                body.parent.name,
+                primary.name,
+                primary.label,
+                str(primary.seeds),
+                _fmt_effect(primary.min_detectable_effect),
+                _fmt_effect(primary.threshold),
+                verdict_need,
+                "unmeasured" if per_seed is None else f"{per_seed / 60:.1f}",
+                hours,
+                fits,
+            ]
+        )
+    if not rows:
+        return []
+    return [
+        "## Sizing: what each primary would need",
+        "",
+        "The sizing rule (`descentlab.report.stats.size_design`): the seeds at which a design like the run's "
+        "detects the declared effect with 80 % power, keeping its examples and its example piece of the "
+        "variance, with the seed standard deviation raised to its 80 % upper confidence bound (a few seeds "
+        "understate it: the bound is 2.1× the estimate at 3 seeds, 1.45× at 5). The plug-in figure uses the "
+        "run's own estimate. Hours here: the run's measured wall time per evaluation seed (tuning included) "
+        "× the seeds the rule asks for, on this 2-core machine; a design that fits in about 6 hours can be "
+        "run here. GPU hours are unmeasured: no GPU has been lent to this project, and no cost model is "
+        "stated without one measured step (`make gpu-check` measures it).",
+        "",
+        markdown_table(
+            [
+                "study",
+                "primary",
+                "verdict",
+                "seeds run",
+                "MDE",
+                "declared effect",
+                "seeds needed",
+                "min per seed here",
+                "hours here",
+                "fits 6 h here",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
+def _fmt_effect(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3g}"
+
+
 def study_section(
     name: str, results: dict[str, Any], preset: str = "full", run_dir: Path | None = None
 ) -> list[str]:
@@ -342,6 +421,7 @@ def results_index(results_dir: Path | str) -> str:
     if coverage.is_file():
         lines += coverage_section(json.loads(coverage.read_text()))
         lines += regimes_of_primaries(results_dir)
+    lines += sizing_section(results_dir)
     for page in sorted(results_dir.glob("*.md")):
         if page.stem == "README":
             continue

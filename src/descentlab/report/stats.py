@@ -493,7 +493,12 @@ def outcome(tests: ClaimTests, alpha: float) -> Outcome:
 
 
 def seeds_needed(
-    iv: PairedInterval, effect: float, *, power: float = 0.8, max_seeds: int = 10_000
+    iv: PairedInterval,
+    effect: float,
+    *,
+    power: float = 0.8,
+    max_seeds: int = 10_000,
+    sd_confidence: float | None = None,
 ) -> int | None:
     """The training seeds at which a design like ``iv``'s detects a true difference of ``effect`` with
     probability ``power`` (its MDE falls to ``|effect|``), keeping its examples and its estimated variance.
@@ -504,19 +509,24 @@ def seeds_needed(
 
         √((t_{(1+level)/2, S'−1} + t_{power, S'−1})² · v_S · S / S' + (t_{·, ν_E} + t_{power, ν_E})² · v_E) <= |effect|.
 
-    It uses the run's own variance estimate, so it is a plug-in figure (see :func:`sd_upper_bound` for a
-    conservative one from a pilot).
+    With ``sd_confidence`` None it uses the run's own variance estimate: a plug-in figure. With
+    ``sd_confidence = c`` the seed piece is first raised to the one-sided ``c`` upper bound of its standard
+    deviation (:func:`sd_upper_bound`, ``v_S · (s_U / s)²``): the sizing rule of :func:`size_design`, which
+    does not flatter a design sized from a few pilot seeds.
     """
     if effect == 0 or not math.isfinite(effect):
         return None
     q = 0.5 + iv.level / 2
     target = abs(effect)
+    inflation = 1.0 if sd_confidence is None else sd_upper_bound(1.0, iv.seeds, confidence=sd_confidence) ** 2
 
     def mde(n: int) -> float:
         total = 0.0
         for p in iv.pieces:
             if p.source == "seeds":
-                total += (_t_ppf(q, n - 1) + _t_ppf(power, n - 1)) ** 2 * p.variance * iv.seeds / n
+                total += (
+                    (_t_ppf(q, n - 1) + _t_ppf(power, n - 1)) ** 2 * p.variance * inflation * iv.seeds / n
+                )
             else:
                 total += (_t_ppf(q, p.df) + _t_ppf(power, p.df)) ** 2 * p.variance
         return math.sqrt(total)
@@ -543,3 +553,88 @@ def sd_upper_bound(sd: float, n: int, *, confidence: float = 0.8) -> float:
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     return sd * math.sqrt((n - 1) / float(chi2.ppf(1 - confidence, n - 1)))
+
+
+#: The verdict of an inconclusive row whose design could not detect its declared effect: its minimum
+#: detectable effect (80 % power) exceeds the smallest effect of interest (a parity claim: its equivalence
+#: MDE exceeds the margin). It is a kind of *inconclusive*, and says why and what would decide it.
+UNDERPOWERED = "underpowered here"
+
+
+def equivalence_mde(iv: PairedInterval, power: float = 0.8) -> float:
+    """The smallest parity margin the design shows at ``power`` when the true difference is 0: TOST at
+    level α = 1 − ``iv.level`` needs the two one-sided ``1 − α`` bounds inside ``±margin``, so
+
+        margin_min = √Σ_k (t_{1−α, ν_k} + t_{(1+power)/2, ν_k})² · v_k.
+    """
+    alpha = 1 - iv.level
+    return math.sqrt(
+        sum((_t_ppf(1 - alpha, p.df) + _t_ppf(0.5 + power / 2, p.df)) ** 2 * p.variance for p in iv.pieces)
+    )
+
+
+def design_power_shortfall(iv: PairedInterval, kind: str, effect: float | None) -> float | None:
+    """How far the design's detectable effect exceeds the declared one (> 0: underpowered), or None where
+    the notion does not apply (a sized claim, no declared effect, one seed)."""
+    if effect is None or iv.one_seed or iv.se == 0.0:
+        return None
+    if kind == "directional":
+        return iv.min_detectable_effect() - abs(effect)
+    if kind == "parity":
+        return equivalence_mde(iv) - abs(effect)
+    return None
+
+
+def power_verdict(verdict: str, iv: PairedInterval, kind: str, effect: float | None) -> str:
+    """``verdict``, or :data:`UNDERPOWERED` when it is *inconclusive* and the design could not have decided
+    it (:func:`design_power_shortfall` > 0).
+
+    The label only refines *inconclusive*, so the rules of :data:`WIDENING` still hold with
+    ``underpowered here`` read as inconclusive: a wider interval raises the MDE and never turns the row into
+    a decided verdict, let alone its opposite.
+    """
+    if verdict != "inconclusive":
+        return verdict
+    shortfall = design_power_shortfall(iv, kind, effect)
+    return UNDERPOWERED if shortfall is not None and shortfall > 0 else verdict
+
+
+@dataclass(frozen=True)
+class DesignSize:
+    """What a design like ``iv``'s would need to detect ``effect``.
+
+    Attributes:
+        plug_in: seeds from the run's own seed variance (:func:`seeds_needed`); None when no number of seeds
+            suffices at these examples.
+        bounded: seeds from the 80 % upper bound of the seed standard deviation, the sizing rule.
+        hours_here: ``bounded`` × the run's measured seconds per seed, in hours, when those were given.
+        seconds_per_seed: the measured cost per seed the hours come from.
+    """
+
+    plug_in: int | None
+    bounded: int | None
+    hours_here: float | None
+    seconds_per_seed: float | None
+
+
+def size_design(
+    iv: PairedInterval,
+    effect: float,
+    *,
+    seconds_per_seed: float | None = None,
+    power: float = 0.8,
+    sd_confidence: float = 0.8,
+) -> DesignSize:
+    """The sizing rule: size a design from a pilot (or an earlier run) ``iv`` with the one-sided
+    ``sd_confidence`` upper bound of its seed standard deviation, keeping the example piece, at ``power``.
+
+    A pilot of S seeds underestimates the seed sd often: its 80 % upper bound is ≈ 2.1 s at S = 3 and
+    1.45 s at S = 5. ``hours_here`` is ``bounded · seconds_per_seed / 3600``, the cost model of this
+    machine: a run's wall time over its seeds (tuning and evaluation included) scales with its seeds.
+    """
+    plug_in = seeds_needed(iv, effect, power=power)
+    bounded = seeds_needed(iv, effect, power=power, sd_confidence=sd_confidence) if iv.seeds >= 2 else None
+    hours = None
+    if bounded is not None and seconds_per_seed is not None:
+        hours = bounded * seconds_per_seed / 3600
+    return DesignSize(plug_in, bounded, hours, seconds_per_seed)
