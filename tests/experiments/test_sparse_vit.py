@@ -13,7 +13,7 @@ from descentlab.cli import main
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments import run_experiment
 from descentlab.io import load_arrays
-from descentlab.report.claims import DEGENERATE, NOT_IN_RUN, ONE_SEED
+from descentlab.report.claims import DEGENERATE, NOT_IN_RUN, ONE_SEED, UNDERPOWERED
 
 MICRO = [
     "n_train=256",
@@ -407,6 +407,7 @@ def test_the_paper_like_arm_prunes_the_block_linears_only(tmp_path) -> None:
         "refuted",
         "negligible",
         "inconclusive",
+        UNDERPOWERED,
         DEGENERATE,
     )
     assert row["at"] == "block Linears, sparsity 90 %"

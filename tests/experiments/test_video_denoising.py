@@ -29,7 +29,7 @@ from descentlab.experiments.video_denoising.config import (
 from descentlab.experiments.video_denoising.jobs import build_model, noisy_test_clips
 from descentlab.models.denoisers import final_mse
 from descentlab.report.build import write_report
-from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, UNTESTABLE, judge
+from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, UNDERPOWERED, UNTESTABLE, judge
 from descentlab.robustness.video import denoise_frames, evaluate_denoiser
 from descentlab.train.loop import TrainConfig, fit
 from descentlab.train.objectives import DeepSupervision
@@ -318,7 +318,7 @@ def test_experiment_end_to_end_resume_and_report(tmp_path: Path, carphone) -> No
     assert {c["verdict"] for c in claims if c["name"].startswith("budget-")} == {NOT_IN_RUN}
     judged = [c for c in claims if not c["name"].startswith("budget-")]
     assert all((c["seeds"], c["examples"]) == (2, 64) for c in judged)
-    assert all(c["verdict"] in ("reproduced", "refuted", "inconclusive", UNTESTABLE) for c in judged)
+    assert all(c["verdict"] in ("reproduced", "refuted", "inconclusive", UNDERPOWERED, UNTESTABLE) for c in judged)
     roles = {c["name"]: c["role"] for c in claims}
     assert {n for n, r in roles.items() if r == "control"} == {
         "positive-control", "positive-control-graceful", "beats-classical"
