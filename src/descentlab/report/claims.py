@@ -111,6 +111,10 @@ class Cells:
         at: the condition of this row (e.g. ``"sparsity 0.9"``); "" when the claim has one condition.
         untestable: why this comparison cannot show the claim (the reference already has the property,
             the statistic sits at its bound, the protocol cannot move it), or None.
+        clusters: one label per example (the last axis) when examples come in groups that are not
+            independent (passages of one chapter, frames of one clip); the interval then estimates the
+            example piece from cluster totals (:func:`~descentlab.report.stats.paired_interval`). None:
+            examples are independent.
     """
 
     a: Any
@@ -119,6 +123,7 @@ class Cells:
     reference: str
     at: str = ""
     untestable: str | None = None
+    clusters: Any = None
 
 
 CellFunction = Callable[[Mapping[str, np.ndarray]], Iterable[Cells]]
@@ -339,7 +344,7 @@ def judge_cells(spec: ClaimSpec, cells: Cells, *, level: float = 0.95) -> tuple[
             f"{untestable}; one seed, one value" if untestable else "one seed, one value: no interval"
         )
         return row, None
-    iv = paired_interval(a, b, level=level)
+    iv = paired_interval(a, b, level=level, clusters=cells.clusters)
     row.estimate, row.low, row.high, row.level = iv.mean, iv.low, iv.high, level
     row.min_detectable_effect, row.seeds, row.examples = iv.min_detectable_effect(), iv.seeds, iv.examples
     row.a_mean, row.b_mean = float(a.mean()), float(b.mean())
@@ -514,7 +519,7 @@ def verdict_details(c: Claim) -> str:
         if c.seeds_needed is not None:
             bounded = f", {c.seeds_needed_bounded} at the sd bound" if c.seeds_needed_bounded else ""
             parts.append(f"≈ {c.seeds_needed} seeds to decide{bounded}")
-        elif c.estimate is not None and c.low is not None:
+        elif c.estimate is not None and c.low is not None and is_inconclusive(c.verdict):
             parts.append("more seeds alone do not decide it")
     return "; ".join(parts)
 

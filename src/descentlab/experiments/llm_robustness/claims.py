@@ -70,6 +70,7 @@ from typing import Any
 
 import numpy as np
 
+from descentlab.experiments.llm_robustness.clusters import CLUSTER_FILE, CLUSTER_KEY
 from descentlab.io import load_arrays
 from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
 
@@ -148,7 +149,17 @@ def _against_half(
     arrays: Mapping[str, np.ndarray], method: str, condition: str, untestable: str | None = None
 ) -> Cells:
     p = _win(arrays, method, condition)
-    return Cells(p, np.full_like(p, 0.5), method, BASELINE, _label(arrays, condition), untestable)
+    return Cells(
+        p, np.full_like(p, 0.5), method, BASELINE, _label(arrays, condition), untestable, _clusters(arrays, p)
+    )
+
+
+def _clusters(arrays: Mapping[str, np.ndarray], cells: np.ndarray) -> np.ndarray | None:
+    """The chapter of each held-out passage (:mod:`.clusters`) when the run has them for these cells."""
+    chapters = arrays.get(CLUSTER_KEY)
+    if chapters is None or chapters.shape != cells.shape[-1:]:
+        return None
+    return chapters
 
 
 def _noisy_conditions(arrays: Mapping[str, np.ndarray], method: str, prefix: str | None = None) -> list[str]:
@@ -212,7 +223,9 @@ def null_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
         if key not in arrays:
             raise MissingArrays(key)
         p = np.asarray(arrays[key], dtype=np.float64)
-        yield Cells(p, np.full_like(p, 0.5), NULL, BASELINE, _label(arrays, condition))
+        yield Cells(
+            p, np.full_like(p, 0.5), NULL, BASELINE, _label(arrays, condition), None, _clusters(arrays, p)
+        )
 
 
 CLAIMS: list[ClaimSpec] = [
@@ -284,12 +297,14 @@ CLAIMS: list[ClaimSpec] = [
 
 
 def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
-    """The arrays the cells read: ``arrays/claims.npz``, or, for a run saved before that file existed, the
-    ones :func:`arrays_from_counts` rebuilds from its ``results.json`` ({} when neither is there)."""
+    """The arrays the cells read: ``arrays/claims.npz`` with the passages' chapters (``arrays/clusters.npz``,
+    when the run has it), or, for a run saved before ``claims.npz`` existed, the ones
+    :func:`arrays_from_counts` rebuilds from its ``results.json`` ({} when neither is there)."""
     run_dir = Path(run_dir)
     path = run_dir / CLAIM_ARRAYS
     if path.is_file():
-        return load_arrays(path)
+        clusters = run_dir / CLUSTER_FILE
+        return {**load_arrays(path), **(load_arrays(clusters) if clusters.is_file() else {})}
     results = run_dir / "results.json"
     return arrays_from_counts(json.loads(results.read_text())) if results.is_file() else {}
 

@@ -20,6 +20,7 @@ import torch
 from descentlab.data import load_causal_lm
 from descentlab.data.causal_lm import prepare_causal_lm_data
 from descentlab.experiments.llm_robustness.claims import CLAIM_ARRAYS
+from descentlab.experiments.llm_robustness.clusters import passage_chapters, save_clusters
 from descentlab.experiments.llm_robustness.config import LlmRobustnessConfig
 from descentlab.experiments.llm_robustness.headtohead import (
     claim_cells,
@@ -310,6 +311,8 @@ def run(cfg: LlmRobustnessConfig, run: RunDir) -> dict:
     if run.writer:
         cells = claim_cells(evaluations, baseline=base, conds=conds, draws=g.draws, tol=cfg.eval.tie_tol)
         save_arrays(run.path / CLAIM_ARRAYS, **cells)
+        if cfg.data.source == "austen":  # passages of one chapter are not independent: label them
+            save_clusters(run.path, passage_chapters(tok, cfg.data))
     judged = None
     # generate then judge (AlpacaEval-style); the likelihood judge stays of record. Under several processes
     # (FSDP2) every rank would load the judge: that phase runs afterwards in one process, resume=RUN_DIR
