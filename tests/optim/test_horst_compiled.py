@@ -68,12 +68,16 @@ def test_compiled_matches_reference_without_recompiling_over_a_schedule():
 
 
 def test_compiled_alpha_beta_zero_is_adamw():
+    """With maximize=True on both sides (one graph: the compiled maximize path at no extra compile; the
+    other compiled tests run maximize=False)."""
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s) * 0.1) for s in [(37, 29), (300,), (16, 16)]]
     twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
     start = [p.detach().clone() for p in params]
-    horst = HORST(params, lr=1e-3, weight_decay=0.01, alpha=0.0, beta=0.0, mirror=True, impl="compiled")
-    adamw = torch.optim.AdamW(twins, lr=1e-3, weight_decay=0.01)
+    horst = HORST(
+        params, lr=1e-3, weight_decay=0.01, alpha=0.0, beta=0.0, mirror=True, impl="compiled", maximize=True
+    )
+    adamw = torch.optim.AdamW(twins, lr=1e-3, weight_decay=0.01, maximize=True)
     gen = torch.Generator().manual_seed(1)
     for _ in range(30):
         for p, q in zip(params, twins, strict=True):

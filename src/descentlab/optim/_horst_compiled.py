@@ -56,9 +56,11 @@ def _step_lists(
     mirror: bool,
     guard: bool,
     sr_keys: Tensor | None = None,
+    maximize: bool = False,
 ) -> Tensor:
     """The HORST step of a list of tensors, in place; ``scalars`` = [decay, alpha, lr beta, ss_i..., bc2_i...];
-    ``sr_keys`` (int64, one per tensor): round bf16 / fp16 results stochastically with these keys.
+    ``sr_keys`` (int64, one per tensor): round bf16 / fp16 results stochastically with these keys;
+    ``maximize`` (a compile-time constant): step with -g.
 
     Returns:
         The number of elements the NaN guard reverted (a 0-dim int64 tensor; 0 without the guard).
@@ -71,6 +73,8 @@ def _step_lists(
         low = p_in.dtype in _LOW_PRECISION
         p0 = p_in.float() if low else p_in
         g = grad.float() if low else grad
+        if maximize:
+            g = -g
         m0, v0 = exp_avgs[i], exp_avg_sqs[i]
         step_size, bc2_sqrt = scalars[3 + i], scalars[3 + n + i]
         p = p0 * decay
@@ -121,10 +125,11 @@ def can_compile(device: torch.device) -> bool:
 
 
 def horst_compiled_(
-    bucket: Bucket, hp: HorstHyper, *, mirror: bool, sr_keys: list[int] | None = None
+    bucket: Bucket, hp: HorstHyper, *, mirror: bool, sr_keys: list[int] | None = None, maximize: bool = False
 ) -> Tensor:
     """In-place compiled HORST step of plain tensors sharing one device (float32 moments); ``sr_keys``: one
-    rounding key per tensor to round bf16 / fp16 results stochastically (None: to nearest).
+    rounding key per tensor to round bf16 / fp16 results stochastically (None: to nearest); ``maximize``:
+    step with -g (negated inside the graph).
 
     Returns:
         The reverted count as a 0-dim tensor on the device (read it with ``int(...)``).
@@ -140,7 +145,7 @@ def horst_compiled_(
         keys = torch.tensor(sr_keys, dtype=torch.int64).to(params[0].device, non_blocking=True)
     return compiled_step()(
         params, grads, exp_avgs, exp_avg_sqs, scalars, float(beta1), float(beta2), float(eps), clamp,
-        bool(mirror), bool(nan_guard), keys,
+        bool(mirror), bool(nan_guard), keys, bool(maximize),
     )  # fmt: skip
 
 

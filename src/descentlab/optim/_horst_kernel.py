@@ -106,7 +106,7 @@ class HorstKernel:
         fn.restype = ctypes.c_int64
         ptr, dbl = ctypes.c_void_p, ctypes.c_double
         fn.argtypes = [ctypes.c_int64, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
-        fn.argtypes += [dbl] * 5 + [ctypes.c_int, dbl, dbl, dbl, ctypes.c_int, ctypes.c_int]
+        fn.argtypes += [dbl] * 5 + [ctypes.c_int, dbl, dbl, dbl, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         self._fn = fn
         exp = self._lib.horst_expf_array
         exp.restype = None
@@ -131,8 +131,13 @@ class HorstKernel:
         self._exp(x.data_ptr(), out.data_ptr(), x.numel(), int(bounded))
         return out
 
-    def horst_step_(self, bucket: Bucket, hp: HorstHyper, *, mirror: bool, check: bool = True) -> int:
+    def horst_step_(
+        self, bucket: Bucket, hp: HorstHyper, *, mirror: bool, check: bool = True, maximize: bool = False
+    ) -> int:
         """In-place fused step of contiguous float32 CPU tensors at steps ``steps`` (one per tensor).
+
+        ``maximize`` steps with -g (the kernel multiplies each gradient element by -1, an exact negation, in
+        its one pass; by 1 otherwise, which changes no bit).
 
         ``check=False`` skips the per-tensor dtype / layout / size checks, for callers that made them (HORST
         does, when it picks the path); a wrong tensor then corrupts memory instead of raising.
@@ -162,7 +167,7 @@ class HorstKernel:
             n, ptrs(params), ptrs(grads), ptrs(exp_avgs), ptrs(exp_avg_sqs), numel,
             (ctypes.c_double * n)(*step_sizes), (ctypes.c_double * n)(*bc2_sqrts),
             lr, beta1, beta2, eps, weight_decay, int(mirror), alpha, beta, exp_clamp, int(nan_guard),
-            torch.get_num_threads(),
+            int(maximize), torch.get_num_threads(),
         )  # fmt: skip
         if reverted < 0:
             raise MemoryError("horst_step_: out of memory")

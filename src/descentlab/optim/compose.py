@@ -39,9 +39,47 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from descentlab.errors import ConfigError
-from descentlab.optim.functional import adam_update_, evaluate_closure, hyperbolic_mirror
+from descentlab.optim.functional import adam_update_, check_hyper, evaluate_closure, hyperbolic_mirror
 
 ORDERS = ("mirror_after", "mirror_before", "dual")
+
+
+def _positive(value: Any) -> bool:
+    """A finite real number > 0 (a one-element real tensor counts)."""
+    if isinstance(value, Tensor):
+        return value.numel() == 1 and not value.is_complex() and bool(torch.isfinite(value) & (value > 0))
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
+
+
+def refuse_meta(owner: str, what: str, p: Tensor) -> None:
+    """One clear error for a meta tensor where the step reads a value back (a norm, an argmax, a max)."""
+    if p.is_meta:
+        raise ConfigError(
+            f"{owner}: {what} reads values back, and a tensor on the meta device holds none; materialise the "
+            "parameters first (e.g. model.to_empty(device='cpu'))"
+        )
+
+
+def check_group(owner: str, group: dict[str, Any], *, tensors: bool = True) -> None:
+    """Raise ``ConfigError`` (a ``ValueError``, one line) unless a group's hyper-parameters are in range:
+    :func:`~descentlab.optim.functional.check_hyper`'s keys (finite, >= 0; betas in [0, 1)), ``gamma`` finite
+    and > 0, ``p`` > 1 (inf allowed), ``maximize`` a bool. NaN never passes; a 0-dim tensor is read as its
+    value (``tensors=False`` skips tensors: the per-step check reads nothing back)."""
+    check_hyper(owner, group, tensors=tensors)
+    if (
+        "gamma" in group
+        and (tensors or not isinstance(group["gamma"], Tensor))
+        and not _positive(group["gamma"])
+    ):
+        raise ConfigError(f"{owner}: invalid gamma={group['gamma']!r}; it must be a finite number > 0")
+    if "p" in group:
+        p = group["p"]
+        if isinstance(p, bool) or not isinstance(p, int | float) or math.isnan(p) or not p > 1:
+            raise ConfigError(f"{owner}: invalid p={p!r}; it must be a number > 1 (inf allowed)")
+    if not isinstance(group.get("maximize", False), bool):
+        raise ConfigError(f"{owner}: maximize must be True or False, got {group['maximize']!r}")
 
 
 def gd_update(grad: Tensor, lr: float) -> Tensor:
@@ -122,8 +160,11 @@ class HyperbolicMirror:
     exp_clamp: float | None = 5.0
 
     def __post_init__(self) -> None:
-        if self.alpha < 0 or self.beta < 0 or self.gamma <= 0:
-            raise ConfigError(f"HyperbolicMirror needs alpha, beta >= 0 and gamma > 0, got {self}")
+        check_hyper("HyperbolicMirror", {"alpha": self.alpha, "beta": self.beta, "exp_clamp": self.exp_clamp})
+        if not _positive(self.gamma):
+            raise ConfigError(
+                f"HyperbolicMirror: invalid gamma={self.gamma!r}; it must be a finite number > 0"
+            )
 
     def after(self, w_half: Tensor, u: Tensor, lr: float) -> Tensor:
         """w <- w_half exp(clamp(-alpha sign(w_half) u - lr beta)): the functional ``hyperbolic_mirror``."""
@@ -169,20 +210,30 @@ class Composed(Optimizer):
     Group keys: ``lr``, ``weight_decay``, ``steepest``, ``order``, ``mirror_map`` (bool: use the mirror map),
     its fields ``alpha``, ``beta``, ``gamma``, ``exp_clamp`` (plain numbers, so state dicts load with
     ``weights_only=True``), ``mirror`` (``True``/``False``/``None`` = ndim >= 2: which tensors get the
-    mirror map), and ``betas``, ``eps`` for ``adam``. State (``adam`` only): ``step``, ``exp_avg``,
+    mirror map), ``maximize`` (step with -g, as torch's keyword), and ``betas``, ``eps`` for ``adam``.
+    Every group is checked by :func:`check_group` when added and before each step (NaN, negative values). State (``adam`` only): ``step``, ``exp_avg``,
     ``exp_avg_sq``. Reference quality, per tensor: meant for studying geometries, not for speed.
     """
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], **defaults: Any) -> None:
+        defaults.setdefault("maximize", False)
+        check_group("Composed", defaults)
         super().__init__(params, defaults)
-        for group in self.param_groups:
-            if group["steepest"] not in STEEPEST:
-                raise ConfigError(f"unknown steepest operator {group['steepest']!r}; choose from {STEEPEST}")
-            if group["order"] not in ORDERS:
-                raise ConfigError(f"order must be one of {ORDERS}, got {group['order']!r}")
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group`` (its checks and wording), then this group's keys are checked."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        if group["steepest"] not in STEEPEST:
+            raise ConfigError(f"unknown steepest operator {group['steepest']!r}; choose from {STEEPEST}")
+        if group["order"] not in ORDERS:
+            raise ConfigError(f"order must be one of {ORDERS}, got {group['order']!r}")
+        check_group("Composed", group)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        for group in self.param_groups:  # before the closure and any update: a bad value touches nothing
+            check_group("Composed", group, tensors=False)
         loss = evaluate_closure(closure)
         for group in self.param_groups:
             lr = group["lr"]
@@ -195,7 +246,9 @@ class Composed(Optimizer):
                     mirror = HyperbolicMirror(
                         group["alpha"], group["beta"], group["gamma"], group["exp_clamp"]
                     )
-                grad = p.grad
+                if group["steepest"] in ("normalized_gd", "coordinate"):
+                    refuse_meta("Composed", f"steepest={group['steepest']!r}", p)
+                grad = -p.grad if group["maximize"] else p.grad
                 if mirror is not None and group["order"] == "mirror_before":
                     grad = mirror.precondition(p, grad)
                 if group["steepest"] == "adam":
@@ -233,6 +286,7 @@ def compose(
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
     mirror_tensors: bool | None = None,
+    maximize: bool = False,
 ) -> Composed:
     """Build the optimizer ``mirror o steepest`` (``order="mirror_after"``) or ``steepest o mirror``.
 
@@ -242,6 +296,7 @@ def compose(
         mirror: the mirror map; ``None`` gives the plain steepest-descent optimizer.
         order: ``"mirror_after"`` (HORST's order), ``"mirror_before"`` or ``"dual"``.
         mirror_tensors: which tensors get the mirror map (``None``: ndim >= 2).
+        maximize: ascend the objective (step with -g).
 
     Example:
         >>> opt = compose(model.parameters(), "adam", HyperbolicMirror(alpha=1.0), "mirror_after", lr=1e-3)
@@ -261,6 +316,7 @@ def compose(
         mirror=mirror_tensors,
         betas=tuple(betas),
         eps=eps,
+        maximize=maximize,
     )
 
 
@@ -313,12 +369,73 @@ def lp_update(grad: Tensor, lr: float, p: float, *, dual_scaled: bool = False) -
     return d * (lr * float(torch.linalg.vector_norm(grad, ord=q)))
 
 
+class LpMirrorAfter(Optimizer):
+    r"""M∘S with S = L_p steepest descent (:func:`lp_update`), per tensor w with gradient g:
+
+    .. math::
+
+        u = \eta\, d_p(g), \quad d_i = \operatorname{sign}(g_i) |g_i|^{q-1} / \|g\|_q^{q-1}, \quad
+        q = p/(p-1); \qquad
+        w \leftarrow (w - u) \odot \exp(\operatorname{clamp}_{\pm c}(-\alpha \operatorname{sign}(w - u) \odot u
+        - \eta \beta))
+
+    (``dual_scaled``: u = eta ||g||_q d_p(g)); alpha, beta and the clamp c are ``mirror``'s. The step is
+    :func:`composed_step` with order ``mirror_after``, the function :class:`Composed` calls for
+    ``normalized_gd`` and ``sign`` composed ``mirror_after``, with the mirror step on every tensor and no
+    weight decay, so p = 2 is normalised GD + mirror and p = inf is sign + mirror. ``Composed`` names its
+    operators by string with no parameter; this class carries p (a group key, checked by
+    :func:`check_group`: p > 1, lr finite and >= 0). ``maximize=True`` steps with -g.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        *,
+        lr: float,
+        p: float,
+        mirror: HyperbolicMirror,
+        dual_scaled: bool = False,
+        maximize: bool = False,
+    ) -> None:
+        if not isinstance(mirror, HyperbolicMirror):
+            raise ConfigError(
+                f"LpMirrorAfter: mirror must be a HyperbolicMirror, got {type(mirror).__name__}"
+            )
+        defaults = {"lr": lr, "p": p, "dual_scaled": dual_scaled, "maximize": maximize}
+        check_group("LpMirrorAfter", defaults)
+        super().__init__(params, defaults)
+        self.mirror = mirror
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group`` (its checks and wording), then this group's keys are checked."""
+        super().add_param_group(param_group)
+        check_group("LpMirrorAfter", self.param_groups[-1])
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        for group in self.param_groups:
+            check_group("LpMirrorAfter", group, tensors=False)
+        loss = evaluate_closure(closure)
+        for group in self.param_groups:
+            lr = group["lr"]
+            for w in group["params"]:
+                if w.grad is None:
+                    continue
+                refuse_meta("LpMirrorAfter", "the L_p direction", w)
+                grad = -w.grad if group["maximize"] else w.grad
+                u = lp_update(grad, lr, group["p"], dual_scaled=group["dual_scaled"])
+                w.copy_(composed_step(w, u, self.mirror, "mirror_after", lr=lr, weight_decay=0.0))
+        return loss
+
+
 __all__ = [
     "ORDERS",
     "STEEPEST",
     "Composed",
     "HyperbolicMirror",
+    "LpMirrorAfter",
     "adam_update",
+    "check_group",
     "compose",
     "composed_step",
     "coordinate_update",

@@ -1,4 +1,4 @@
-r"""HAM: a hyperbolic-entropy mirror step with the raw gradient after any optimizer's step.
+r"""HAM: a hyperbolic-entropy mirror step with the raw gradient after AdamW's (or any optimizer's) step.
 
 After the wrapped optimizer's step, every mirrored tensor (ndim >= 2 by default) gets::
 
@@ -10,11 +10,11 @@ exponent). Defaults alpha = 200, beta = 1e-3, c = 5 follow the HAM paper's code 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from descentlab.errors import ConfigError
@@ -41,46 +41,127 @@ def ham_mirror_step(
     return w.to(param.dtype)
 
 
-class HAM(Optimizer):
-    """Wrap ``base_optimizer`` and follow each of its steps with the HAM mirror step.
+_BASES: dict[str, type[Optimizer]] = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
+_HAM_KEYS = ("alpha", "beta", "exp_clamp", "mirror")
 
-    The wrapper shares ``param_groups`` and ``state`` with the base optimizer, so schedulers, Accelerate and
-    checkpointing see one optimizer. Group keys added (``setdefault``, so per-group values win): ``alpha``,
-    ``beta``, ``exp_clamp`` and ``mirror`` (``None`` = tensors with ndim >= 2). ``alpha`` and ``beta`` must be
-    finite and >= 0, ``exp_clamp`` finite and > 0 or None (``ConfigError``, a ``ValueError``, at construction
-    and before each step).
+
+def _checked(group: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a group that :func:`check_hyper` checks: a base's ``betas`` only when it is a pair (an
+    optimizer with three betas keeps its own rules)."""
+    betas = group.get("betas")
+    pair = isinstance(betas, list | tuple) and len(betas) == 2
+    return {k: v for k, v in group.items() if k != "betas" or pair}
+
+
+class HAM(Optimizer):
+    r"""A base optimizer's step followed by the HAM mirror step (module docstring), in either of two forms.
+
+    * ``HAM(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, alpha=200.0, beta=1e-3, ...)``:
+      the constructor of HORST and of every ``torch.optim`` optimizer. The base is ``torch.optim.AdamW``
+      (``base="adam"``: ``torch.optim.Adam``), built over ``params`` with ``lr``, ``betas``, ``eps``,
+      ``weight_decay`` and AdamW's keywords ``maximize``, ``foreach``, ``fused``, ``capturable``,
+      ``differentiable``; it validates them in torch's words.
+    * ``HAM(optimizer, alpha=..., beta=..., exp_clamp=..., mirror=...)``: wrap an optimizer already built
+      (any ``torch.optim`` optimizer whose groups carry ``lr``). The base's own keywords belong to it:
+      passing one here raises ``ConfigError``.
+
+    ``HAM(params, lr=lr, ...)`` and ``HAM(torch.optim.AdamW(params, lr=lr, ...), ...)`` are the same
+    optimizer, step for step (tested). Either way the groups and state *are* the base's (the same list and
+    dicts), so schedulers, Accelerate and checkpoints see one optimizer, and :meth:`add_param_group` adds to
+    the base. Group keys added (``setdefault``, so per-group values win): ``alpha``, ``beta``, ``exp_clamp``
+    and ``mirror`` (``None`` = tensors with ndim >= 2). ``alpha`` and ``beta`` must be finite and >= 0,
+    ``exp_clamp`` finite and > 0 or None, and the base's ``lr``, ``eps``, ``weight_decay`` (finite, >= 0) and
+    ``betas`` (in [0, 1)) where its groups have them (``ConfigError``, a ``ValueError``, at construction, in
+    :meth:`add_param_group` and before each step). With the base's ``maximize=True`` the mirror step is
+    driven by -g, so maximising f is minimising -f. ``differentiable=True`` is refused ("HAM does not
+    support `differentiable`"); ``capturable`` and ``fused`` / ``foreach`` are the base's, with torch's rules.
 
     Args:
-        base_optimizer: any optimizer whose groups carry ``lr``.
+        params: parameters or param groups, or a built ``torch.optim.Optimizer`` (the wrapping form).
+        lr, betas, eps, weight_decay: the base's (params form only; AdamW's defaults).
         alpha: strength of the raw-gradient mirror step.
         beta: multiplicative decay exp(-lr * beta) per step of mirrored tensors.
         exp_clamp: clamp of the exponent (``None``: none).
         mirror: default of the ``mirror`` group key.
+        base: ``"adamw"`` or ``"adam"`` (params form only).
+        **torch_kwargs: AdamW's keyword-only options (params form only): ``maximize``, ``foreach``, ``fused``,
+            ``capturable``, ``differentiable``, ``amsgrad``.
     """
 
     def __init__(
         self,
-        base_optimizer: Optimizer,
+        params: Optimizer | Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float | Tensor | None = None,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
+        weight_decay: float | None = None,
         alpha: float = 200.0,
         beta: float = 1e-3,
+        *,
         exp_clamp: float | None = 5.0,
         mirror: bool | None = None,
+        base: str | None = None,
+        **torch_kwargs: Any,
     ) -> None:
-        if not isinstance(base_optimizer, Optimizer):
-            raise ConfigError(f"HAM wraps a torch.optim.Optimizer, got {type(base_optimizer).__name__}")
         check_hyper("HAM", {"alpha": alpha, "beta": beta, "exp_clamp": exp_clamp})
+        own = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "base": base}
+        if isinstance(params, Optimizer):
+            given = sorted([k for k, v in own.items() if v is not None] + list(torch_kwargs))
+            if given:
+                raise ConfigError(
+                    f"HAM(optimizer, ...) wraps a built optimizer, whose settings are its own: drop {given} "
+                    "(or pass the parameters, HAM(params, lr=..., ...), to build AdamW here)"
+                )
+            base_optimizer = params
+        elif isinstance(params, nn.Module):
+            raise ConfigError(
+                f"HAM takes parameters or a torch.optim.Optimizer, got a {type(params).__name__}; pass "
+                "model.parameters()"
+            )
+        else:
+            kind = "adamw" if base is None else base
+            if kind not in _BASES:
+                raise ConfigError(f"HAM: base must be one of {list(_BASES)}, got {kind!r}")
+            adam_kwargs = {k: v for k, v in own.items() if k != "base" and v is not None}
+            base_optimizer = _BASES[kind](params, **adam_kwargs, **torch_kwargs)
         self.base_optimizer = base_optimizer
-        defaults = {**base_optimizer.defaults, "alpha": alpha, "beta": beta, "exp_clamp": exp_clamp}
-        defaults["mirror"] = mirror
-        # Optimizer.__init__ appends the very same group dicts, so the base and HAM share them.
-        super().__init__(base_optimizer.param_groups, defaults)
+        ham = {"alpha": alpha, "beta": beta, "exp_clamp": exp_clamp, "mirror": mirror}
+        self._ham_defaults = ham
+        # The base initialiser installs the hook dictionaries and the profiled step; HAM then adopts the
+        # base's own group list, so a group added through either is stepped by both.
+        self._adopting = True
+        super().__init__(base_optimizer.param_groups, {**base_optimizer.defaults, **ham})
+        self._adopting = False
+        for group in base_optimizer.param_groups:
+            self._add_ham_keys(group)
+        self.param_groups = base_optimizer.param_groups
         self.state = base_optimizer.state
+
+    def _add_ham_keys(self, group: dict[str, Any]) -> None:
+        """HAM's keys, then the whole group checked: HAM's keys and the base's ``lr``, ``eps``,
+        ``weight_decay``, ``betas`` (NaN never passes; torch checks its own at construction only)."""
+        for key in _HAM_KEYS:
+            group.setdefault(key, self._ham_defaults[key])
+        check_hyper("HAM", _checked(group))
+        if group.get("differentiable"):
+            raise ConfigError(
+                "HAM does not support `differentiable`: its mirror step writes the parameters in place under "
+                "torch.no_grad (as torch's fused optimizers, which say \"`fused` does not support "
+                '`differentiable`")'
+            )
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group to the base optimizer (torch's checks and wording), with HAM's keys."""
+        if self._adopting:
+            return
+        self.base_optimizer.add_param_group(param_group)
+        self._add_ham_keys(self.base_optimizer.param_groups[-1])
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         """Step the base optimizer (which evaluates ``closure``), then the mirror step."""
         for group in self.param_groups:  # before the base step: a bad value touches nothing
-            check_hyper("HAM", {k: group[k] for k in ("alpha", "beta", "exp_clamp")}, tensors=False)
+            check_hyper("HAM", _checked(group), tensors=False)
         loss = self.base_optimizer.step(closure)
         for group in self.param_groups:
             for p in group["params"]:
@@ -88,10 +169,11 @@ class HAM(Optimizer):
                     continue
                 mirror = p.ndim >= 2 if group["mirror"] is None else bool(group["mirror"])
                 if mirror and (group["alpha"] or group["beta"]):
+                    grad = -p.grad if group.get("maximize", False) else p.grad
                     p.copy_(
                         ham_mirror_step(
                             p,
-                            p.grad,
+                            grad,
                             lr=float(group["lr"]),
                             alpha=group["alpha"],
                             beta=group["beta"],
@@ -112,6 +194,8 @@ class HAM(Optimizer):
         self.base_optimizer.load_state_dict(state_dict)
         self.param_groups = self.base_optimizer.param_groups
         self.state = self.base_optimizer.state
+        for group in self.param_groups:  # a plain AdamW state dict: HAM's defaults
+            self._add_ham_keys(group)
 
     def __repr__(self) -> str:
         return f"HAM({self.base_optimizer!r})"

@@ -99,6 +99,7 @@ def horst_reference(
     exp_clamp: float | None = 5.0,
     nan_guard: bool = True,
     sr_key: int | None = None,
+    maximize: bool = False,
 ) -> HorstStep:
     """One HORST step of one tensor, as a pure function (see the module docstring for the equations).
 
@@ -112,6 +113,7 @@ def horst_reference(
         nan_guard: elements whose new value is not finite keep their old parameter and moments.
         sr_key: for a bf16 / fp16 ``param``, round the float32 result stochastically with this key (see
             :func:`~descentlab.optim._horst_rounding.stochastic_round`); None rounds to nearest.
+        maximize: step with -grad (ascend), as ``torch.optim.AdamW(maximize=True)``.
 
     Returns:
         The new parameter (in ``param.dtype``), the new moments (in their input dtype) and the number of
@@ -119,7 +121,7 @@ def horst_reference(
     """
     compute = torch.float32 if param.dtype in _LOW_PRECISION else param.dtype
     p = param.to(compute)
-    g = grad.to(compute)
+    g = -grad.to(compute) if maximize else grad.to(compute)
     m0, v0 = exp_avg.to(compute), exp_avg_sq.to(compute)
     m, v = m0.clone(), v0.clone()  # ``.to`` may return the input itself; the inputs stay untouched
 
@@ -131,7 +133,7 @@ def horst_reference(
     reverted = 0
     if nan_guard:
         ok = torch.isfinite(p)
-        reverted = int((~ok).sum())
+        reverted = 0 if p.is_meta else int((~ok).sum())  # meta tensors hold no values to count
         p = torch.where(ok, p, param.to(compute))
         m, v = torch.where(ok, m, m0), torch.where(ok, v, v0)
     if sr_key is not None and param.dtype in _LOW_PRECISION:
@@ -228,7 +230,12 @@ def _chunk_limit(bucket: Bucket) -> int:
 
 
 def _horst_foreach_(
-    bucket: Bucket, hp: HorstHyper, *, mirror: bool, sr_keys: list[int] | None = None
+    bucket: Bucket,
+    hp: HorstHyper,
+    *,
+    mirror: bool,
+    sr_keys: list[int] | None = None,
+    maximize: bool = False,
 ) -> Tensor | None:
     """In-place HORST step of tensors sharing device and dtype, with ``torch._foreach_*`` ops, chunk by chunk.
 
@@ -240,6 +247,7 @@ def _horst_foreach_(
     moments and float32 parameters are updated in place (two buffers). Nothing is read back to the host.
 
     ``sr_keys``: one key per tensor to round bf16 / fp16 results stochastically (None: to nearest).
+    ``maximize``: step with -g (the chunk's gradients are negated into a copy; the inputs stay untouched).
 
     Returns:
         The number of elements the NaN guard reverted, as a 0-dim int64 tensor on the bucket's device (None
@@ -251,6 +259,10 @@ def _horst_foreach_(
     for chunk in _segments(bucket, sr_keys, _chunk_limit(bucket)):
         params = [s.p for s in chunk]
         grads = [s.g.float() for s in chunk] if low else [s.g for s in chunk]
+        if maximize and low:
+            torch._foreach_neg_(grads)  # the float32 copies are this step's own
+        elif maximize:
+            grads = torch._foreach_neg(grads)  # never the user's gradients
         step_sizes, bc2_sqrts = hp.bias_corrections([s.step for s in chunk])
         if nan_guard:
             ms = torch._foreach_lerp([s.m for s in chunk], grads, 1 - beta1)
@@ -380,9 +392,7 @@ def _kernel_ok(p: Tensor, m: Tensor, v: Tensor, g: Tensor) -> bool:
 def _impl_of(impl: str, fused: bool | None, foreach: bool | None) -> str:
     """The ``impl`` that ``torch.optim.AdamW``'s ``fused`` / ``foreach`` keywords ask for."""
     if fused and foreach:
-        raise ConfigError(
-            "HORST: fused=True and foreach=True cannot be set together (as in torch.optim.AdamW)"
-        )
+        raise ConfigError("HORST: `fused` and `foreach` cannot be `True` together.")  # torch's words
     if foreach is None and fused is None:
         return impl
     wanted = "foreach" if foreach else "reference" if foreach is False else None
@@ -470,6 +480,28 @@ def _check_rounding(group: dict[str, Any]) -> None:
         )
 
 
+def _check_torch_flags(group: dict[str, Any]) -> None:
+    """torch.optim.AdamW's ``maximize``, ``capturable`` and ``differentiable`` keys of a group.
+
+    ``maximize`` is supported on every path. ``differentiable`` and ``capturable`` are refused, in torch's
+    words for what its own optimizers refuse ("`fused` does not support `differentiable`"): every path writes
+    the parameters in place under ``torch.no_grad``, and the bias corrections come from host copies of the
+    step counters, which a CUDA graph cannot capture.
+    """
+    if not isinstance(group.get("maximize", False), bool):
+        raise ConfigError(f"HORST: maximize must be True or False, got {group['maximize']!r}")
+    if group.get("differentiable"):
+        raise ConfigError(
+            "HORST does not support `differentiable`: its step updates the parameters in place under "
+            'torch.no_grad (as torch\'s fused optimizers, which say "`fused` does not support `differentiable`")'
+        )
+    if group.get("capturable"):
+        raise ConfigError(
+            "HORST does not support `capturable`: its bias corrections are computed on the host from CPU step "
+            "counters, so a step cannot be captured in a CUDA graph; use capturable=False"
+        )
+
+
 def _resolve_seed(group: dict[str, Any]) -> None:
     """Store the group's rounding seed as an int (saved with the state dict)."""
     _check_rounding(group)
@@ -486,7 +518,7 @@ class HORST(Optimizer):
     Args:
         params: parameters or param groups. Group keys: ``lr``, ``betas``, ``eps``, ``weight_decay``,
             ``alpha``, ``beta``, ``mirror`` (``True``/``False``/``None`` = ndim >= 2), ``exp_clamp``,
-            ``nan_guard``, ``impl``, ``stochastic_rounding``, ``sr_seed``.
+            ``nan_guard``, ``impl``, ``stochastic_rounding``, ``sr_seed``, ``maximize``.
         alpha: strength of the mirror (L1) step; 0 turns it off.
         beta: multiplicative decay exp(-lr * beta) of mirrored tensors.
         exp_clamp: clamp of the mirror exponent (``None``: none).
@@ -506,6 +538,13 @@ class HORST(Optimizer):
             that cannot raises ``ConfigError`` here, as AdamW does; one that falls back at a step (e.g. a
             non-contiguous tensor, a failed compile) warns once and is counted in ``fused_fallbacks``.
             ``fused=True`` with ``foreach=True`` is an error, as in AdamW.
+        maximize: ascend the objective (step with -g), as AdamW's keyword; every path takes it (the C kernel
+            and the compiled step negate g in their one pass, foreach and reference a copy of it), so it
+            adds no fallback.
+        capturable, differentiable: AdamW's keywords; False (the default) is accepted, True raises
+            :class:`~descentlab.errors.ConfigError` ("HORST does not support `capturable`" / "...
+            `differentiable`"): the step is in place under ``torch.no_grad`` and its bias corrections come from
+            host copies of the step counters.
         stochastic_rounding: write the float32 result into bf16 / fp16 parameters by stochastic rounding,
             SR(x) = hi with probability (x - lo) / (hi - lo) (lo <= x <= hi the neighbours of x in the
             parameter's dtype), instead of to the nearest value, so that updates below half an ulp (small
@@ -552,6 +591,9 @@ class HORST(Optimizer):
         foreach: bool | None = None,
         stochastic_rounding: bool = False,
         sr_seed: int | torch.Generator | None = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
     ) -> None:
         defaults = dict(
             lr=lr,
@@ -567,11 +609,15 @@ class HORST(Optimizer):
             fused=bool(fused),
             stochastic_rounding=stochastic_rounding,
             sr_seed=sr_seed,
+            maximize=maximize,
+            capturable=capturable,
+            differentiable=differentiable,
             nan_reverted=0,
             fallbacks=0,
         )
         check_hyper("HORST", defaults)
         _check_rounding(defaults)
+        _check_torch_flags(defaults)
         self._reverted_last: list[int | Tensor] = []  # the last step's counts (device tensors until read)
         self._unread: list[tuple[dict[str, Any], Tensor]] = []  # device counts not yet added to the groups
         self._steps_since_read = 0
@@ -606,6 +652,7 @@ class HORST(Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         check_hyper("HORST", group)
+        _check_torch_flags(group)
         _resolve_seed(group)
         group["fallback_reasons"] = dict(group.get("fallback_reasons") or {})  # never a shared default
         impl = group["impl"]
@@ -733,6 +780,7 @@ class HORST(Optimizer):
         for group in self.param_groups:  # python numbers first: no device read-back; nothing touched yet
             check_hyper("HORST", group, tensors=False)
             _check_rounding(group)
+            _check_torch_flags(group)
         _check_tensor_hypers(self.param_groups)
         self._reverted_last = []
         pending: list[tuple[dict[str, Any], Tensor]] = []  # device counts (foreach and compiled paths)
@@ -792,6 +840,7 @@ class HORST(Optimizer):
             raise ConfigError("HORST does not support sparse gradients; use dense embeddings")
         states = [self._init_state(p) for p in params]
         stochastic, seed = group["stochastic_rounding"], group["sr_seed"]
+        maximize = group.get("maximize", False)
         unroundable = 0
         steps = self._advance_steps(states)
         for (index, p), state, step in zip(indexed, states, steps, strict=True):
@@ -805,7 +854,7 @@ class HORST(Optimizer):
             if impl == "reference":
                 new = horst_reference(
                     p, p.grad, state["exp_avg"], state["exp_avg_sq"], step=step, mirror=mirror, sr_key=key,
-                    **hp._asdict(),
+                    maximize=maximize, **hp._asdict(),
                 )  # fmt: skip
                 reverted += new.reverted
                 for dst, src in zip((p, state["exp_avg"], state["exp_avg_sq"]), new[:3], strict=True):
@@ -823,18 +872,18 @@ class HORST(Optimizer):
         for (path, why, mirror, _, _, rounds), lists in buckets.items():
             bucket, sr_keys = Bucket(*lists[:5]), lists[5] if rounds else None
             if path == "compiled":
-                if self._step_compiled(group, bucket, hp, mirror, pending, sr_keys):
+                if self._step_compiled(group, bucket, hp, mirror, pending, sr_keys, maximize):
                     continue
                 why = "compile"
             if path == "kernel":  # _path has checked the tensors (float32: nothing to round)
-                reverted += kernel.horst_step_(bucket, hp, mirror=mirror, check=False)
+                reverted += kernel.horst_step_(bucket, hp, mirror=mirror, check=False, maximize=maximize)
             else:
                 if why:
                     self._record_fallback(group, why, len(lists[0]))
                 if group.get("fused"):
                     self._fell_back(len(lists[0]))
-                bad = _horst_foreach_(bucket, hp, mirror=mirror, sr_keys=sr_keys)
-                if bad is not None:  # a device count: read with the step's one read, or later
+                bad = _horst_foreach_(bucket, hp, mirror=mirror, sr_keys=sr_keys, maximize=maximize)
+                if bad is not None and not bad.is_meta:  # a device count: read with the step's one read
                     pending.append((group, bad))
         if group.get("fused") and impl == "reference" and params:
             self._fell_back(len(params))
@@ -893,10 +942,13 @@ class HORST(Optimizer):
         mirror: bool,
         pending: list[tuple[dict[str, Any], Tensor]],
         sr_keys: list[int] | None,
+        maximize: bool = False,
     ) -> bool:
         """Step one bucket with the compiled path; False (nothing modified) if ``auto`` could not compile it."""
         try:
-            bad = _horst_compiled.horst_compiled_(bucket, hp, mirror=mirror, sr_keys=sr_keys)
+            bad = _horst_compiled.horst_compiled_(
+                bucket, hp, mirror=mirror, sr_keys=sr_keys, maximize=maximize
+            )
             if hp.nan_guard:  # without the guard the count is 0: no read-back, no host sync
                 pending.append((group, bad))
         except Exception as exc:  # compilation fails before the graph runs: the tensors are untouched
@@ -925,7 +977,7 @@ class HORST(Optimizer):
         for group in self.param_groups:  # e.g. a torch.optim.AdamW state dict: take HORST's defaults
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
-            _check_rounding(group)
+            _check_torch_flags(group)
             _resolve_seed(group)
         # torch moves `step` onto the parameter's device when a group has fused=True (as for its own fused
         # optimizers), and a device counter would be read back at every step: HORST keeps its counters as

@@ -70,15 +70,15 @@ static inline __attribute__((always_inline)) float horst_expf_impl(float x, cons
    non-finite result with a float sum of p * 0 (NaN iff some p is inf or NaN). */
 static inline __attribute__((always_inline)) int64_t
 horst_block_c(float *restrict P, const float *restrict G, float *restrict M, float *restrict V, int64_t n,
-              float decay, float w1, float b2, float w2, float bc2s, float eps, float ss, float alpha,
-              float lrbeta, float clamp, const int mirror, const int guard, const int bounded) {
+              float gsign, float decay, float w1, float b2, float w2, float bc2s, float eps, float ss,
+              float alpha, float lrbeta, float clamp, const int mirror, const int guard, const int bounded) {
   float op[BLOCK] __attribute__((aligned(64)));
   float om[BLOCK] __attribute__((aligned(64)));
   float ov[BLOCK] __attribute__((aligned(64)));
   float chk = 0.0f;
 #pragma omp simd reduction(+ : chk)
   for (int64_t i = 0; i < n; ++i) {
-    const float g = G[i], p0 = P[i], m0 = M[i], v0 = V[i];
+    const float g = G[i] * gsign, p0 = P[i], m0 = M[i], v0 = V[i]; /* gsign = -1: maximize (exact) */
     if (guard) {
       op[i] = p0;
       om[i] = m0;
@@ -171,7 +171,7 @@ static inline __attribute__((always_inline)) void store16(float *dst, __mmask16 
 /* horst_block_c on 16 lanes at a time, operation for operation. */
 static inline __attribute__((always_inline)) int64_t
 horst_block_avx512(float *restrict P, const float *restrict G, float *restrict M, float *restrict V,
-                   int64_t n, float decay, float w1, float b2, float w2, float bc2s, float eps, float ss,
+                   int64_t n, float gsign, float decay, float w1, float b2, float w2, float bc2s, float eps, float ss,
                    float alpha, float lrbeta, float clamp, const int mirror, const int guard,
                    const int bounded) {
   const __m512 zero = _mm512_setzero_ps();
@@ -179,7 +179,7 @@ horst_block_avx512(float *restrict P, const float *restrict G, float *restrict M
   int64_t bad = 0;
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 lanes = tail_lanes(n - i);
-    const __m512 g = load16(G + i, lanes), p0 = load16(P + i, lanes);
+    const __m512 g = _mm512_mul_ps(load16(G + i, lanes), SET1(gsign)), p0 = load16(P + i, lanes);
     const __m512 m0 = load16(M + i, lanes), v0 = load16(V + i, lanes);
     __m512 p = _mm512_mul_ps(p0, SET1(decay));
     __m512 m = _mm512_fmadd_ps(SET1(w1), _mm512_sub_ps(g, m0), m0);
@@ -245,9 +245,9 @@ void horst_expf_array(const float *restrict X, float *restrict Y, int64_t n, int
 #endif
 }
 
-#define HORST_ARGS P, G, M, V, n, decay, w1, b2, w2, bc2s, eps, ss, alpha, lrbeta, clamp
+#define HORST_ARGS P, G, M, V, n, gsign, decay, w1, b2, w2, bc2s, eps, ss, alpha, lrbeta, clamp
 static int64_t horst_block(float *restrict P, const float *restrict G, float *restrict M, float *restrict V,
-                           int64_t n, float decay, float w1, float b2, float w2, float bc2s, float eps,
+                           int64_t n, float gsign, float decay, float w1, float b2, float w2, float bc2s, float eps,
                            float ss, int mirror, float alpha, float lrbeta, float clamp, int guard) {
   if (!mirror) return guard ? HORST_BLOCK(HORST_ARGS, 0, 1, 0) : HORST_BLOCK(HORST_ARGS, 0, 0, 0);
   if (clamp <= 80.0f)
@@ -258,11 +258,12 @@ static int64_t horst_block(float *restrict P, const float *restrict G, float *re
 int64_t horst_step(int64_t T, float *const *P, const float *const *G, float *const *M, float *const *V,
                    const int64_t *numel, const double *step_sizes, const double *bc2_sqrts, double lr,
                    double beta1, double beta2, double eps, double weight_decay, int mirror, double alpha,
-                   double beta, double exp_clamp, int guard, int nthreads) {
+                   double beta, double exp_clamp, int guard, int maximize, int nthreads) {
   int64_t *offs = (int64_t *)malloc(sizeof(int64_t) * (T + 1));
   if (!offs) return -1;
   offs[0] = 0;
   for (int64_t t = 0; t < T; ++t) offs[t + 1] = offs[t] + (numel[t] + BLOCK - 1) / BLOCK;
+  const float gsign = maximize ? -1.0f : 1.0f; /* g * -1 is -g exactly; g * 1 is g */
   const float decay = (float)(1.0 - lr * weight_decay);
   const float w1 = (float)(1.0 - beta1), b2 = (float)beta2, w2 = (float)(1.0 - beta2);
   const float falpha = (float)alpha, lrbeta = (float)(lr * beta);
@@ -278,7 +279,7 @@ int64_t horst_step(int64_t T, float *const *P, const float *const *G, float *con
     }
     const int64_t t = lo, start = (b - offs[t]) * BLOCK;
     const int64_t n = numel[t] - start < BLOCK ? numel[t] - start : BLOCK;
-    bad += horst_block(P[t] + start, G[t] + start, M[t] + start, V[t] + start, n, decay, w1, b2, w2,
+    bad += horst_block(P[t] + start, G[t] + start, M[t] + start, V[t] + start, n, gsign, decay, w1, b2, w2,
                        (float)bc2_sqrts[t], (float)eps, (float)step_sizes[t], mirror, falpha, lrbeta, clamp,
                        guard);
   }

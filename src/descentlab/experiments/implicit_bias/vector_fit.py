@@ -19,9 +19,8 @@ import torch
 from torch import Tensor
 
 from descentlab.errors import NumericalError
-from descentlab.optim.compose import HyperbolicMirror, compose, composed_step, lp_update
+from descentlab.optim.compose import HyperbolicMirror, LpMirrorAfter, compose
 from descentlab.optim.config import OptimizerConfig, build_optimizer
-from descentlab.optim.functional import evaluate_closure
 
 GEOMETRIES = (
     "gd", "sign", "coordinate", "adam", "hyperbolic_md", "horst", "ham", "ngd+mirror_after",
@@ -30,42 +29,6 @@ GEOMETRIES = (
 # Theorem 4.7's objects at finite p > 2: L_p steepest descent, then the mirror step (name -> p). The
 # decaying-step theorem run uses them beside ngd+mirror_after (p = 2) and sign+mirror_after (p = inf).
 LP_GEOMETRIES = {"lp3+mirror_after": 3.0, "lp4+mirror_after": 4.0, "lp8+mirror_after": 8.0}
-
-
-class LpMirrorAfter(torch.optim.Optimizer):
-    r"""M∘S with S = L_p steepest descent, per tensor w with gradient g:
-
-    .. math::
-
-        u = \eta\, d_p(g), \quad d_i = \operatorname{sign}(g_i) |g_i|^{q-1} / \|g\|_q^{q-1}, \quad
-        q = p/(p-1); \qquad
-        w \leftarrow (w - u) \odot \exp(\operatorname{clamp}_{\pm c}(-\alpha \operatorname{sign}(w - u) \odot u
-        - \eta \beta))
-
-    (``dual_scaled``: u = eta ||g||_q d_p(g)); alpha, beta and the clamp c are ``mirror``'s. The step is
-    :func:`~descentlab.optim.compose.composed_step` with order ``mirror_after``, the function
-    :class:`~descentlab.optim.compose.Composed` calls for ``ngd+mirror_after`` and ``sign+mirror_after``, with
-    the mirror step on every tensor and no weight decay, so p = 2 is ``ngd+mirror_after`` and p = inf is
-    ``sign+mirror_after``. ``Composed`` names its operators by string with no parameter; this class carries p.
-    """
-
-    def __init__(
-        self, params, *, lr: float, p: float, mirror: HyperbolicMirror, dual_scaled: bool = False
-    ) -> None:
-        super().__init__(params, {"lr": lr, "p": p, "dual_scaled": dual_scaled})
-        self.mirror = mirror
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
-        loss = evaluate_closure(closure)
-        for group in self.param_groups:
-            lr = group["lr"]
-            for w in group["params"]:
-                if w.grad is None:
-                    continue
-                u = lp_update(w.grad, lr, group["p"], dual_scaled=group["dual_scaled"])
-                w.copy_(composed_step(w, u, self.mirror, "mirror_after", lr=lr, weight_decay=0.0))
-        return loss
 
 
 def make_geometry(
