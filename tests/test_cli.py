@@ -226,7 +226,9 @@ def test_list_names_each_studys_presets_and_long_says_what_a_run_writes(capsys) 
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == len(available())
     for name, line in zip(available(), lines, strict=True):
-        assert line.startswith(name) and line.endswith(f"[presets: {', '.join(get(name).presets)}]"), line
+        presets = line.split("[presets, wall time on 2 cores: ", 1)[1].split("]", 1)[0].split(", ")
+        assert line.startswith(name) and [p.split()[0] for p in presets] == list(get(name).presets), line
+        assert f"writes: runs/{name}-<date>-<time>/" in line, line
     assert main(["list", "--long"]) == 0
     out = capsys.readouterr().out
     assert "--preset quick: " in out and out.count("writes: RUN_DIR/") == len(available())

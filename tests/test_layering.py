@@ -127,6 +127,9 @@ def test_report_holds_only_the_generic_library() -> None:
         *("__init__", "build", "claims", "coverage", "figures", "results", "stats", "tables", "readme"),
         "fidelity",  # Deviation / NotTested and their rendering; the studies' declarations live in experiments/
         "preregistration",  # "declared before the run" read from git history and the run's provenance.json
+        "curves",  # a run's training curves from its metrics.csv
+        "wall_times",  # each committed run's wall time, from its provenance or its result page (descentlab list)
+        "pages",  # the claims tables of the result pages, generated from each run's results.json
     }
     assert {p.stem for p in (SRC / "report").glob("*.py")} - generic == set()
 

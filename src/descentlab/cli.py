@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from descentlab.errors import ConfigError, DescentlabError
 from descentlab.train.loop import TrainingInterrupted
+
+if TYPE_CHECKING:
+    from descentlab.report.wall_times import WallTime
 
 
 def _plain(text: str) -> str:
@@ -68,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"descentlab {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     listing = sub.add_parser(
-        "list", help="print the experiments, one a line, each with what it does and its presets"
+        "list",
+        help="print the studies, one a line: what each does, its presets with their wall time measured on "
+        "the reference 2-core machine (from the committed result pages; 'unmeasured' where none), and "
+        "what a run writes",
     )
     listing.add_argument(
         "--long",
@@ -109,8 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _offline_by_default() -> None:
-    """No hub traffic unless asked: DESCENTLAB_ONLINE=1 (or an explicit HF_HUB_OFFLINE=0) allows downloads."""
-    if os.environ.get("DESCENTLAB_ONLINE") != "1":
+    """No hub traffic unless asked: DESCENTLAB_ONLINE=1 (or an explicit HF_HUB_OFFLINE=0) allows downloads.
+
+    The library's loaders follow the same policy (:func:`descentlab.data.hub.hub_online`); here the hub
+    clients are also switched off, for code that reaches them directly."""
+    from descentlab.data.hub import hub_online
+
+    if not hub_online():
         for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
             os.environ.setdefault(var, "1")
 
@@ -154,6 +167,28 @@ def _long_listing(name: str, width: int = 100) -> list[str]:
     return lines
 
 
+def _list_line(name: str, measured: dict[str, WallTime]) -> str:
+    """``list``: what the study does, each preset with its wall time measured on the reference machine
+    (2 CPU cores; read from the committed result pages, :mod:`descentlab.report.wall_times`), or
+    ``unmeasured``, and what a run writes."""
+    from descentlab.experiments import REGISTRY, get
+    from descentlab.report.wall_times import format_duration
+
+    presets = ", ".join(
+        f"{p} {format_duration(measured[p].seconds) if p in measured else 'unmeasured'}"
+        for p in get(name).presets
+    )
+    try:  # a study with claims saves the arrays they are judged on (a one-file study has no parts)
+        arrays = importlib.util.find_spec(f"{REGISTRY[name]}.claims") is not None
+    except ModuleNotFoundError:
+        arrays = False
+    files = f"report.md, results.json, metrics.csv, figures/{', arrays/' if arrays else ''}"
+    return (
+        f"{describe(name, width=72)} [presets, wall time on 2 cores: {presets or 'none'}] "
+        f"writes: runs/{name}-<date>-<time>/{{{files}}}"
+    )
+
+
 def _check_out(out: str) -> None:
     """``--out`` must name a folder: an empty or blank value would put the run in the current directory."""
     if not out.strip():
@@ -171,13 +206,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         if args.command == "list":
-            from descentlab.experiments import available, get
+            from descentlab.experiments import available
+            from descentlab.report.wall_times import measured_wall_times
 
             names = available()
             width = max(map(len, names), default=0)
+            measured = measured_wall_times()
             for name in names:
-                presets = ", ".join(get(name).presets) or "none"
-                print(f"{name:<{width}}  {describe(name)} [presets: {presets}]")
+                print(f"{name:<{width}}  {_list_line(name, measured.get(name, {}))}")
                 if args.long:
                     for line in _long_listing(name):
                         print(f"{'':<{width}}  {line}")

@@ -7,7 +7,8 @@ import os
 from descentlab.train.jobs import PROGRESS_ENV, JobRunner, progress_allowed
 
 
-def test_workers_run_with_per_step_bars_off_and_the_parent_shows_one_bar(capsys) -> None:
+def test_workers_run_with_per_step_bars_off_and_the_parent_shows_one_bar(capsys, monkeypatch) -> None:
+    monkeypatch.setenv(PROGRESS_ENV, "1")  # a bar although the captured stderr is not a terminal
     assert progress_allowed()  # in this (parent) process
     with JobRunner(progress_allowed, workers=2) as jobs:
         flags = [jobs.submit(f"job{i}").result() for i in range(3)]

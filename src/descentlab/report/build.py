@@ -1,7 +1,8 @@
 """``report.md`` for one run, and one combined report over several runs.
 
-The report is a pure function of ``results.json``: ``descentlab report RUN_DIR`` rebuilds it at any time.
-Tables are also written as CSV under ``tables/`` for people who want to re-plot.
+The report is a pure function of ``results.json`` and the training curves in ``metrics.csv``:
+``descentlab report RUN_DIR`` rebuilds it at any time. Tables are also written as CSV under ``tables/`` for
+people who want to re-plot.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from descentlab.errors import ConfigError
 from descentlab.io import atomic_write_text
 from descentlab.provenance import describe_code
 from descentlab.report.claims import Claim, claim_notes, claims_table, engine_rows, verdict_tally
+from descentlab.report.curves import plot_training_curves
 from descentlab.report.figures import plot_curves, plot_layer_loss
 from descentlab.report.tables import (
     csv_table,
@@ -139,6 +141,9 @@ def _section(
         figures.append(("figures/curves.png", "Metric against perturbation level or sparsity, mean ± std"))
     if plot_layer_loss(methods, run_dir / "figures" / "layer-loss.png", title=name):
         figures.append(("figures/layer-loss.png", "Loss read out at each layer"))
+    training = plot_training_curves(run_dir, title=name)  # from metrics.csv, when the run logged curves
+    if training is not None:
+        figures.append(training)
     # figures the run wrote itself, then those the experiment's figure module (re)draws from saved data
     own = figures_fn(results, run_dir) if figures_fn is not None else []
     generic = len(figures)
@@ -169,7 +174,8 @@ def write_report(run_dir: Path | str, *, figures: FigureFunction | None = None) 
     lines = _section(results, run_dir, "#", figures_fn=figures)
     lines += [
         "",
-        "Resolved config: `config.yaml`. Raw numbers: `results.json`. Training log: `metrics.jsonl`. "
+        "Resolved config: `config.yaml`. Raw numbers: `results.json`. Training log: `metrics.jsonl`; its "
+        "curves: `metrics.csv` (and `tensorboard --logdir tensorboard` when event files were written). "
         "Provenance (commit, packages, hardware, argv): `provenance.json`.",
         "",
     ]
