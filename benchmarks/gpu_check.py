@@ -1,31 +1,47 @@
-"""One prepared GPU check (issue 31): correctness of the CUDA paths and the figures docs/horst.md and
-docs/constrained.md leave "unmeasured". Writes one JSON.
+"""One prepared GPU check (issues 31, 46): correctness of the CUDA paths and the figures docs/horst.md and
+docs/constrained.md leave "unmeasured". Writes one JSON, after every section (a run cut short keeps what it
+did).
 
-Runs in <= 9 minutes on one H200 (a time budget, ``--budget-s``, skips what would run past it and says so),
-offline, importing only torch, transformers, accelerate, safetensors, numpy and descentlab (no omegaconf,
-datasets, av, rdata or gguf: ``descentlab.constrained`` imports its omegaconf config lazily).
+Route (a lent GPU machine, offline, with its own CUDA torch): ``make gpu-check``. It installs descentlab
+into the machine's python with ``pip install --no-deps --no-build-isolation -e .`` (nothing downloaded, no
+CPU torch pulled in) and runs this script with that python. By hand::
 
-Sections (each records its own error instead of stopping the run):
+    python -m pip install --no-deps --no-build-isolation -e .   # or a venv made with --system-site-packages
+    python benchmarks/gpu_check.py --out gpu_check.json
 
-* ``correctness.horst``: every HORST path on the device (auto, compiled, fused, fused=True, foreach,
-  reference) against the CPU ``impl="reference"`` (``horst_reference``) in fp32, bf16 and bf16 with stochastic
-  rounding (the same ``sr_seed``), 6 steps with an inf injected into one gradient at step 3 (the NaN guard
-  must revert exactly the same elements).
+The script imports only torch, transformers, accelerate, safetensors, numpy and descentlab (no omegaconf,
+datasets, av, rdata or gguf: ``descentlab.constrained`` imports its omegaconf config lazily). It runs in
+<= 9 minutes on one H100/H200 (``--budget-s``: what would run past it is skipped and says so).
+
+Sections, in this order (each records its own error instead of stopping the run):
+
+* ``timing.constrained`` first, each case under its own time budget (at least two interleaved rounds):
+  the constrained step (default readout, PrimalDual over fused AdamW) against two ERM baselines on the same
+  model and AdamW state, in the same process: ``erm_fused``, the fair one, whose loss is the same fused
+  kernel as the readout's (:func:`descentlab.linear_cross_entropy`, no ``[N, V]`` logits), and ``erm_hf``,
+  the Hugging Face loss (its fp32 logits: 8.4 GB at 1B, 8 x 2048 tokens). Cases: a Llama-3.2-1B-shaped
+  model from config in pure bf16; the same with fp32 weights under bf16 autocast (as ``fit`` runs with
+  ``mixed_precision="bf16"``); an 8B-width 4-layer slice with activation checkpointing. Per variant: median
+  step time, peak and the constrained first step's peak (``torch.cuda.max_memory_allocated``; the
+  allocator's cache is never emptied before a timed step), and host syncs per step counted by
+  :class:`descentlab.host_syncs.HostSyncCounter` (``.item()`` / ``float`` / ``bool``, boolean-mask
+  indexing and ``nonzero``, device-to-host and blocking host-to-device copies). Ratios: ``time_ratio``
+  (against ``erm_fused``) and ``time_ratio_vs_hf_loss``, likewise for peaks.
 * ``correctness.adamw``: HORST with alpha = beta = 0 against ``torch.optim.AdamW(fused=True)``.
 * ``correctness.lambda``: lambda of PrimalDual(AdamW, LayerwiseDescent) on a small Llama from config,
   CPU against the device, after 5 steps on the same batches.
 * ``correctness.acdc``: AC/DC's magnitude masks (global, layer, 2:4) CPU against the device.
-* ``timing.constrained``: constrained (default readout) against ERM on a Llama-3.2-1B-shaped model from
-  config (bf16, 8 x 2048) and on an 8B-width 4-layer slice with activation checkpointing: median step time,
-  peak, first-step peak (``torch.cuda.max_memory_allocated``) and host syncs per step (a TorchDispatchMode
-  counter of the ops that read device memory back: ``_local_scalar_dense``, ``nonzero``, device-to-host
-  copies, ...).
-* ``timing.horst``: HORST against fused AdamW on GPT-2-124M and Llama-3.2-1B parameter shapes: ms per step,
-  ratio, achieved GB/s against a device copy's, compile time (first step minus a steady one), CUDA kernels
-  per step (torch.profiler), recompiles over an lr schedule, and the optimizer's fallbacks.
+* ``correctness.horst``: every HORST path on the device (auto, compiled, fused, fused=True, foreach,
+  reference) against the CPU ``impl="reference"`` (``horst_reference``) in fp32, bf16 and bf16 with stochastic
+  rounding (the same ``sr_seed``), 6 steps with an inf injected into one gradient at step 3 (the NaN guard
+  must revert exactly the same elements).
+* ``timing.horst`` last (it compiles): HORST against fused AdamW on GPT-2-124M and Llama-3.2-1B parameter
+  shapes: ms per step, ratio, achieved GB/s against a device copy's, compile time (first step minus a steady
+  one), CUDA kernels per step (torch.profiler), recompiles over an lr schedule, and the optimizer's fallbacks.
 
-``--tiny`` runs every section on the CPU with tiny shapes in seconds (the device is then "cpu" in the
-JSON); the test ``tests/test_gpu_check.py`` runs it so.
+``--tiny`` runs every section on the CPU with tiny shapes in seconds (the device is then "cpu" in the JSON,
+GPU figures, peaks and kernel counts, read "unmeasured", and syncs are those a GPU run would make); the test
+``tests/test_gpu_check.py`` runs it so in CI.
 
 Usage: python benchmarks/gpu_check.py [--out gpu_check.json] [--tiny] [--budget-s 510]
 """
@@ -40,15 +56,18 @@ import statistics
 import sys
 import time
 import traceback
-from collections import Counter
 from collections.abc import Callable
-from typing import Any, ClassVar
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+import descentlab
 from descentlab.constrained.descent import LayerwiseDescent
 from descentlab.constrained.primal_dual import PrimalDual
+from descentlab.host_syncs import HostSyncCounter
+from descentlab.linear_cross_entropy import linear_cross_entropy
 from descentlab.optim import _horst_compiled
 from descentlab.optim._horst_kernel import load_kernel
 from descentlab.optim.horst import HORST
@@ -79,56 +98,27 @@ class Ctx:
 # -- helpers ------------------------------------------------------------------------------------------------
 
 
-class SyncCounter(TorchDispatchMode):
-    """Counts the aten ops that make the host wait for the device (reads of device memory)."""
-
-    SYNCING: ClassVar[set[str]] = {
-        "aten._local_scalar_dense.default",
-        "aten.nonzero.default",
-        "aten.is_nonzero.default",
-        "aten.masked_select.default",
-        "aten.unique_consecutive.default",
-        "aten._unique2.default",
-        "aten.equal.default",
-    }
-
-    def __init__(self, device: torch.device) -> None:
-        super().__init__()
-        self.device = device
-        self.ops: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = str(func)
-        out = func(*args, **kwargs)
-        if name in self.SYNCING:
-            if any(isinstance(a, torch.Tensor) and a.device.type == self.device.type for a in args):
-                self.ops[name] += 1  # (a CPU scalar's .item() on a CUDA run is no sync)
-        elif name in ("aten._to_copy.default", "aten.copy_.default") and self.device.type != "cpu":
-            src = args[0] if name == "aten._to_copy.default" else args[1]
-            dst = out if name == "aten._to_copy.default" else args[0]
-            if (
-                isinstance(src, torch.Tensor)
-                and isinstance(dst, torch.Tensor)
-                and src.device.type == self.device.type
-                and dst.device.type == "cpu"
-            ):
-                self.ops["device_to_host_copy"] += 1
-        return out
-
-    @property
-    def total(self) -> int:
-        return sum(self.ops.values())
+UNMEASURED = "unmeasured"  # a GPU figure on a run without a GPU (--tiny)
 
 
-def peak_mib(ctx: Ctx) -> float | None:
-    return torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.cuda else None
+def peak_mib(ctx: Ctx) -> float | str:
+    return torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.cuda else UNMEASURED
 
 
 def reset_peak(ctx: Ctx) -> None:
+    """Start a new peak window. No ``empty_cache()``: timed steps run on the allocator's warm cache, as in
+    training (emptying it before a step would time cudaMalloc calls a training step never makes)."""
+    if ctx.cuda:
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+
+
+def release(ctx: Ctx) -> None:
+    """Between cases only (never before a timed step): hand the last case's cached blocks back."""
+    import gc
+
+    gc.collect()
     if ctx.cuda:
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(ctx.device)
 
 
 def timed(ctx: Ctx, fn: Callable[[], Any]) -> float:
@@ -303,87 +293,166 @@ def check_acdc(ctx: Ctx) -> dict[str, Any]:
 # -- timing -------------------------------------------------------------------------------------------------
 
 
-def _steps(ctx: Ctx, model, batch, labels):
+def fused_erm_loss(model, batch: dict[str, torch.Tensor], targets: torch.Tensor, rows: torch.Tensor):
+    """ERM's loss through the readout's own fused kernel (:func:`descentlab.linear_cross_entropy`): the
+    backbone's last hidden state against the LM head's weight, the mean CE over every next-token target,
+    chunk by chunk, so no ``[N, V]`` logits (the HF loss's fp32 logits are 8.4 GB at 1B, 8 x 2048 tokens)."""
+    out = model.get_decoder()(**batch, use_cache=False)
+    return linear_cross_entropy(
+        out.last_hidden_state, model.get_output_embeddings().weight, targets, rows=rows
+    )
+
+
+def _variants(
+    ctx: Ctx, model, batch, autocast: torch.dtype | None
+) -> tuple[dict[str, Callable[[], None]], torch.optim.Optimizer]:
+    """One training step of each: ERM with the fused loss (the fair baseline), the constrained step (default
+    readout, PrimalDual over AdamW), ERM with the HF loss (its fp32 logits; the baseline users compare to)."""
+    ids = batch["input_ids"]
+    targets = ids[:, 1:].reshape(-1)
+    rows = torch.arange(ids.numel(), device=ids.device).view(ids.shape)[:, :-1].reshape(-1)
     adamw = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=ctx.cuda or None)
     constraint = LayerwiseDescent(model.config.num_hidden_layers, alpha=0.05, dual_lr=0.01)
     pd = PrimalDual(adamw, constraint)
 
-    def erm():
-        model(**batch, labels=labels).loss.backward()
-        adamw.step()
-        adamw.zero_grad(set_to_none=True)
+    def amp():
+        return torch.autocast(ctx.device.type, dtype=autocast) if autocast is not None else nullcontext()
 
-    def constrained():
-        constraint.lagrangian(layer_losses(model, batch)).backward()
-        pd.step()
-        pd.zero_grad(set_to_none=True)
+    def step(loss_fn: Callable[[], torch.Tensor], opt: torch.optim.Optimizer) -> Callable[[], None]:
+        def run() -> None:
+            with amp():
+                loss = loss_fn()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
-    return erm, constrained
+        return run
+
+    steps = {
+        "erm_fused": step(lambda: fused_erm_loss(model, batch, targets, rows), adamw),
+        "constrained": step(lambda: constraint.lagrangian(layer_losses(model, batch)), pd),
+        "erm_hf": step(lambda: model(**batch, labels=ids).loss, adamw),
+    }
+    return steps, adamw
 
 
-def time_constrained(ctx: Ctx, name: str, model, tokens: tuple[int, int], repeats: int) -> dict[str, Any]:
+def time_constrained(ctx: Ctx, name: str, model, tokens: tuple[int, int], repeats: int, budget_s: float,
+                     autocast: torch.dtype | None) -> dict[str, Any]:  # fmt: skip
+    """Median step time, peak and host syncs of each variant, interleaved, within ``budget_s`` (at least two
+    rounds); the ratios of the constrained step to each ERM baseline."""
+    t_case = time.perf_counter()
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, tokens, generator=torch.Generator().manual_seed(0)).to(ctx.device)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    erm, constrained = _steps(ctx, model, batch, ids)
+    steps, adamw = _variants(ctx, model, batch, autocast)
+    weights = {str(p.dtype).removeprefix("torch.") for p in model.parameters()}
     res: dict[str, Any] = {
         "model": name,
         "tokens": list(tokens),
         "params": sum(p.numel() for p in model.parameters()),
+        "weights": sorted(weights),
+        "autocast": str(autocast).removeprefix("torch.") if autocast is not None else None,
+        "case_budget_s": budget_s,
     }
-    res["erm_first_step_s"] = timed(ctx, erm)  # creates the AdamW state
+    failed: dict[str, str] = {}
+
+    def attempt(key: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except torch.cuda.OutOfMemoryError as exc:  # e.g. the HF loss's fp32 logits: recorded, case goes on
+            failed[key] = f"oom: {str(exc)[:300]}"
+            model.zero_grad(set_to_none=True)  # drop the half-made gradients before the next variant
+            release(ctx)  # after a failure only, never before a timed step that follows a success
+            return None
+
+    # the first ERM step creates the AdamW state, so that the constrained first step (the structure is traced
+    # in it) allocates what every later one does
+    res["erm_fused_first_step_s"] = attempt("erm_fused", lambda: timed(ctx, steps["erm_fused"]))
     reset_peak(ctx)
-    res["constrained_first_step_s"] = timed(ctx, constrained)  # the structure is traced here
+    res["constrained_first_step_s"] = attempt("constrained", lambda: timed(ctx, steps["constrained"]))
     res["constrained_first_step_peak_mib"] = peak_mib(ctx)
-    times: dict[str, list[float]] = {"erm": [], "constrained": []}
-    peaks: dict[str, float | None] = {}
-    for _ in range(repeats):
-        for key, fn in (("erm", erm), ("constrained", constrained)):
+    res["erm_hf_first_step_s"] = attempt("erm_hf", lambda: timed(ctx, steps["erm_hf"]))
+    live = [k for k in steps if k not in failed]
+    times: dict[str, list[float]] = {k: [] for k in live}
+    peaks: dict[str, float] = {}
+    for r in range(repeats):
+        if r >= 2 and time.perf_counter() - t_case > budget_s:
+            break
+        for key in [k for k in live if k not in failed]:
             reset_peak(ctx)
-            times[key].append(timed(ctx, fn))
-            peaks[key] = max(peaks.get(key) or 0.0, peak_mib(ctx) or 0.0) if ctx.cuda else None
-    for key in times:
+            t = attempt(key, lambda key=key: timed(ctx, steps[key]))
+            if t is not None:
+                times[key].append(t)
+                if ctx.cuda:
+                    peaks[key] = max(peaks.get(key, 0.0), float(peak_mib(ctx)))
+    res["rounds"] = max((len(t) for t in times.values()), default=0)
+    for key in steps:
+        if key in failed or not times.get(key):
+            res[f"{key}_status"] = failed.get(key, "skipped: case budget")
+            continue
         res[f"{key}_step_s"] = statistics.median(times[key])
-        res[f"{key}_peak_mib"] = peaks[key]
-        counter = SyncCounter(ctx.device)
+        res[f"{key}_peak_mib"] = peaks[key] if ctx.cuda else UNMEASURED
+        counter = HostSyncCounter(ctx.device)
+        if counter.emulated:  # unfused AdamW keeps its step counters on the host on a GPU run too
+            counter.host(*(st["step"] for st in adamw.state.values() if "step" in st))
         with counter:
-            (erm if key == "erm" else constrained)()
+            steps[key]()
         res[f"{key}_host_syncs"] = counter.total
         res[f"{key}_host_sync_ops"] = dict(counter.ops)
-    res["time_ratio"] = res["constrained_step_s"] / res["erm_step_s"]
-    if ctx.cuda:
-        res["peak_ratio"] = res["constrained_peak_mib"] / res["erm_peak_mib"]
-        res["first_step_peak_ratio"] = res["constrained_first_step_peak_mib"] / res["erm_peak_mib"]
+    for base, suffix in (("erm_fused", ""), ("erm_hf", "_vs_hf_loss")):
+        if "constrained_step_s" in res and f"{base}_step_s" in res:
+            res[f"time_ratio{suffix}"] = res["constrained_step_s"] / res[f"{base}_step_s"]
+            if ctx.cuda:
+                res[f"peak_ratio{suffix}"] = res["constrained_peak_mib"] / res[f"{base}_peak_mib"]
+                res[f"first_step_peak_ratio{suffix}"] = (
+                    res["constrained_first_step_peak_mib"] / res[f"{base}_peak_mib"]
+                )
+            else:
+                res[f"peak_ratio{suffix}"] = UNMEASURED
+    if failed:
+        res["status"] = "partial: " + ", ".join(sorted(failed))
+    res["case_s"] = time.perf_counter() - t_case
     return res
+
+
+def constrained_cases(tiny: bool) -> dict[str, dict[str, Any]]:
+    """name -> the model's shape, weights' dtype, autocast dtype, tokens, repeats and time budget (s)."""
+    if tiny:
+        small = dict(layers=2, hidden=64, inter=128, heads=4, kv=2, vocab=512, tie=True)
+        wide = dict(layers=2, hidden=96, inter=192, heads=4, kv=2, vocab=512, tie=False)
+        run = {"tokens": (2, 32), "repeats": 2, "budget_s": 60.0}
+    else:
+        small = dict(layers=16, hidden=2048, inter=8192, heads=32, kv=8, vocab=128256, tie=True)
+        wide = dict(layers=4, hidden=4096, inter=14336, heads=32, kv=8, vocab=128256, tie=False)
+        run = {"tokens": (8, 2048), "repeats": 5, "budget_s": 100.0}
+    return {
+        # pure bf16 weights: what a bf16 checkpoint trained without autocast runs
+        "llama_1b_shape": {"shape": small, "dtype": torch.bfloat16, "autocast": None, **run},
+        # fp32 weights under bf16 autocast, as `fit` runs with mixed_precision="bf16": the head matmuls of
+        # ERM run in bf16; the readout's must too
+        "llama_1b_shape_fp32_autocast": {"shape": small, "dtype": torch.float32, "autocast": torch.bfloat16,
+                                         **run},
+        "llama_8b_width_4_layers": {"shape": wide, "dtype": torch.bfloat16, "autocast": None, "checkpointing": True,
+                                    **run, "budget_s": run["budget_s"] * 1.2},
+    }  # fmt: skip
 
 
 def timing_constrained(ctx: Ctx) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    if ctx.tiny:
-        shapes = {
-            "llama_1b_shape": dict(layers=2, hidden=64, inter=128, heads=4, kv=2, vocab=512, tie=True),
-            "llama_8b_width_4_layers": dict(
-                layers=2, hidden=96, inter=192, heads=4, kv=2, vocab=512, tie=False
-            ),
-        }
-        tokens, repeats = (2, 32), 2
-    else:
-        shapes = {
-            "llama_1b_shape": dict(layers=16, hidden=2048, inter=8192, heads=32, kv=8, vocab=128256, tie=True),
-            "llama_8b_width_4_layers": dict(layers=4, hidden=4096, inter=14336, heads=32, kv=8, vocab=128256,
-                                            tie=False),
-        }  # fmt: skip
-        tokens, repeats = (8, 2048), 5
-    for name, shape in shapes.items():
-        if ctx.left() < 60:
+    for name, case in constrained_cases(ctx.tiny).items():
+        if ctx.left() < min(60.0, case["budget_s"]):
             out[name] = {"status": "skipped: time budget"}
             continue
+        budget = min(case["budget_s"], ctx.left() - 20.0)
+        model = None
         try:
-            model = _llama(ctx, ctx.device, dtype=torch.bfloat16, **shape)
-            if name.startswith("llama_8b"):
+            model = _llama(ctx, ctx.device, dtype=case["dtype"], **case["shape"])
+            if case.get("checkpointing"):
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            out[name] = time_constrained(ctx, name, model, tokens, repeats)
-            out[name]["checkpointing"] = name.startswith("llama_8b")
+            out[name] = time_constrained(
+                ctx, name, model, case["tokens"], case["repeats"], budget, case["autocast"]
+            )
+            out[name]["checkpointing"] = bool(case.get("checkpointing"))
         except torch.cuda.OutOfMemoryError as exc:
             out[name] = {"status": "oom", "error": str(exc)[:400]}
         except Exception as exc:
@@ -394,8 +463,19 @@ def timing_constrained(ctx: Ctx) -> dict[str, Any]:
             }
         finally:
             model = None
-            reset_peak(ctx)
+            release(ctx)
+        print(f"gpu_check: timing.constrained.{name}: {_summary(out[name])}", flush=True)
     return out
+
+
+def _summary(row: dict[str, Any]) -> str:
+    if "time_ratio" not in row:
+        return str(row.get("status", "?"))
+    parts = [f"{row['time_ratio']:.2f}x time vs ERM (fused loss)"]
+    if "time_ratio_vs_hf_loss" in row:
+        parts.append(f"{row['time_ratio_vs_hf_loss']:.2f}x vs ERM (HF loss)")
+    parts.append(f"syncs/step {row.get('constrained_host_syncs')} (ERM {row.get('erm_fused_host_syncs')})")
+    return ", ".join(parts)
 
 
 def _shapes_124m() -> list[tuple[int, ...]]:
@@ -431,9 +511,9 @@ def _copy_gbps(ctx: Ctx, nbytes: int, repeats: int) -> float:
     return 2 * src.numel() * 4 / t / 1e9
 
 
-def _kernels_per_step(ctx: Ctx, step: Callable[[], None]) -> int | None:
+def _kernels_per_step(ctx: Ctx, step: Callable[[], None]) -> int | str:
     if not ctx.cuda:
-        return None
+        return UNMEASURED
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -538,6 +618,17 @@ def timing_horst(ctx: Ctx) -> dict[str, Any]:
 # -- main ---------------------------------------------------------------------------------------------------
 
 
+def _installed(dist: str) -> bool:
+    """Whether ``dist`` is installed (make gpu-check: False when it ran from src/ on PYTHONPATH)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(dist)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
 def _passed(node: Any) -> bool:
     if isinstance(node, dict):
         if node.get("status") == "FAIL" or node.get("status") == "error":
@@ -573,18 +664,22 @@ def main(argv: list[str] | None = None) -> int:
             "transformers": transformers.__version__,
             "cuda": torch.version.cuda,
             "can_compile": _horst_compiled.can_compile(device),
+            "descentlab_from": str(Path(descentlab.__file__).parent),
+            "descentlab_installed": _installed("descentlab"),
             "python": platform.python_version(),
         },
         "correctness": {},
         "timing": {},
     }
+    # the constrained figures first, each case under its own budget; HORST's compiles (its correctness
+    # variants and its timing) last, so they cannot eat the budget the constrained figures need
     sections: list[tuple[str, str, Callable[[Ctx], dict[str, Any]]]] = [
-        ("correctness", "horst", check_horst),
+        ("timing", "constrained", timing_constrained),
         ("correctness", "adamw", check_adamw),
         ("correctness", "lambda", check_lambda),
         ("correctness", "acdc", check_acdc),
+        ("correctness", "horst", check_horst),
         ("timing", "horst", timing_horst),
-        ("timing", "constrained", timing_constrained),
     ]
     for kind, name, fn in sections:
         t0 = time.perf_counter()

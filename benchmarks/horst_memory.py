@@ -9,8 +9,9 @@ measures, per optimizer:
 - ``state``: the bytes the first step allocates and keeps (the moments), per rank;
 - ``transient``: the peak of the bytes allocated during a step and freed by its end, above what was
   allocated before it (first step included: its peak is reported separately), per rank;
-- host reads per step (``.item()`` / ``float(t)`` / ``bool(t)`` / ``tolist()`` / boolean-mask indexing /
-  ``nonzero`` / device-to-host copies, counted op by op as on a GPU they would sync);
+- host reads per step (``.item()`` / ``float(t)`` / ``bool(t)``, boolean-mask indexing / ``nonzero``,
+  device-to-host and blocking host-to-device copies, counted op by op by the shared
+  :class:`descentlab.host_syncs.HostSyncCounter` as on a GPU they would sync);
 - step time (median over rounds, interleaved), as a ratio to AdamW-foreach.
 
 Memory is counted by a ``TorchDispatchMode`` that adds the size of every newly allocated output storage and
@@ -28,7 +29,6 @@ buffers at once). Target (issue 46): HORST's transient <= 1x the parameters, <= 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import os
@@ -41,9 +41,9 @@ from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from descentlab.host_syncs import HostSyncCounter
 from descentlab.optim import horst as horst_module
 from descentlab.optim.horst import HORST
 
@@ -103,49 +103,25 @@ class MemoryMeter(TorchDispatchMode):
         return out
 
 
-_SYNC_OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default"}
-
-
-class _DispatchReads(TorchDispatchMode):
-    def __init__(self, counts: collections.Counter) -> None:
-        super().__init__()
-        self.counts = counts
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = str(func)
-        if name in _SYNC_OPS:
-            self.counts[name] += 1
-        elif name.startswith("aten.index.Tensor") or name.startswith("aten.index_put"):
-            indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ()):
-                self.counts[f"{name}[bool mask]"] += 1
-        return func(*args, **kwargs)
-
-
-class _FunctionReads(TorchFunctionMode):
-    def __init__(self, counts: collections.Counter) -> None:
-        super().__init__()
-        self.counts = counts
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in ("tolist", "numpy", "item"):
-            self.counts[func.__name__] += 1
-        return func(*args, **(kwargs or {}))
+def host_step_counters(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's ``step`` counters that a GPU run keeps on the host (torch's unless ``capturable`` or
+    ``fused``; HORST's always): reading them is no sync."""
+    return [
+        st
+        for group in opt.param_groups
+        if not (group.get("capturable") or group.get("fused") is True)
+        for p in group["params"]
+        if isinstance(st := opt.state.get(p, {}).get("step"), torch.Tensor) and type(st) is torch.Tensor
+    ]
 
 
 @contextmanager
-def count_reads():
-    """``with count_reads() as counts: ...``: host reads by kind (what would sync on a GPU)."""
-    counts: collections.Counter = collections.Counter()
-    modes = (_FunctionReads(counts), _DispatchReads(counts))
-    for mode in modes:
-        mode.__enter__()
-    try:
-        yield counts
-    finally:
-        for mode in reversed(modes):
-            mode.__exit__(None, None, None)
+def count_reads(opt: torch.optim.Optimizer | None = None):
+    """``with count_reads(opt) as counts: ...``: host reads by kind (:class:`descentlab.host_syncs.HostSyncCounter`
+    on the CPU: what would sync on a GPU; ``opt``'s host-side step counters declared as such)."""
+    counter = HostSyncCounter().host(*(host_step_counters(opt) if opt is not None else ()))
+    with counter:
+        yield counter.counts
 
 
 def gpt2_like_shapes(n_params: float) -> list[tuple[int, ...]]:
@@ -204,7 +180,7 @@ def measure(make: Callable, params, steps: int = 3, context=None) -> dict:
             before = meter.live
             with meter:
                 meter.reset()
-                with count_reads() as reads:
+                with count_reads(opt) as reads:
                     opt.step()
             kept = meter.live - before
             transient = meter.peak - meter.live

@@ -19,6 +19,7 @@ EXPECTED = {
     "hf_trainer.py": "'sparsity/global': 0.5",
     "accelerate_loop.py": "global ",
     "horst_acdc_cnn.py": "at 90.0% zeros",
+    "fairness_constraint.py": "quadratic_penalty ",
 }
 
 

@@ -37,7 +37,9 @@ What the adapter does, and where:
   mean of f_L (the model's own loss) over the training batches since the previous log line (averaged over
   ranks as Trainer averages ``loss``), ``descent/lambda_mean`` and ``descent/lambda_max`` (over the
   constrained layers), the last batch's per-layer f, ĝ, λ, u (``descent/f/l``, ``descent/g/l``,
-  ``descent/lambda/l``, ``descent/u/l``) and the global sparsity (``sparsity/global``);
+  ``descent/lambda/l``, ``descent/u/l``) and the global sparsity (``sparsity/global``). When the readout
+  sampled (a causal LM's default in training), the estimates are labelled: ``descent/f_sampled/l``
+  (l < L), ``descent/g_sampled/l``, ``descent/g_se/l``, ``descent/readout/sampled_k`` and ``/n``;
 * the sparsity controller's masks go into each checkpoint folder as ``descentlab_sparsity.pt`` (tensors only,
   loaded with ``weights_only=True``) and come back on resume.
 * gradient accumulation: the Lagrangian is a per-batch mean, so Trainer must divide it by the accumulation
@@ -132,8 +134,13 @@ class DescentTrainer(Trainer):
             raise ConfigError(
                 "sparsity must be a factory (model, optimizer) -> controller, e.g. lambda m, o: dl.ACDC(m, o)"
             )
+        from descentlab.readout import BUILTIN
+
         self.constraint = constraint
-        self.readout = readout
+        # a built-in name becomes one instance, so its last estimate (sampled or exact) can label the logs
+        self.readout = BUILTIN[readout]() if isinstance(readout, str) and readout in BUILTIN else readout
+        self._train_estimate: Any = None  # what the readout of the last training batch read
+        self._estimate: Any = None  # what the readout of the last batch (training or eval) read
         self.eval_layers = constraint is not None if eval_layers is None else bool(eval_layers)
         self._eval_sum: torch.Tensor | None = None  # Σ n_b f_b over the eval batches (float64 [L+1])
         self._eval_count = 0
@@ -186,6 +193,7 @@ class DescentTrainer(Trainer):
                 model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
             )
         f = self._layer_losses(model, inputs)
+        self._train_estimate = self._estimate
         loss = self.constraint.lagrangian(f)
         task = f[-1].detach().to(torch.float64)  # stays on the device: read once, when a log line is written
         self._task_sum = task if self._task_sum is None else self._task_sum + task
@@ -213,12 +221,17 @@ class DescentTrainer(Trainer):
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
 
     def _layer_losses(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
-        """``dl.layer_losses`` on the model inside Trainer's wrappers (see :func:`_readout_model`)."""
-        from descentlab.readout import layer_losses
+        """``dl.layer_losses`` on the model inside Trainer's wrappers (see :func:`_readout_model`); what its
+        readout read is left in ``self._estimate``."""
+        from descentlab.readout import find_readout, layer_losses
 
         target, compiler = _readout_model(model)
+        inner = target.module if isinstance(target, nn.parallel.DistributedDataParallel) else target
+        readout = find_readout(inner) if self.readout is None else self.readout
         with _compiled_backbone(target, compiler):
-            return layer_losses(target, inputs, readout=self.readout)
+            f = layer_losses(target, inputs, readout=readout)
+        self._estimate = getattr(readout, "last_estimate", None)
+        return f
 
     def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
         self._eval_sum, self._eval_count = None, 0
@@ -254,7 +267,8 @@ class DescentTrainer(Trainer):
         if "loss" in logs:  # a training log line, not an evaluation one
             if self.constraint is not None:
                 logs.update(self._task_logs())
-                logs.update({f"descent/{k}": float(v) for k, v in self.constraint.log_dict().items()})
+                values = self.constraint.log_dict(estimate=self._train_estimate)
+                logs.update({f"descent/{k}": float(v) for k, v in values.items()})
             controller = self.sparsity_controller
             if isinstance(controller, ReportsSparsity):
                 logs["sparsity/global"] = float(controller.report().global_sparsity)
@@ -442,11 +456,28 @@ class ConstraintCallback(TrainerCallback):
     share of the accumulated targets), and the constraint terms of a ConstraintSet by 1/k. Otherwise Trainer
     divides the whole loss by k, as for any model. The dual step averages the violations of the k micro-batches.
 
+    Logs: on every training log line (``on_log``, the ``logs`` dict that has Trainer's ``loss``) the callback
+    adds the multipliers, the last violations and the slacks, read once when the line is written:
+
+        ConstraintSet:     constraints/lambda/name/i, constraints/g/name/i, constraints/u/name/i
+                           (an indexed constraint: constraints/lambda/name/mean and /max)
+        LayerwiseDescent:  descent/lambda_mean, descent/lambda_max (over the constrained layers),
+                           descent/lambda/l, descent/u/l, and the last batch's descent/f/l, descent/g/l;
+                           when the readout sampled (a causal LM's default ``sample_tokens="auto"``), the
+                           estimates say so: descent/f_sampled/l (l < L), descent/g_sampled/l, their standard
+                           errors descent/g_se/l, and descent/readout/sampled_k of descent/readout/n targets.
+
+    They go into ``trainer.state.log_history`` and reach every callback after this one (the printer, yours).
+    Trainer puts the ``report_to`` integrations (TensorBoard, W&B, ...) ahead of the callbacks it is given,
+    so they see these keys only once :func:`log_before_reporters` has moved this callback ahead of them.
+
     Args:
         constraint: a ``LayerwiseDescent`` or a ``ConstraintSet``.
         values: for a ConstraintSet, ``fn(model, batch, outputs) -> {name: tensor or ConstraintValue}``.
-        readout: for a LayerwiseDescent, passed to ``dl.layer_losses``. The readout runs its own forward, so a
-            training step costs one extra forward beside the model's (use ``DescentTrainer`` to avoid it).
+        readout: for a LayerwiseDescent, passed to ``dl.layer_losses`` (a built-in name becomes one instance
+            for the callback's life, so its last estimate can label the logs). The readout runs its own
+            forward, so a training step costs one extra forward beside the model's (use ``DescentTrainer`` to
+            avoid it).
     """
 
     def __init__(
@@ -462,7 +493,10 @@ class ConstraintCallback(TrainerCallback):
         if self.is_set and values is None:
             raise ConfigError("a ConstraintSet needs values=fn(model, batch, outputs) -> {name: tensor}")
         self.values = values
-        self.readout = readout
+        from descentlab.readout import BUILTIN
+
+        self.readout = BUILTIN[readout]() if isinstance(readout, str) and readout in BUILTIN else readout
+        self._estimate: Any = None  # what the readout of the last training batch read (sampled or exact)
         self._handle: Any = None
         self._inside = False
         self._accumulation = 1
@@ -537,15 +571,64 @@ class ConstraintCallback(TrainerCallback):
                 terms = self.constraint.lagrangian(torch.zeros_like(loss), values, record=True)
                 output["loss"] = loss + (terms / self._accumulation if scaled else terms)
             else:
-                from descentlab.readout import layer_losses
+                from descentlab.readout import find_readout, layer_losses
 
                 batch.pop("num_items_in_batch", None)
-                f = layer_losses(module, batch, readout=self.readout)
+                readout = find_readout(module) if self.readout is None else self.readout
+                f = layer_losses(module, batch, readout=readout)
+                self._estimate = getattr(readout, "last_estimate", None)
                 lagrangian = self.constraint.lagrangian(f)
                 output["loss"] = lagrangian * (loss / f[-1]).detach() if scaled else lagrangian
         finally:
             self._inside = False
         return output
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any
+    ) -> None:
+        if logs is not None and "loss" in logs:  # a training line, not an evaluation one
+            _add_to_log(state, logs, self.log_values())
+
+    def log_values(self) -> dict[str, float]:
+        """The keys ``on_log`` adds (see the class docstring), read from the device once."""
+        if self.is_set:
+            return {f"constraints/{k}": v for k, v in self.constraint.log_values().items()}
+        from descentlab.logs import LazyLogs
+
+        constraint = self.constraint
+        logs = constraint.log_values(estimate=self._estimate)
+        lam = constraint.multipliers.detach()
+        constrained = torch.nonzero(constraint.mask.cpu()).flatten().to(lam.device)  # never empty
+        lam = lam.index_select(0, constrained)
+        logs.update(LazyLogs({"lambda_mean": lam.mean(), "lambda_max": lam.max()}))  # read with the rest
+        return {f"descent/{k}": v for k, v in logs.items()}
+
+
+def _add_to_log(state: Any, logs: dict[str, float], values: dict[str, float]) -> None:
+    """Add ``values`` to the log line being written and to its copy in ``state.log_history`` (Trainer appends
+    ``{**logs, "step": global_step}`` there before it calls ``on_log``)."""
+    logs.update(values)
+    history = getattr(state, "log_history", None)
+    if history and history[-1].get("step") == state.global_step and "loss" in history[-1]:
+        history[-1].update(values)
+
+
+def log_before_reporters(trainer: Trainer) -> None:
+    """Move this module's callbacks ahead of the ``report_to`` integrations in ``trainer``'s callback list.
+
+    Trainer runs its own callbacks (the flow control, then TensorBoard, W&B, ... from ``report_to``) before
+    the ones it is given, and each sees the ``logs`` dict as it is when its turn comes; after this call the
+    keys :class:`ConstraintCallback` and :class:`ACDCCallback` add (λ, slacks, violations, sparsity) reach
+    the integrations too. Call it once, after building the Trainer; the order of everything else is kept.
+    """
+    from transformers.trainer_callback import DefaultFlowCallback
+
+    handler = trainer.callback_handler
+    ours = [cb for cb in handler.callbacks if isinstance(cb, (ConstraintCallback, ACDCCallback))]
+    rest = [cb for cb in handler.callbacks if not isinstance(cb, (ConstraintCallback, ACDCCallback))]
+    flow = [i for i, cb in enumerate(rest) if isinstance(cb, DefaultFlowCallback)]
+    at = flow[0] + 1 if flow else 0  # after the flow control, which decides when a line is due
+    handler.callbacks = rest[:at] + ours + rest[at:]
 
 
 class ACDCCallback(TrainerCallback):
@@ -591,7 +674,7 @@ class ACDCCallback(TrainerCallback):
         self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any
     ) -> None:
         if logs is not None and "loss" in logs and isinstance(self.controller, ReportsSparsity):
-            logs["sparsity/global"] = float(self.controller.report().global_sparsity)
+            _add_to_log(state, logs, {"sparsity/global": float(self.controller.report().global_sparsity)})
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.controller is None or not args.should_save:

@@ -89,6 +89,13 @@ optimizer that is not a ``PrimalDual`` around ``self.constraint``. Logged keys:
     descent/f/l, descent/g/l               this batch's f_l (l = 0..L) and ĝ_l (l = 1..L)
     descent/lambda/l, descent/u/l          λ_l and u_l (resilient constraints only) after the dual step
 
+When the readout sampled (a causal LM's default ``sample_tokens="auto"`` reads layers 0..L-1 on k of the N
+targets in training), f_0..f_{L-1} and every ĝ_l are estimates and are logged as such:
+``descent/f_sampled/l`` (l < L; ``descent/f/L`` stays, it is exact), ``descent/g_sampled/l`` and its standard
+error ``descent/g_se/l``, beside ``descent/readout/sampled_k`` and ``descent/readout/n``. The callback knows
+the readout when it runs it, or when it is the module's ``readout`` (``DescentModule``); f handed over as
+``output["layer_losses"]`` or by ``losses=`` is logged under the plain keys.
+
 ``descent_log_layers = False`` keeps the first four. If you override ``training_step``, ``on_fit_start`` or
 ``configure_callbacks``, call ``super()``'s (or :meth:`DescentModule.descent_step` in ``training_step``).
 
@@ -100,7 +107,6 @@ the same λ.
 from __future__ import annotations
 
 import functools
-import types
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -145,14 +151,67 @@ def _log(module: Any, name: str, value: Tensor, *, on_epoch: bool = False) -> No
     module.log(name, value, on_step=True, on_epoch=on_epoch)
 
 
-def log_descent_batch(module: Any, f: Tensor, loss: Tensor, log_layers: bool) -> None:
-    """``task_loss`` (f_L), ``descent/lagrangian`` and ``descent/f/l`` of this batch, as device tensors."""
+def own_readout(readout: Any) -> Any:
+    """A built-in readout name becomes one instance, kept, so the estimate it records after each call (sampled
+    or exact) can label the logs; ``layer_losses`` would build a fresh one per call."""
+    from descentlab.readout import BUILTIN
+
+    return BUILTIN[readout]() if isinstance(readout, str) and readout in BUILTIN else readout
+
+
+def readout_estimate(readout: Any, model: Any) -> Any:
+    """What the readout ``layer_losses(model, batch, readout)`` used read last (its ``last_estimate``; None for
+    readouts that always read every target, or when none is registered for ``model``)."""
+    if readout is None:
+        from descentlab.errors import ModelError
+        from descentlab.readout import find_readout
+
+        if not isinstance(model, torch.nn.Module):
+            return None
+        try:
+            readout = find_readout(model)
+        except ModelError:
+            return None
+    return getattr(readout, "last_estimate", None)
+
+
+def log_descent_batch(
+    module: Any,
+    f: Tensor,
+    loss: Tensor,
+    log_layers: bool,
+    constraint: Any = None,
+    estimate: Any = None,
+) -> None:
+    """``task_loss`` (f_L), ``descent/lagrangian``, and this batch's ``descent/f/l`` and ``descent/g/l`` (ĝ of
+    ``constraint``'s last ``lagrangian`` call), as device tensors.
+
+    When ``estimate`` says the readout sampled (layers 0..L-1 read on k of the N targets), those values are
+    estimates and their keys say so: ``descent/f_sampled/l`` (l < L; ``descent/f/L`` is exact),
+    ``descent/g_sampled/l`` with its standard error ``descent/g_se/l``, and ``descent/readout/sampled_k`` of
+    ``descent/readout/n`` targets.
+    """
     f = f.detach()
     _log(module, "task_loss", f[-1], on_epoch=True)
     _log(module, "descent/lagrangian", loss.detach())
-    if log_layers:
-        for layer in range(f.numel()):
-            _log(module, f"descent/f/{layer}", f[layer])
+    if not log_layers:
+        return
+    sampled = estimate is not None and bool(getattr(estimate, "sampled", False))
+    last = f.numel() - 1
+    for layer in range(f.numel()):
+        name = "f_sampled" if sampled and layer < last else "f"
+        _log(module, f"descent/{name}/{layer}", f[layer])
+    g = None if constraint is None else constraint.violations
+    if g is None:
+        return
+    for layer in range(g.numel()):
+        _log(module, f"descent/{'g_sampled' if sampled else 'g'}/{layer + 1}", g[layer])
+    if sampled:
+        se = estimate.violation_errors(f.to(g.dtype), constraint.alpha, constraint.form)
+        for layer in range(se.numel()):
+            _log(module, f"descent/g_se/{layer + 1}", se[layer])
+        module.log("descent/readout/sampled_k", float(estimate.k), on_step=True)
+        module.log("descent/readout/n", float(estimate.n), on_step=True)
 
 
 class ConstraintCallback(Callback):
@@ -210,7 +269,7 @@ class ConstraintCallback(Callback):
             )
         self.values = values
         self.losses = losses
-        self.readout = readout
+        self.readout = own_readout(readout)
         self.build_lagrangian = bool(build_lagrangian)
         self.check_finite = bool(check_finite)
         self.log_layers = bool(log_layers)
@@ -219,6 +278,7 @@ class ConstraintCallback(Callback):
             None  # Lightning's optimizer, when it is a PrimalDual around ours
         )
         self._optimizer: Any = None
+        self._checker: PrimalDual | None = None  # runs PrimalDual's finiteness check for a plain optimizer
         self._owns_dual = False
         self._hook: Any = None
         self._wrapped: Any = None
@@ -307,9 +367,9 @@ class ConstraintCallback(Callback):
             _log(module, "task_loss", loss.detach(), on_epoch=True)
             _log(module, "constraints/lagrangian", total.detach())
         else:
-            f = self._layer_losses(module, batch, output)
+            f, estimate = self._layer_losses(module, batch, output)
             total = self.constraint.lagrangian(f)
-            log_descent_batch(module, f, total, self.log_layers)
+            log_descent_batch(module, f, total, self.log_layers, self.constraint, estimate)
         if not is_dict:
             return total
         out = {
@@ -333,22 +393,26 @@ class ConstraintCallback(Callback):
             )
         return found
 
-    def _layer_losses(self, module: Any, batch: Any, output: Any) -> Tensor:
+    def _layer_losses(self, module: Any, batch: Any, output: Any) -> tuple[Tensor, Any]:
+        """f_0..f_L and what the readout read (None when the losses came from ``losses=`` or the output:
+        their readout is not known here, and the keys stay unlabelled)."""
         if self.losses is not None:
-            return self.losses(module, batch)
+            return self.losses(module, batch), None
         if isinstance(output, Mapping) and "layer_losses" in output:
-            return output["layer_losses"]
-        if callable(getattr(module, "descent_losses", None)):
-            return module.descent_losses(batch)
-        from descentlab.readout import layer_losses
-
+            return output["layer_losses"], None
         model = getattr(module, "model", None)
+        if callable(getattr(module, "descent_losses", None)):
+            f = module.descent_losses(batch)
+            return f, readout_estimate(getattr(module, "readout", None), model)
+        from descentlab.readout import find_readout, layer_losses
+
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(
                 f"{type(module).__name__} has no `model` (an nn.Module) for dl.layer_losses: set self.model, return "
                 "{'loss': ..., 'layer_losses': f} from training_step, or give ConstraintCallback(losses=fn)"
             )
-        return layer_losses(model, batch, readout=self.readout)
+        readout = find_readout(model) if self.readout is None else self.readout
+        return layer_losses(model, batch, readout=readout), getattr(readout, "last_estimate", None)
 
     # -- per step ----------------------------------------------------------------------------------------
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
@@ -366,11 +430,12 @@ class ConstraintCallback(Callback):
             if inner.check_finite:
                 inner._check_finite()  # Lightning hands PrimalDual a closure, which skips its own check
         elif self._owns_dual and self.check_finite:
-            # PrimalDual's check reads only these two attributes: one read-back for gradients, violations and
-            # the constraint's deferred guards
-            PrimalDual._check_finite(
-                types.SimpleNamespace(param_groups=inner.param_groups, constraint=self.constraint)
-            )
+            # PrimalDual's own check, one read-back for gradients, violations and the constraint's deferred
+            # guards (collective under torch.distributed), through a PrimalDual that shares the optimizer's
+            # groups and is never stepped
+            if self._checker is None or self._checker.optimizer is not inner:
+                self._checker = PrimalDual(inner, self.constraint)
+            self._checker._check_finite()
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -410,9 +475,13 @@ class ConstraintCallback(Callback):
         if not self.log_layers:
             return
         g = constraint.violations
-        if g is not None:
+        if g is not None and not self.build_lagrangian and not isinstance(module, DescentModule):
+            # a training_step that built the Lagrangian itself logged no ĝ (log_descent_batch logs it for
+            # the callback's own Lagrangian and for DescentModule's)
+            estimate = readout_estimate(getattr(module, "readout", None), getattr(module, "model", None))
+            name = "g_sampled" if bool(getattr(estimate, "sampled", False)) else "g"
             for layer in range(g.numel()):
-                _log(module, f"descent/g/{layer + 1}", g[layer])
+                _log(module, f"descent/{name}/{layer + 1}", g[layer])
         for layer in range(lam.numel()):
             _log(module, f"descent/lambda/{layer + 1}", lam[layer])
         slacks = constraint.slacks
@@ -538,9 +607,11 @@ class DescentModule:
     def descent_step(self, batch: Any) -> Tensor:
         """Per-layer losses, then the Lagrangian (returned, for backward); logs f_L, f and the Lagrangian."""
         constraint = self._descent_constraint()
+        self.readout = own_readout(self.readout)
         f = self.descent_losses(batch)
         loss = constraint.lagrangian(f)
-        log_descent_batch(self, f, loss, self.descent_log_layers)
+        estimate = readout_estimate(self.readout, getattr(self, "model", None))
+        log_descent_batch(self, f, loss, self.descent_log_layers, constraint, estimate)
         return loss
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
@@ -580,4 +651,12 @@ class DescentModule:
         return constraint
 
 
-__all__ = ["ACDC_KEY", "ACDCCallback", "ConstraintCallback", "DescentModule", "log_descent_batch"]
+__all__ = [
+    "ACDC_KEY",
+    "ACDCCallback",
+    "ConstraintCallback",
+    "DescentModule",
+    "log_descent_batch",
+    "own_readout",
+    "readout_estimate",
+]

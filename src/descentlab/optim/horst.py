@@ -707,7 +707,8 @@ class HORST(Optimizer):
         if not self._unread:
             return
         pending, self._unread = self._unread, []
-        counts = torch.stack([c.detach().to("cpu", torch.int64) for _, c in pending]).tolist()
+        # stacked where the counts live, then one device-to-host copy for all of them
+        counts = torch.stack([c.detach().to(torch.int64) for _, c in pending]).tolist()
         by_tensor = {id(c): int(n) for (_, c), n in zip(pending, counts, strict=True)}
         for (group, _), n in zip(pending, counts, strict=True):
             group["nan_reverted"] = int(group.get("nan_reverted", 0)) + int(n)
