@@ -9,6 +9,18 @@ For rows x_i (optionally through a transform T, e.g. a final norm) and a head (W
 The rows are taken ``chunk_size`` at a time, so only one ``[chunk, V]`` logit block ever exists; nothing of
 it is kept for the backward pass, and no slice of the input is either.
 
+Precision. The head matmuls (W t, and the two gradient matmuls) run in the *compute dtype*: the autocast
+dtype of x's device when the call is made under bf16 ``torch.autocast`` (fp32 weights and bf16 matmuls, as
+the model's own ``nn.Linear`` head runs there), else the weight's dtype. Under fp16 autocast the head keeps
+the weight's dtype: a mean or sum forms its gradients in the forward pass, before a GradScaler's loss
+scale multiplies them, and softmax(z) / N would underflow float16. It is fixed at the call, so the
+backward pass (which autograd runs outside autocast) uses the same one. The logits are widened to float32
+before the scale, cap, logsumexp and softmax, so the normaliser and the loss are accumulated in float32
+whatever the matmul dtype. The summed gradients of W and b are accumulated chunk by chunk in the
+parameter's own dtype (fp32 weights: fp32, as autograd's ``.grad``; bf16 weights: bf16, one rounding per
+chunk), so no float32 ``[V, H]`` buffer exists beside a bf16 weight unless ``grad_dtype=torch.float32``
+asks for one.
+
 * ``reduction="mean"`` / ``"sum"`` (a scalar): the forward pass also computes the gradients with respect
   to x, W, b and T's parameters, chunk by chunk, and keeps only those; the backward pass multiplies them
   by ``grad_output``. Three head matmuls per row, as for plain autograd, and no logits held.
@@ -45,6 +57,18 @@ class _Options:
     scale: float | None
     softcap: float | None
     transform: Transform | None
+    compute_dtype: torch.dtype | None = None  # the head matmuls' dtype (None: the weight's)
+    grad_dtype: torch.dtype | None = None  # accumulator of the summed W / b gradients (None: the weight's)
+
+
+def _mm_dtype(weight: Tensor, opt: _Options) -> torch.dtype:
+    return opt.compute_dtype if opt.compute_dtype is not None else weight.dtype
+
+
+def _cast_head(weight: Tensor, bias: Tensor | None, opt: _Options) -> tuple[Tensor, Tensor | None]:
+    """W and b in the compute dtype, cast once per pass (as autocast's cast cache does), detached."""
+    dt = _mm_dtype(weight, opt)
+    return weight.detach().to(dt), None if bias is None else bias.detach().to(dt)
 
 
 def _rows_of(x: Tensor) -> Tensor:
@@ -56,7 +80,8 @@ def _take(flat: Tensor, rows: Tensor | None, start: int, stop: int) -> Tensor:
 
 
 def _logits(t: Tensor, weight: Tensor, bias: Tensor | None, opt: _Options) -> tuple[Tensor, Tensor | None]:
-    """float32 (at least) logits ``[c, V]`` after scale and cap, and tanh of the cap (or None)."""
+    """float32 (at least) logits ``[c, V]`` after scale and cap, and tanh of the cap (or None); ``weight``
+    and ``bias`` come in the compute dtype (:func:`_cast_head`), so the matmul runs in it."""
     z = F.linear(t.to(weight.dtype), weight, bias)
     z = z.to(torch.promote_types(z.dtype, torch.float32))
     if opt.scale is not None and opt.scale != 1:
@@ -86,15 +111,23 @@ def _dlogits(z: Tensor, lse: Tensor, y: Tensor, valid: Tensor, u: Tensor | None,
 
 
 class _Grads:
-    """Gradient buffers, filled chunk by chunk (float32 for the summed ones)."""
+    """Gradient buffers, filled chunk by chunk: W and b in ``grad_dtype`` (default: their own dtype), the
+    transform's parameters in float32 (small)."""
 
     def __init__(
-        self, x: Tensor, weight: Tensor, bias: Tensor | None, params: Sequence[Tensor], need_x: bool
+        self,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        params: Sequence[Tensor],
+        need_x: bool,
+        opt: _Options,
     ) -> None:
         self.x = torch.zeros_like(_rows_of(x)) if need_x else None
-        self.weight = torch.zeros_like(weight, dtype=torch.float32) if weight.requires_grad else None
+        acc = opt.grad_dtype or weight.dtype
+        self.weight = torch.zeros_like(weight, dtype=acc) if weight.requires_grad else None
         need_b = bias is not None and bias.requires_grad
-        self.bias = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
+        self.bias = torch.zeros_like(bias, dtype=opt.grad_dtype or bias.dtype) if need_b else None
         self.params = [torch.zeros_like(p, dtype=torch.float32) if p.requires_grad else None for p in params]
 
     def add_chunk(
@@ -109,11 +142,11 @@ class _Grads:
         stop: int,
     ) -> None:
         """Add one chunk's share, given ``g = ∂loss/∂(W t + b)`` (float32 ``[c, V]``)."""
-        g = g.to(weight.dtype)
-        if self.weight is not None:
-            self.weight.add_(g.t() @ t.detach().to(weight.dtype))
         if self.bias is not None:
-            self.bias.add_(g.sum(0))
+            self.bias.add_(g.sum(0).to(self.bias.dtype))  # summed in float32 before it is rounded
+        g = g.to(weight.dtype)  # ``weight``: the head cast to the compute dtype
+        if self.weight is not None:
+            self.weight.add_((g.t() @ t.detach().to(weight.dtype)).to(self.weight.dtype))
         need_t = self.x is not None or any(p is not None for p in self.params)
         if not need_t:
             return
@@ -169,6 +202,7 @@ def _forward(
 ) -> tuple[Tensor, Tensor]:
     """Per-row losses and logsumexps; with ``grads``, also fills them (for a mean / sum reduction)."""
     flat = _rows_of(x)
+    head_w, head_b = _cast_head(weight, bias, opt)
     n = targets.shape[0]
     losses = torch.empty(n, dtype=torch.promote_types(weight.dtype, torch.float32), device=x.device)
     lses = torch.empty_like(losses)
@@ -184,14 +218,14 @@ def _forward(
         y = targets[start:stop]
         valid = y != opt.ignore_index
         with torch.no_grad():
-            z, u = _logits(t.detach() if track else t, weight, bias, opt)
+            z, u = _logits(t.detach() if track else t, head_w, head_b, opt)
             losses[start:stop], lses[start:stop] = _nll(z, y, valid)
             if grads is None:
                 continue
             g = _dlogits(z, lses[start:stop], y, valid, u, opt)
             if scale is not None:
                 g.mul_(scale)
-        grads.add_chunk(g, xs, t, weight, params, rows, start, stop)
+        grads.add_chunk(g, xs, t, head_w, params, rows, start, stop)
     return losses, lses
 
 
@@ -204,7 +238,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             ctx.opt = opt
             return losses
         need_x = ctx.needs_input_grad[0]
-        grads = _Grads(x, weight, bias, params, need_x)
+        grads = _Grads(x, weight, bias, params, need_x, opt)
         losses, _ = _forward(x, weight, bias, targets, rows, params, opt, grads)
         saved = grads.finish(x, weight, bias, params)
         ctx.saved_grads = saved
@@ -223,8 +257,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_x, grad_w, grad_b, *grad_p = out
             return (grad_x, grad_w, grad_b, None, None, None, *grad_p)
         x, weight, bias, targets, rows, lses, *params = ctx.saved_tensors
-        grads = _Grads(x, weight, bias, params, ctx.needs_input_grad[0])
+        grads = _Grads(x, weight, bias, params, ctx.needs_input_grad[0], opt)
         flat = _rows_of(x)
+        head_w, head_b = _cast_head(weight, bias, opt)
         track = opt.transform is not None
         for start in range(0, targets.shape[0], opt.chunk_size):
             stop = min(targets.shape[0], start + opt.chunk_size)
@@ -233,10 +268,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             y = targets[start:stop]
             valid = y != opt.ignore_index
             with torch.no_grad():
-                z, u = _logits(t.detach() if track else t, weight, bias, opt)
+                z, u = _logits(t.detach() if track else t, head_w, head_b, opt)
                 g = _dlogits(z, lses[start:stop], y, valid, u, opt)
                 g.mul_(grad_output[start:stop, None].to(g.dtype))
-            grads.add_chunk(g, xs, t, weight, params, rows, start, stop)
+            grads.add_chunk(g, xs, t, head_w, params, rows, start, stop)
         grad_x, grad_w, grad_b, *grad_p = grads.finish(x, weight, bias, params)
         return (grad_x, grad_w, grad_b, None, None, None, *grad_p)
 
@@ -267,6 +302,7 @@ def linear_cross_entropy(
     ignore_index: int = IGNORE_INDEX,
     scale: float | None = None,
     softcap: float | None = None,
+    grad_dtype: torch.dtype | None = None,
 ) -> Tensor:
     """Cross-entropy of ``softcap(scale · (W T(x_i) + b))`` against ``targets``, one chunk of rows at a time.
 
@@ -284,18 +320,28 @@ def linear_cross_entropy(
         ignore_index: target id that contributes 0.
         scale: multiplies the logits (None: 1).
         softcap: ``c · tanh(z / c)`` on the scaled logits (None: no cap).
+        grad_dtype: the dtype the gradients of W and b are summed in over the chunks (None: their own
+            dtype; ``torch.float32`` beside bf16 weights costs a float32 ``[V, H]`` buffer).
 
     Returns:
-        The loss in float32 (at least): a scalar, or ``[N]`` for ``reduction="none"``.
+        The loss in float32 (at least): a scalar, or ``[N]`` for ``reduction="none"``. Under
+        ``torch.autocast`` on x's device the head matmuls run in the autocast dtype (module docs).
     """
     _check(x, weight, targets, rows, chunk_size, reduction)
     params = tuple(transform_params)
-    opt = _Options(chunk_size, reduction, ignore_index, scale, softcap, transform)
+    device = x.device.type
+    compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    if compute == torch.float16:
+        # a mean / sum forms its gradients in the forward pass, before a GradScaler's loss scale reaches
+        # them: p / N in float16 would underflow, so under fp16 autocast the head keeps its weight's dtype
+        compute = None
+    opt = _Options(chunk_size, reduction, ignore_index, scale, softcap, transform, compute, grad_dtype)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias, *params)
     )
-    # the head runs in its weight's dtype, forward and backward alike (autocast would differ between them)
-    with torch.autocast(x.device.type, enabled=False):
+    # the compute dtype is fixed here for the forward and backward alike (autograd runs the backward
+    # outside autocast), so autocast itself is off inside
+    with torch.autocast(device, enabled=False):
         if needs_grad:
             return _LinearCrossEntropy.apply(x, weight, bias, targets, rows, opt, *params)
         losses, _ = _forward(x, weight, bias, targets, rows, params, opt, None)

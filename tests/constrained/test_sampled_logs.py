@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 import descentlab as dl
-from constrained.test_host_syncs import SyncCounter
+from descentlab.errors import ConfigError
+from descentlab.host_syncs import HostSyncCounter as SyncCounter
 from descentlab.readout import CausalLMReadout, layer_losses
 from descentlab.train.loop import TrainConfig, fit
 from descentlab.train.objectives import Constrained, DeepSupervision
@@ -126,3 +127,23 @@ def test_fit_writes_the_labelled_record(tmp_path) -> None:
     for record in records:
         assert record["readout/sampled_k"] == 8 and record["readout/n"] == 4 * 32
         assert record[f"g_se/{LAYERS}"] > 0 and f"g_sampled/{LAYERS}" in record and "g/1" not in record
+
+
+def test_a_sampled_ratio_is_refused_before_it_reaches_the_dual_step() -> None:
+    """The ratio of two sampled means is biased: a step that would record it raises one clear line; the
+    same ratio from an exact read, or a sampled ratio only inspected (record=False), passes."""
+    model, batch = _setup()
+    sampled = CausalLMReadout(sample_tokens=16, generator=torch.Generator().manual_seed(5))
+    try:
+        _objective(sampled, form="ratio")(model, batch)
+    except ConfigError as err:
+        message = str(err)
+        assert "\n" not in message and "form='difference'" in message and "biased" in message
+    else:
+        raise AssertionError("a sampled ratio reached the dual step")
+    constraint = dl.LayerwiseDescent(num_layers=LAYERS, alpha=ALPHA, dual_lr=0.1, form="ratio")
+    f = layer_losses(model, batch, readout=sampled)
+    constraint.lagrangian(f, record=False, estimate=sampled.last_estimate)  # inspection only
+    assert constraint.pending_violations() is None
+    _, logs = _objective(CausalLMReadout(sample_tokens=None), form="ratio")(model, batch)  # exact: fine
+    assert f"g/{LAYERS}" in dict(logs)

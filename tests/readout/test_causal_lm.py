@@ -142,5 +142,5 @@ def test_a_layer_subset_reads_those_layers_exactly_and_nan_elsewhere(gpt2) -> No
     assert torch.isnan(only_last[:-1]).all() and float(only_last[-1]) == pytest.approx(
         float(full[-1]), abs=1e-6
     )
-    with pytest.raises(ConfigError):
-        CausalLMReadout(layers=[-1])
+    with pytest.raises(ConfigError):  # -1 counts from L (tests/readout/test_eval_layers.py); not a number
+        CausalLMReadout(layers=["1"])

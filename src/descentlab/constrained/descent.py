@@ -10,10 +10,33 @@ L̂(θ, λ) = f_L + Σ_l λ_l ĝ_l; the primal optimizer descends it, the dual s
 
 The violation math is the pure function :func:`descent_violations`; :class:`LayerwiseDescent` keeps the
 options, remembers ĝ between ``lagrangian`` and the dual step, and runs the dual cadence.
+
+Noisy ĝ (a sampled readout). With ``CausalLMReadout``'s token subsample, ĝ_l of one step is unbiased for
+the batch's g_l with variance σ_l² = (1 - k/N) S_d² / k (:mod:`descentlab.readout.causal_lm`). The dual step
+ascends the mean of the W = ``dual_every`` steps' ĝ since the last one, whose variance is σ̄_l² =
+Σ_t σ_{l,t}² / W² (≈ σ_l² / W); ``lagrangian(f, estimate=readout.last_estimate)`` sums the σ_{l,t}² of the
+window on the device, and :attr:`LayerwiseDescent.dual_standard_error` is the last dual step's σ̄_l.
+Clamping λ at 0 turns zero-mean noise into a positive λ on a constraint that holds: for ĝ ~ N(g, σ̄²) with
+g = -m < 0, λ_{t+1} = max(0, λ_t + η ĝ_t) is a reflected random walk whose stationary mean is
+
+    E[λ_∞] = Σ_{n≥1} E[(S_n)^+] / n,   S_n ~ N(-n η m, n η² σ̄²)       (Spitzer's identity)
+           <= η σ̄² / (2 m)                                     (Kingman's bound; the diffusion limit)
+
+(:func:`clamped_ascent_mean`), while a constraint violated by m grows by η m per dual step. This module
+averages ĝ over the window before the dual step rather than choosing k per step: k fixes the shapes and
+the cost of the readout (choosing it from the current standard error would need a host read and a
+different k every step), while the window costs nothing (ĝ is summed on the device anyway) and divides
+σ² by W as a W-fold larger k would. :func:`dual_window` gives the W that brings σ̄_l below a fraction c
+of the margin m; then E[λ_∞] <= η c² m / 2 (at c = 1/2 the bound is η m / 8 and Spitzer's value 0.0045 η m,
+against η m of growth per dual step on a constraint violated by m; the price is a λ that moves once per W
+steps), and one dual step's ĝ has the wrong sign with probability Φ(-1/c) (2.3 % at c = 1/2).
+``form="ratio"`` is refused when a sampled ĝ would reach the dual step: the ratio of two sampled means is biased (by about (f_l Var f̂_{l-1} / f_{l-1} - Cov) / f_{l-1}²), and
+the difference form states the same constraint for f > 0 with an unbiased ĝ.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -72,6 +95,52 @@ def _alpha_number(value: object, where: str) -> float:
 def compute_dtype(f: Tensor) -> torch.dtype:
     """The dtype the Lagrangian and ĝ are built in: the wider of ``f``'s and float32."""
     return torch.promote_types(f.dtype, torch.float32)
+
+
+def dual_window(standard_error: Tensor | float, margin: Tensor | float, fraction: float = 0.5) -> int:
+    """The smallest window W (``dual_every``) whose mean ĝ has a standard error <= ``fraction`` · margin.
+
+    W = ⌈(σ / (c m))²⌉, the maximum over layers, for the per-step standard error σ_l of ĝ_l (e.g. the
+    logged ``g_se/l``, or ``readout.last_estimate.violation_errors(...)``) and the margin m_l = |g_l| the
+    constraint holds or fails by (e.g. α_l f_{l-1}, or the measured |g_l|). NaN entries are skipped.
+
+    Raises:
+        ConfigError: a fraction outside (0, 1], or no finite positive margin.
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ConfigError(f"fraction must lie in (0, 1] (got {fraction})")
+    se = torch.as_tensor(standard_error, dtype=torch.float64).reshape(-1).cpu()
+    m = torch.as_tensor(margin, dtype=torch.float64).reshape(-1).cpu().abs()
+    need = (se / (fraction * m)).square()
+    need = need[torch.isfinite(need)]
+    if need.numel() == 0:
+        raise ConfigError("dual_window needs a finite standard error and a positive margin on some layer")
+    return max(1, math.ceil(float(need.max()) - 1e-12))
+
+
+def clamped_ascent_mean(lr: float, mean: float, sd: float) -> float:
+    """E[λ_∞] of the projected dual ascent λ ← max(0, λ + η ĝ) fed ĝ ~ N(mean, sd²) i.i.d., mean < 0.
+
+    Spitzer's identity for the reflected random walk: E[λ_∞] = Σ_{n≥1} E[(S_n)^+] / n with S_n ~ N(n η μ,
+    n η² σ²), and E[Y^+] = s φ(μ_Y / s) + μ_Y Φ(μ_Y / s) for Y ~ N(μ_Y, s²). The n-th term falls like
+    exp(-n μ² / 2σ²); the sum runs until that factor is below 1e-18. Kingman's bound: at most η σ² / (2|μ|).
+
+    Raises:
+        ConfigError: mean >= 0 (a violated constraint: λ grows without bound) or sd < 0.
+    """
+    if not mean < 0 or sd < 0:
+        raise ConfigError(f"clamped_ascent_mean needs mean < 0 and sd >= 0 (got mean={mean}, sd={sd})")
+    if sd == 0:
+        return 0.0
+    ratio = mean / sd
+    terms = min(50_000_000, math.ceil(2 * 41.5 / ratio**2) + 1)  # exp(-n r² / 2) < 1e-18 beyond
+    n = torch.arange(1, terms + 1, dtype=torch.float64)
+    z = n.sqrt() * ratio  # E[S_n] / sd(S_n)
+    s = n.sqrt() * lr * sd
+    positive = s * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) + n * lr * mean * 0.5 * torch.erfc(
+        -z / math.sqrt(2)
+    )
+    return float((positive / n).sum())
 
 
 def descent_violations(
@@ -179,6 +248,13 @@ def constraint_mask(num_layers: int, constrain_first: bool, layers: Iterable[int
     return mask
 
 
+_SAMPLED_RATIO = (
+    "form='ratio' with a sampled readout: f̂_l / f̂_(l-1) of two sampled means is a biased estimate, so the "
+    "dual step would ascend a biased ĝ; use form='difference' (the same constraint for f > 0, unbiased) or "
+    "CausalLMReadout(sample_tokens=None)"
+)
+
+
 class LayerwiseDescent:
     """Constraints f_l <= (1 - α_l) f_{l-1} on the per-layer losses, with their multipliers.
 
@@ -254,19 +330,30 @@ class LayerwiseDescent:
         self._index = torch.nonzero(self.mask).flatten()
         self._g_sum = torch.zeros(num_layers, dtype=torch.float64)
         self._g_count = 0
+        # Σ se(ĝ_t)² of the window's recorded steps whose readout stated one, and how many stated it
+        self._var_sum = torch.zeros(num_layers, dtype=torch.float64)
+        self._var_count = 0
+        self._dual_se: Tensor | None = None
         self._steps = 0
         self._last_f: Tensor | None = None
         self._last_g: Tensor | None = None
         self.lagrangian_calls = 0  # PrimalDual warns once when a step comes and this is still 0
 
     # -- primal side -------------------------------------------------------------------------------------
-    def lagrangian(self, f: Tensor, *, record: bool | None = None) -> Tensor:
+    def lagrangian(self, f: Tensor, *, record: bool | None = None, estimate: Any = None) -> Tensor:
         """L̂ = f_L + Σ_l λ_l ĝ_l over the constrained layers; remembers ĝ (detached) for the dual step.
 
         Args:
             f: the L+1 batch-mean losses f_0..f_L as one tensor; f_0 may carry no gradient.
             record: add this ĝ to the dual step's estimate. None: only when gradients are on and f has a
                 graph, so evaluation passes under ``torch.no_grad()`` never move λ.
+            estimate: what the readout read for this f (``CausalLMReadout.last_estimate``). When given, the
+                squared standard errors of a recorded ĝ are summed for the window (on the device), so
+                :attr:`dual_standard_error` states the noise of the ĝ the dual step ascends; and a sampled
+                read with ``form="ratio"`` is refused (module docs).
+
+        Raises:
+            ConfigError: ``form="ratio"`` and a sampled ``estimate`` for a ĝ that would be recorded.
 
         Returns:
             The scalar Lagrangian, with λ held constant, in the wider of f's dtype and float32 (a bf16 f
@@ -290,8 +377,16 @@ class LayerwiseDescent:
         if record is None:
             record = torch.is_grad_enabled() and f.requires_grad
         if record:
+            sampled = estimate is not None and getattr(estimate, "sampled", False)
+            if sampled and self.form == "ratio":
+                raise ConfigError(_SAMPLED_RATIO)
             self._g_sum = self._g_sum + g_det.to(torch.float64)  # a new tensor: pending_state stays valid
             self._g_count += 1
+            if estimate is not None:
+                se = estimate.violation_errors(f.detach(), self.alpha, self.form) if sampled else None
+                if se is not None:
+                    self._var_sum = self._var_sum + se.to(torch.float64).square()
+                self._var_count += 1
         return loss
 
     # -- dual side ---------------------------------------------------------------------------------------
@@ -327,6 +422,7 @@ class LayerwiseDescent:
             g = descent_violations(f, self.alpha, form=self.form)
             self._g_sum = g.to(torch.float64).clone()
             self._g_count = 1
+            self._var_sum, self._var_count = torch.zeros_like(self._var_sum), 1  # a full pass: exact
             self._last_f, self._last_g = f, g
         return self._flush()
 
@@ -348,29 +444,39 @@ class LayerwiseDescent:
             return None
         return self._g_sum[self._index]
 
-    def pending_state(self) -> tuple[Tensor, int]:
-        """What the next dual step would average (the ĝ sum and count), to hand back to
-        :meth:`restore_pending_` when a training step is skipped: ``fit`` drops a non-finite step's ĝ so
-        the next dual step neither sees nor raises on it. No copy, no host sync."""
-        return self._g_sum, self._g_count
+    def pending_state(self) -> tuple[Tensor, int, Tensor, int]:
+        """What the next dual step would average (the ĝ sum and count, and the window's summed variances),
+        to hand back to :meth:`restore_pending_` when a training step is skipped: ``fit`` drops a
+        non-finite step's ĝ so the next dual step neither sees nor raises on it. No copy, no host sync."""
+        return self._g_sum, self._g_count, self._var_sum, self._var_count
 
-    def restore_pending_(self, state: tuple[Tensor, int]) -> None:
+    def restore_pending_(self, state: tuple) -> None:
         """Forget the ĝ recorded since :meth:`pending_state` returned ``state``."""
-        g_sum, count = state
+        g_sum, count, *var = state
         self._g_sum, self._g_count = g_sum.to(self._g_sum.device), int(count)
+        if var:
+            self._var_sum, self._var_count = var[0].to(self._var_sum.device), int(var[1])
+        else:  # a state from before the variances were kept
+            self._var_sum, self._var_count = torch.zeros_like(self._var_sum), 0
 
     def _flush(self) -> bool:
         if self._g_count == 0:
             return False
         self.duals.update_(self._g_sum / self._g_count)
+        # the window mean's standard error, when every recorded step stated its own (exact reads: 0)
+        known = self._var_count == self._g_count
+        self._dual_se = self._var_sum.sqrt() / self._g_count if known else None
         self._g_sum = torch.zeros_like(self._g_sum)
         self._g_count = 0
+        self._var_sum = torch.zeros_like(self._var_sum)
+        self._var_count = 0
         return True
 
     def _to(self, device: torch.device) -> None:
         if self._g_sum.device != device:
             self.duals.to_(device)
             self._g_sum = self._g_sum.to(device)
+            self._var_sum = self._var_sum.to(device)
             self._index = self._index.to(device)
             self.alpha = self.alpha.to(device)
 
@@ -384,6 +490,13 @@ class LayerwiseDescent:
     def slacks(self) -> Tensor | None:
         """u_1..u_L of the resilient relaxation (λ/a for the decay form), or None for hard constraints."""
         return self.duals.slacks
+
+    @property
+    def dual_standard_error(self) -> Tensor | None:
+        """The standard error of the mean ĝ [L] the last dual step ascended, sqrt(Σ_t se_t²) / W over its
+        window of W recorded steps (0 for exact reads), or None: no dual step yet, or a step of the window
+        was recorded without the readout's ``estimate``. A device tensor; nothing is read."""
+        return self._dual_se
 
     @property
     def violations(self) -> Tensor | None:
@@ -404,7 +517,9 @@ class LayerwiseDescent:
                 k of the N targets, so f_0..f_{L-1} and every ĝ_l (which reads f_{l-1}) are estimates, and
                 the keys say so: ``f_sampled/l`` (l < L; ``f/L`` stays, it is exact), ``g_sampled/l``,
                 ``g_se/l`` (the standard error of ĝ_l, estimated from the same draw), ``readout/sampled_k``
-                and ``readout/n``. None, or an exact read: the plain keys.
+                and ``readout/n``. None, or an exact read: the plain keys. Once a dual step has ascended a
+                window whose standard errors are known, ``dual_g_se/l`` is that window mean's
+                (:attr:`dual_standard_error`).
         """
         vectors: dict[str, tuple[Tensor, int]] = {}
         scalars: dict[str, float] = {}
@@ -422,6 +537,8 @@ class LayerwiseDescent:
                 vectors["f"] = (self._last_f, 0)
                 vectors["g"] = (self._last_g, 1)
         vectors["lambda"] = (self.duals.lam, 1)
+        if self._dual_se is not None:
+            vectors["dual_g_se"] = (self._dual_se, 1)
         slacks = self.slacks
         if slacks is not None:
             vectors["u"] = (slacks, 1)
@@ -459,12 +576,15 @@ class LayerwiseDescent:
 
     # -- checkpointing -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, object]:
-        """λ, u, the pending ĝ window and the counters (tensors on CPU; safe for ``weights_only`` loads)."""
+        """λ, u, the pending ĝ window (and its summed variances) and the counters (tensors on CPU; safe for
+        ``weights_only`` loads)."""
         return {
             "num_layers": self.num_layers,
             "duals": self.duals.state_dict(),
             "g_sum": self._g_sum.cpu().clone(),
             "g_count": self._g_count,
+            "g_var_sum": self._var_sum.cpu().clone(),
+            "g_var_count": self._var_count,
             "steps": self._steps,
         }
 
@@ -478,6 +598,12 @@ class LayerwiseDescent:
         self.duals.load_state_dict(state["duals"])
         self._g_sum = state["g_sum"].to(device=self._g_sum.device, dtype=torch.float64).clone()
         self._g_count = int(state["g_count"])
+        var = state.get("g_var_sum")
+        if isinstance(var, Tensor):
+            self._var_sum = var.to(device=self._var_sum.device, dtype=torch.float64).clone()
+            self._var_count = int(state.get("g_var_count", 0))
+        else:  # a checkpoint from before the variances were kept
+            self._var_sum, self._var_count = torch.zeros_like(self._var_sum), 0
         self._steps = int(state["steps"])
 
     def __repr__(self) -> str:

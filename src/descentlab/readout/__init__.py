@@ -24,7 +24,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from descentlab.errors import ConfigError
-from descentlab.readout.base import Batch, Readout
+from descentlab.readout.base import Batch, Readout, uncompiled
 from descentlab.readout.causal_lm import CausalLMReadout, chunked_token_ce
 from descentlab.readout.classifier import ClassifierReadout
 from descentlab.readout.custom import HeadReadout, find_readout, register_readout, registered
@@ -44,21 +44,31 @@ for _builtin in (EncoderClassifierReadout(), CausalLMReadout(), ViTReadout(), Un
 BUILTIN = {r.name: type(r) for r in registered()}
 
 
-def layer_losses(model: nn.Module, batch: Batch, readout: Readout | str | object | None = None) -> Tensor:
+def layer_losses(
+    model: nn.Module, batch: Batch, readout: Readout | str | object | None = None, *, layers: str = "all"
+) -> Tensor:
     """The batch-mean loss read out at layers 0..L, from one forward pass, as a tensor [L+1].
 
     Args:
-        model: the model, in the mode (train/eval) the caller wants.
+        model: the model, in the mode (train/eval) the caller wants; a ``torch.compile``-d model is read
+            through its original module (``_orig_mod``), eagerly, with the same parameters.
         batch: the batch as the model takes it, with the targets (``labels``, or ``target`` for unrolled).
         readout: None to dispatch by family; a Readout (e.g. ``CausalLMReadout(sample_tokens=64)``); a
             built-in name ("encoder", "causal_lm", "vit", "unrolled"); or a head callable
             ``fn(hidden_state, batch) -> scalar loss`` applied to each of the L+1 hidden states.
+        layers: "all" reads every layer; "final" only what an evaluation needs beside the model's own loss,
+            the final constraint's check f_{L-1}, f_L: a causal LM's readout then reads layer L-1 and L (two
+            head passes where "all" takes L+1; the others come back NaN), other families every layer (their
+            heads are small).
 
     Returns:
         f [L+1], differentiable in the model's parameters; f[-1] is the model's own loss. For a causal LM
         with gradients enabled, f[:-1] are unbiased estimates from a shared token subsample (the default
         readout's ``sample_tokens="auto"``); pass ``CausalLMReadout(sample_tokens=None)`` for every token.
     """
+    model = uncompiled(model)  # torch.compile(model): the readout reads the original module
+    if layers not in ("all", "final"):
+        raise ConfigError(f"layers must be 'all' or 'final', got {layers!r}")
     if readout is None:
         chosen: Readout = find_readout(model)
     elif isinstance(readout, Readout):
@@ -75,6 +85,8 @@ def layer_losses(model: nn.Module, batch: Batch, readout: Readout | str | object
         raise ConfigError(
             f"readout must be None, a Readout, a name or a callable, got {type(readout).__name__}"
         )
+    if layers == "final" and isinstance(chosen, CausalLMReadout):
+        chosen = chosen.reading([-1])
     return chosen(model, batch)
 
 

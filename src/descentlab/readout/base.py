@@ -37,7 +37,9 @@ class Readout:
         raise NotImplementedError
 
     def __call__(self, model: nn.Module, batch: Batch) -> Tensor:
-        return run_in_forward(model, lambda inner, call_inner: self.compute(inner, batch, call_inner))
+        return run_in_forward(
+            uncompiled(model), lambda inner, call_inner: self.compute(inner, batch, call_inner)
+        )
 
 
 def _is_fsdp(model: nn.Module) -> bool:
@@ -48,9 +50,29 @@ def _is_fsdp(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def is_compiled(model: nn.Module) -> bool:
+    """Whether ``model`` is the ``OptimizedModule`` that ``torch.compile(model)`` returns."""
+    dynamo = getattr(torch, "_dynamo", None)
+    return dynamo is not None and isinstance(model, dynamo.eval_frame.OptimizedModule)
+
+
+def uncompiled(model: nn.Module) -> nn.Module:
+    """The module a ``torch.compile`` wrapper holds (``_orig_mod``, however many times it was compiled).
+
+    A readout calls the model's sub-modules one by one (the body, then the head on every layer), which the
+    compiled forward does not expose, so it reads the original module, eagerly; its parameters are the
+    compiled model's own, so the gradients land where the optimizer expects them.
+    """
+    while is_compiled(model):
+        model = model._orig_mod
+    return model
+
+
 def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside a DistributedDataParallel wrapper (the model itself otherwise)."""
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    """The module inside a DistributedDataParallel wrapper and any ``torch.compile`` wrapper (the model
+    itself otherwise)."""
+    model = uncompiled(model)
+    return uncompiled(model.module) if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
 def run_in_forward(model: nn.Module, compute: Callable[[nn.Module, InnerCall], Tensor]) -> Tensor:
@@ -63,19 +85,23 @@ def run_in_forward(model: nn.Module, compute: Callable[[nn.Module, InnerCall], T
     is swapped and restored); ``call_inner`` then is the inner module's original forward. For any other
     model it runs directly and ``call_inner`` is ``model`` itself (hooks and autocast wrappers included).
     """
-    inner = unwrap(model)
-    if inner is model and not _is_fsdp(model):
+    model = uncompiled(model)
+    if not isinstance(model, nn.parallel.DistributedDataParallel) and not _is_fsdp(model):
         return compute(model, model)
-    saved = inner.__dict__.get("forward", _MISSING)
-    original = saved if saved is not _MISSING else type(inner).forward.__get__(inner)
-    inner.forward = lambda *args, **kwargs: compute(inner, original)
+    # under DDP the wrapped module (a compiled one too: its forward is an instance attribute) is swapped,
+    # and the readout reads the original module inside it
+    held = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    inner = uncompiled(held)
+    saved = held.__dict__.get("forward", _MISSING)
+    original = saved if saved is not _MISSING else type(held).forward.__get__(held)
+    held.forward = lambda *args, **kwargs: compute(inner, original)
     try:
         return model()
     finally:
         if saved is _MISSING:
-            del inner.forward
+            del held.forward
         else:
-            inner.forward = saved
+            held.forward = saved
 
 
 @lru_cache(maxsize=64)

@@ -53,7 +53,16 @@ unless asked). Sharing the tokens across layers is what makes S_d small: CE_l(t)
 strongly correlated, so S_d² = S_l² + (1-α)² S_{l-1}² - 2(1-α) Cov is far below the independent-draw sum.
 The ``ratio`` form f_l / f_{l-1} of the constraint divides two such means: the ratio of unbiased means is
 biased, by about (f_l Var(f̂_{l-1}) / f_{l-1}³ - Cov(f̂_l, f̂_{l-1}) / f_{l-1}²) to first order (delta
-method); use the ``difference`` form with a sampled readout, or ``sample_tokens=None``.
+method), so ``LayerwiseDescent.lagrangian(f, estimate=readout.last_estimate)`` refuses it when the sampled
+ĝ would reach the dual step; use the ``difference`` form with a sampled readout, or ``sample_tokens=None``.
+One step's se(ĝ_l) can be as large as the margin (SmolLM2-135M, 4 x 256 tokens: 0.49 nats against a
+median |ĝ_l| of 0.99), and clamping λ at 0 turns that noise into λ > 0 on constraints that hold: the dual
+step therefore ascends the mean ĝ of a window of ``dual_every`` steps, sized by
+:func:`~descentlab.constrained.descent.dual_window` from these standard errors (the noise analysis is in
+:mod:`descentlab.constrained.descent`).
+
+Precision. Under ``torch.autocast`` the fused path's head matmuls run in the autocast dtype, as the
+model's own head does, with the logsumexp in float32 (:mod:`descentlab.linear_cross_entropy`).
 
 The structure (final transform) and the head check run once per model, on a separate forward of one row
 and two positions without gradients, so the first training step's peak memory is that of every later one.
@@ -132,10 +141,16 @@ class SampledEstimate:
         out = {"f": (x.var(dim=1, unbiased=True) * self._fpc()).sqrt()}
         if alpha is not None:
             g = x.new_full((len(self.layers),), float("nan"))
-            a = torch.as_tensor(alpha, dtype=x.dtype, device=x.device).reshape(-1)
+            # a tensor α stays on the device; numbers stay Python floats (a tensor made from them would be a
+            # blocking host-to-device copy on a GPU)
+            if isinstance(alpha, Tensor):
+                a: Tensor | list[float] = alpha.to(device=x.device, dtype=x.dtype).reshape(-1)
+            else:
+                a = [float(v) for v in alpha] if isinstance(alpha, (list, tuple)) else [float(alpha)]
+            count = a.numel() if isinstance(a, Tensor) else len(a)
             for j, layer in enumerate(self.layers):
                 if j > 0 and self.layers[j - 1] == layer - 1:
-                    keep = 1 - (a[min(layer - 1, a.numel() - 1)] if a.numel() > 1 else a[0])
+                    keep = 1 - a[min(layer - 1, count - 1)]
                     d = x[j] - keep * x[j - 1]
                     g[j] = (d.var(unbiased=True) * self._fpc()).sqrt()
             out["g"] = g
@@ -186,7 +201,8 @@ class CausalLMReadout(Readout):
             the path of a model whose own head code must be replayed).
         layers: read out only these of layers 0..L-1 (layer L always); the others come back as NaN (no
             gradient). For constraints on a subset of layers (l and l-1 of each constrained l), this cuts the
-            head cost of the readout in proportion. None reads every layer.
+            head cost of the readout in proportion. A negative index counts from L (-1: layer L-1, so
+            ``layers=[-1]`` is the final constraint's check at one extra head pass). None reads every layer.
         generator: torch.Generator for the token subsample (None: the global RNG).
     """
 
@@ -202,11 +218,11 @@ class CausalLMReadout(Readout):
         generator: torch.Generator | None = None,
         fused: bool = True,
     ) -> None:
-        if layers is not None and (not all(isinstance(i, int) and i >= 0 for i in layers)):
+        if layers is not None and (not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)):
             raise ConfigError(
-                f"layers must list layer indices >= 0 (0 = the embedding output), got {layers!r}"
+                f"layers must list layer indices (0 = the embedding output, -1 = layer L-1), got {layers!r}"
             )
-        self.layers = None if layers is None else sorted(set(layers))
+        self.layers = None if layers is None else sorted(set(layers), key=lambda i: (i < 0, i))
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
             raise ConfigError(f"chunk_size must be a positive int or None (got {chunk_size!r})")
         if sample_tokens is not None and sample_tokens != "auto":
@@ -227,6 +243,17 @@ class CausalLMReadout(Readout):
         #: sampled estimates, not full-batch values: ``Constrained`` (and ``LayerwiseDescent.log_values``
         #: given this estimate) logs them as ``f_sampled/l``, ``g_sampled/l`` with ``g_se/l``.
         self.last_estimate: SampledEstimate | None = None
+
+    def reading(self, layers: list[int] | None) -> CausalLMReadout:
+        """The same readout (chunks, sampling, generator) reading only ``layers`` of 0..L-1."""
+        return CausalLMReadout(
+            self.chunk_size,
+            self.sample_tokens,
+            checkpoint=self.checkpoint,
+            layers=layers,
+            generator=self.generator,
+            fused=self.fused,
+        )
 
     def standard_errors(self, alpha: float | Tensor | None = None) -> dict[str, Tensor]:
         """Standard errors of the last call's sampled f̂_l and ĝ_l (see :class:`SampledEstimate`)."""
@@ -356,7 +383,10 @@ class CausalLMReadout(Readout):
         head_inputs = model_inputs(model, batch)
         ours = self._head_is_ours(model, base, inputs, call_model, head_inputs, plan)
         num_inner = len(states) - 1
-        read = list(range(num_inner)) if self.layers is None else [i for i in self.layers if i < num_inner]
+        if self.layers is None:
+            read = list(range(num_inner))
+        else:  # negative indices count from L; out-of-range ones read nothing
+            read = sorted({i + num_inner if i < 0 else i for i in self.layers} & set(range(num_inner)))
         sample = self._sample(n, len(read), y.device)
         self._per_token: Tensor | None = None
         linear = model.get_output_embeddings()

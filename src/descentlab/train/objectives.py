@@ -112,8 +112,13 @@ class Constrained:
 
         readout = _readout_for(self.readout, model)
         f = layer_losses(model, batch, readout=readout)
-        loss = self.constraint.lagrangian(f)
         estimate = getattr(readout, "last_estimate", None)
+        # LayerwiseDescent takes the estimate: it sums ĝ's variances for the dual step, refuses a sampled ratio
+        loss = (
+            self.constraint.lagrangian(f, estimate=estimate)
+            if self._labels_itself
+            else self.constraint.lagrangian(f)
+        )
         logs = LazyLogs({"loss": f[-1].detach(), "lagrangian": loss.detach()})
         lazy = getattr(self.constraint, "log_values", None)
         if self._labels_itself:
