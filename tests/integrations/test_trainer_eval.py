@@ -8,6 +8,7 @@ from transformers import TrainingArguments
 
 import descentlab as dl
 from descentlab.constrained.descent import descent_violations
+from descentlab.errors import ConfigError
 from descentlab.integrations.hf import DescentTrainer
 from descentlab.readout import layer_losses
 from tiny_models import tiny_bert, tiny_gpt2
@@ -108,3 +109,45 @@ def test_eval_layers_for_a_causal_lm_with_compute_metrics_and_without_constraint
 
     plain = DescentTrainer(model=model, args=_args(tmp_path / "plain"), eval_dataset=eval_set)
     assert not any(k.startswith("eval_layer_loss") for k in plain.evaluate())  # off without a constraint
+
+
+def test_a_constrained_causal_lm_evaluates_the_final_constraint_by_default(tmp_path) -> None:
+    """With a constraint, evaluation reads what ERM reads plus the final constraint's check (layers L-1 and
+    L: two head passes); every layer only when asked (eval_layers="all")."""
+    from descentlab.readout import CausalLMReadout
+
+    model = tiny_gpt2(layers=3, vocab=50)
+    eval_set = [dict(e, labels=e["input_ids"]) for e in _examples(8, seed=2, labels=False, vocab=50)]
+    constraint = dl.LayerwiseDescent(num_layers=3, alpha=0.05, dual_lr=0.1)
+    heads: list[int] = []
+    original = CausalLMReadout.__call__
+
+    def counting(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        heads.append(int(torch.isfinite(out).sum()))
+        return out
+
+    args = _args(tmp_path, per_device_eval_batch_size=4)
+    try:
+        CausalLMReadout.__call__ = counting
+        default = DescentTrainer(model=model, args=args, eval_dataset=eval_set, constraint=constraint)
+        metrics = default.evaluate()
+        assert heads and set(heads) == {2}  # f_{L-1} and f_L only, on every eval batch
+        heads.clear()
+        every = DescentTrainer(
+            model=model, args=args, eval_dataset=eval_set, constraint=constraint, eval_layers="all"
+        ).evaluate()
+        assert set(heads) == {4}
+    finally:
+        CausalLMReadout.__call__ = original
+    assert sorted(k for k in metrics if k.startswith("eval_layer_loss")) == [
+        "eval_layer_loss/2",
+        "eval_layer_loss/3",
+    ]
+    assert [k for k in metrics if k.startswith("eval_violation")] == ["eval_violation/3"]
+    assert metrics["eval_constraints_met"] == metrics["eval_constraint_met/3"]
+    for key in ("eval_layer_loss/2", "eval_layer_loss/3", "eval_violation/3"):
+        assert metrics[key] == pytest.approx(every[key], abs=1e-6)  # the same numbers as the full read
+    assert "eval_violation/1" in every and "eval_constraint_met/1" in every
+    with pytest.raises(ConfigError, match="eval_layers"):
+        DescentTrainer(model=model, args=args, eval_dataset=eval_set, eval_layers="some")

@@ -107,8 +107,10 @@ class DescentTrainer(Trainer):
     Args:
         constraint: a ``LayerwiseDescent`` (None: plain ERM, e.g. to train with HORST or AC/DC only).
         readout: passed to ``dl.layer_losses`` (None: dispatch by model family).
-        eval_layers: log the per-layer eval losses, violations and met constraints (None: when a constraint
-            is given).
+        eval_layers: which layers evaluation reads: ``"all"`` (or True) every layer, with every per-layer
+            loss, violation and met constraint; ``"final"`` what ERM's evaluation reads plus the final
+            constraint's check (a causal LM's readout then takes two head passes, not L+1); False none (the
+            model's own evaluation). None: ``"final"`` when a constraint is given, else False.
         sparsity: a factory ``(model, optimizer) -> controller`` (e.g. ``ACDC``), called once the optimizer
             exists; the controller needs ``step()``, ``state_dict()``, ``load_state_dict()`` and may have
             ``before_optimizer_step()`` and ``report()``.
@@ -120,7 +122,7 @@ class DescentTrainer(Trainer):
         *args: Any,
         constraint: Any = None,
         readout: Any = None,
-        eval_layers: bool | None = None,
+        eval_layers: bool | str | None = None,
         sparsity: Callable[[torch.nn.Module, torch.optim.Optimizer], Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -141,7 +143,13 @@ class DescentTrainer(Trainer):
         self.readout = BUILTIN[readout]() if isinstance(readout, str) and readout in BUILTIN else readout
         self._train_estimate: Any = None  # what the readout of the last training batch read
         self._estimate: Any = None  # what the readout of the last batch (training or eval) read
-        self.eval_layers = constraint is not None if eval_layers is None else bool(eval_layers)
+        if eval_layers is None:
+            eval_layers = "final" if constraint is not None else False
+        if eval_layers is True:
+            eval_layers = "all"
+        if eval_layers not in (False, "all", "final"):
+            raise ConfigError(f"eval_layers must be 'all', 'final', True, False or None, got {eval_layers!r}")
+        self.eval_layers: str | bool = eval_layers
         self._eval_sum: torch.Tensor | None = None  # Σ n_b f_b over the eval batches (float64 [L+1])
         self._eval_count = 0
         self._task_sum: torch.Tensor | None = None  # Σ f_L over the training batches since the last log line
@@ -211,7 +219,7 @@ class DescentTrainer(Trainer):
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
-            f = self._layer_losses(model, inputs).detach()
+            f = self._layer_losses(model, inputs, layers=str(self.eval_layers)).detach()
         n = _batch_size(inputs)
         weighted = f.to(torch.float64) * n
         self._eval_sum = weighted if self._eval_sum is None else self._eval_sum + weighted
@@ -220,16 +228,16 @@ class DescentTrainer(Trainer):
             return f[-1], None, None  # f_L is the model's own loss: no second forward
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
 
-    def _layer_losses(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+    def _layer_losses(self, model: nn.Module, inputs: dict[str, Any], layers: str = "all") -> torch.Tensor:
         """``dl.layer_losses`` on the model inside Trainer's wrappers (see :func:`_readout_model`); what its
-        readout read is left in ``self._estimate``."""
+        readout read is left in ``self._estimate``. ``layers="final"``: the layers not read are NaN."""
         from descentlab.readout import find_readout, layer_losses
 
         target, compiler = _readout_model(model)
         inner = target.module if isinstance(target, nn.parallel.DistributedDataParallel) else target
         readout = find_readout(inner) if self.readout is None else self.readout
         with _compiled_backbone(target, compiler):
-            f = layer_losses(target, inputs, readout=readout)
+            f = layer_losses(target, inputs, readout=readout, layers=layers)
         self._estimate = getattr(readout, "last_estimate", None)
         return f
 
@@ -250,14 +258,16 @@ class DescentTrainer(Trainer):
         device = self._eval_sum.device
         totals = torch.cat([self._eval_sum, torch.tensor([float(self._eval_count)], device=device)])
         totals = all_reduce_sum(totals.to(self.args.device)).cpu()
-        f = totals[:-1] / totals[-1]
-        metrics = {f"{prefix}_layer_loss/{i}": float(v) for i, v in enumerate(f)}
+        f = totals[:-1] / totals[-1]  # NaN where eval_layers="final" did not read the layer
+        metrics = {f"{prefix}_layer_loss/{i}": float(v) for i, v in enumerate(f) if torch.isfinite(v)}
         if self.constraint is None:
             return metrics
         g = descent_violations(f, self.constraint.alpha.cpu(), form=self.constraint.form)
-        metrics.update({f"{prefix}_violation/{i + 1}": float(v) for i, v in enumerate(g)})
+        metrics.update(
+            {f"{prefix}_violation/{i + 1}": float(v) for i, v in enumerate(g) if torch.isfinite(v)}
+        )
         constrained = torch.nonzero(self.constraint.mask.cpu()).flatten().tolist()
-        met = {layer + 1: bool(g[layer] <= 0) for layer in constrained}
+        met = {layer + 1: bool(g[layer] <= 0) for layer in constrained if torch.isfinite(g[layer])}
         metrics.update({f"{prefix}_constraint_met/{layer}": float(ok) for layer, ok in met.items()})
         if met:
             metrics[f"{prefix}_constraints_met"] = sum(met.values()) / len(met)
