@@ -18,13 +18,13 @@ import torch
 from descentlab.cli import main as cli_main
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments import run_experiment
-from descentlab.experiments.robust_sparse.claims import clean_cells, robust_cells
+from descentlab.experiments.robust_sparse.claims import CORRECT, clean_cells, robust_cells
 from descentlab.experiments.robust_sparse.config import RobustSparseConfig
 from descentlab.experiments.robust_sparse.jobs import JobResult, SweepPoint, decode_job, encode_job
 from descentlab.experiments.robust_sparse.run import erm_baselines
-from descentlab.io import load_arrays
-from descentlab.report.claims import ONE_SEED, PENDING
+from descentlab.report.claims import NOT_IN_RUN, ONE_SEED
 from descentlab.robustness import RobustnessCurves
+from descentlab.study.cells import CellStore
 from tiny_models import tiny_bert
 
 OVERRIDES = [
@@ -130,20 +130,25 @@ def test_robust_sparse_runs_and_matches_an_independent_evaluation(finished_run, 
 
 def test_claims_are_recomputed_from_the_saved_per_review_correctness(finished_run) -> None:
     results = json.loads((finished_run / "results.json").read_text())
-    arrays = load_arrays(finished_run / "arrays" / "examples.npz")
-    gammas = list(arrays["gammas"])
+    store = CellStore.load(finished_run)  # the design record and arrays/cells.npz
+    assert store.design.arms == ("erm-horst", "constrained-horst", "erm-adamw", "erm-noise-horst")
+    assert (
+        store.design.conditions == ("0", "0.6") and store.design.seeds == (0,) and store.design.examples == 48
+    )
+    gammas = store.design.extra["gammas"]
     assert gammas == [0.0, 1.0, 3.0]
     m = results["methods"]
     for label, block in m.items():
         for s in (0.0, 0.6):
-            cells = arrays[f"{label}__s={s:g}"]
+            cells = store.get(CORRECT, label, s)
             assert cells.shape == (1, 2, 3, 48) and set(np.unique(cells)) <= {0, 1}
             # the per-review values average to the reported curve, per γ (clean draws coincide)
             curve = block["curves"][f"gaussian@s={s:g}"]["mean"]
             assert np.allclose(cells.mean(axis=(0, 1, 3)), curve, atol=1e-12)
             assert np.array_equal(cells[:, 0, 0], cells[:, 1, 0])
     claims = {(c["name"], c["at"]): c for c in results["claims"]}
-    # every declared claim has a row; constrained-adamw was not run, so robust-adamw waits for a run with it
+    # every declared claim has a row; constrained-adamw was not in the design, so robust-adamw is left to a
+    # run that trains it
     assert {k[0] for k in claims} == {
         "robust-sparsest",
         "robust",
@@ -153,18 +158,18 @@ def test_claims_are_recomputed_from_the_saved_per_review_correctness(finished_ru
         "control-noise",
         "control-pruning",
     }
-    assert claims["robust-adamw", ""]["verdict"] == PENDING
+    assert claims["robust-adamw", ""]["verdict"] == NOT_IN_RUN
     assert ("prunable", "sparsity 0") not in claims and ("control-pruning", "sparsity 0.6") in claims
     # the primary endpoint is at the highest sparsity, re-computed from the saved per-review correctness
     c = claims["robust-sparsest", "sparsity 0.6"]
     assert c["role"] == "primary" and (c["method"], c["reference"]) == ("constrained-horst", "erm-horst")
-    a = robust_cells(arrays["constrained-horst__s=0.6"], gammas)
-    b = robust_cells(arrays["erm-horst__s=0.6"], gammas)
+    a = robust_cells(store.get(CORRECT, "constrained-horst", 0.6), gammas)
+    b = robust_cells(store.get(CORRECT, "erm-horst", 0.6), gammas)
     assert c["estimate"] == pytest.approx(float((a - b).mean()), abs=1e-12)
     assert c["a_mean"] == pytest.approx(a.mean()) and (c["seeds"], c["examples"]) == (1, 48)
     assert c["verdict"] == ONE_SEED  # one training seed: no verdict is drawn from examples alone
     damage = {
-        k: clean_cells(arrays[f"{k}__s=0.6"]) - clean_cells(arrays[f"{k}__s=0"])
+        k: clean_cells(store.get(CORRECT, k, 0.6)) - clean_cells(store.get(CORRECT, k, 0))
         for k in ("erm-horst", "erm-adamw")
     }
     assert claims["prunable", "sparsity 0.6"]["estimate"] == pytest.approx(

@@ -92,10 +92,12 @@ def test_runs_whose_nan_guard_reverted_updates_are_named_in_the_notes():
 
 
 def test_claims_are_judged_from_the_saved_per_block_test_nlls(seq_run):
-    """The claims come from ``arrays/nll-*.npz``: redo the cells by hand and compare."""
+    """The claims come from the cell store (the per-block test NLLs of ``arrays/nll-*.npz``): redo the cells
+    by hand and compare."""
     from descentlab.experiments.sparse_lm.claims import grid_slope
     from descentlab.io import load_arrays
     from descentlab.report.stats import paired_interval
+    from descentlab.study.cells import CellStore
 
     path, res = seq_run
     cells = {
@@ -118,9 +120,7 @@ def test_claims_are_judged_from_the_saved_per_block_test_nlls(seq_run):
     control = _claim(res, "control")
     assert control["estimate"] == pytest.approx(float((a[:, 2] - a[:, 1]).mean()), abs=1e-12)
     not_pruned = _claim(res, "horst-adamw-80")  # 80 % was not a level here: no re-run of this config helps
-    assert (
-        not_pruned["verdict"] == "not in this run" and "did not prune to sparsity 0.8" in not_pruned["reason"]
-    )
+    assert not_pruned["verdict"] == "not in this run" and "measured no condition 0.8" in not_pruned["reason"]
     # the per-level means the jobs report are the block means of the same arrays
     curve = res["methods"]["adamw"]["curves"]["layerwise"]
     assert curve["per_seed"][1] == pytest.approx(np.exp(a[1].mean(1)).tolist(), rel=1e-12)
@@ -134,8 +134,16 @@ def test_claims_are_judged_from_the_saved_per_block_test_nlls(seq_run):
     ols = _claim(res, "matched-ols")
     adjusted = (h[:, 2] - k * h[:, 0]) - (a[:, 2] - k * a[:, 0])
     assert ols["estimate"] == pytest.approx(float(adjusted.mean()), abs=1e-10) and f"k = {k:.3g}" in ols["at"]
-    # the weight shape: per block matrix of the trained models, from arrays/shape.npz
-    shape = load_arrays(path / "arrays" / "shape.npz")
+    # the cell store holds the same cells under the design record; the weight shape per block matrix
+    store = CellStore.load(path)
+    assert store.design.arms == ("adamw", "horst", "ham") and store.design.conditions == ("0", "0.5", "0.9")
+    assert (
+        store.design.seeds == (0, 1)
+        and store.design.examples == 10
+        and len(store.design.extra["grid"]["label"]) == 12
+    )
+    assert np.array_equal(store.get("nll", "horst", 0.9), h[:, 2])
+    shape = {k: store[k] for k in store if k.startswith(("kurtosis/", "frac_below/"))}
     assert shape["kurtosis/horst"].shape == (2, 8)  # 2 seeds x 8 block matrices (2 layers x 4)
     peaked = _claim(res, "horst-peaked")
     assert peaked["estimate"] == pytest.approx(

@@ -10,10 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from descentlab.experiments.sparse_lm.claims import CLAIMS, claim_arrays, grid_slope
+from descentlab.experiments.sparse_lm.claims import CLAIMS, claim_arrays, grid_slope, tuning_grid
 from descentlab.experiments.sparse_lm.tables import relative_spread, seed_spread_checks
 from descentlab.io import save_arrays
 from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, UNTESTABLE, judge
+from descentlab.study.cells import CellStore, Design
 
 LEVELS = [0.0, 0.5, 0.8, 0.9]
 SEEDS, BLOCKS = 8, 200
@@ -49,19 +50,42 @@ def _grid(k: float, seed: int = 0) -> dict[str, np.ndarray]:
     return {"grid/val_nll": val, "grid/label": labels}
 
 
-def _arrays(gaps: list[float], *, seeds: int = SEEDS, k: float = 1.2) -> dict[str, np.ndarray]:
-    out = {
-        "levels": np.asarray(LEVELS),
-        "claim_low": np.float64(0.5),
-        "claim_high": np.float64(0.9),
-        **_nll(gaps, 0, seeds),
-        **_grid(k),
-    }
+def _store(
+    nll: dict[str, np.ndarray],
+    grid: dict[str, np.ndarray] | None,
+    shape: dict[str, np.ndarray],
+    *,
+    arms: tuple[str, ...] | None = None,
+    levels: list[float] = LEVELS,
+    tune: bool = True,
+) -> CellStore:
+    """A run's cell store: ``nll/<arm>/<level>`` from ``[seeds, levels, blocks]`` arrays, the weight shape,
+    and the design record (claim levels 50 / 90 %, the tuning grid)."""
+    extra: dict = {"claim_low": 0.5, "claim_high": 0.9, "tune": tune}
+    if grid is not None:
+        extra["grid"] = {"val_nll": grid["grid/val_nll"].tolist(), "label": grid["grid/label"].tolist(),
+                         "weight_decay": [None] * len(grid["grid/label"])}  # fmt: skip
+    arms = arms or tuple(k.split("/")[1] for k in nll)
+    seeds = next(iter(nll.values())).shape[0]
+    store = CellStore(Design(arms, levels, range(seeds), BLOCKS, extra), shape)
+    for key, cells in nll.items():
+        for i, p in enumerate(levels):
+            if key.split("/")[1] in arms:
+                store.put("nll", key.split("/")[1], p, cells[:, i])
+    return store
+
+
+def _shape(seeds: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(1)
+    out = {}
     for stat, base in (("frac_below", 0.02), ("kurtosis", 2.0)):
         out[f"{stat}/adamw"] = base + rng.normal(0, 0.001 * base, (seeds, 16))
         out[f"{stat}/horst"] = 3 * base + rng.normal(0, 0.001 * base, (seeds, 16))
     return out
+
+
+def _arrays(gaps: list[float], *, seeds: int = SEEDS, k: float = 1.2, **design) -> CellStore:
+    return _store(_nll(gaps, 0, seeds), _grid(k), _shape(seeds), **design)
 
 
 def _rows(arrays):
@@ -111,24 +135,29 @@ def test_matched_ols_removes_a_dense_difference_by_the_grid_slope():
     )
     assert rows["dense-matched"].verdict == "refuted"  # 0.1 apart: not matched within 0.03
     # too few tuning runs to fit a slope: the row says why
-    few = {**arrays, "grid/val_nll": arrays["grid/val_nll"][:2], "grid/label": arrays["grid/label"][:2]}
+    two = {key: v[:2] for key, v in _grid(1.7).items()}
+    few = _store(_nll([0.1, 0.1, 0.1, 0.17], 0), two, _shape(SEEDS))
     assert _rows(few)["matched-ols"].verdict == UNTESTABLE
 
 
 def test_missing_cells_pend_and_one_seed_is_not_judged():
     arrays = _arrays([0.0, 0.0, -0.1, -0.2])
-    no_ham = {k: v for k, v in arrays.items() if k != "nll/ham"}
+    no_ham = CellStore(arrays.design, {k: v for k, v in arrays.items() if not k.startswith("nll/ham/")})
     rows = _rows(no_ham)
     assert rows["horst-ham"].verdict == PENDING and rows["horst-adamw"].verdict == "reproduced"
     # an arm or a sparsity the run's design never had is not in this run, not a re-run away
-    not_asked = _rows({**no_ham, "methods": np.asarray(["adamw", "horst"])})["horst-ham"]
-    assert not_asked.verdict == NOT_IN_RUN and "no ham arm (it trained adamw, horst)" in not_asked.reason
-    no_80 = {**arrays, "levels": np.asarray([0.0, 0.5, 0.7, 0.9])}
-    assert _rows(no_80)["horst-adamw-80"].verdict == NOT_IN_RUN
-    untuned = _rows(
-        {k: v for k, v in arrays.items() if not k.startswith("grid/")} | {"tune": np.bool_(False)}
+    not_asked = _rows(_arrays([0.0, 0.0, -0.1, -0.2], arms=("adamw", "horst", "adamw-l2")))["horst-ham"]
+    assert (
+        not_asked.verdict == NOT_IN_RUN
+        and "no ham arm (it trained adamw, horst, adamw-l2)" in not_asked.reason
     )
+    no_80 = _arrays([0.0, 0.0, -0.1, -0.2], levels=[0.0, 0.5, 0.7, 0.9])
+    assert _rows(no_80)["horst-adamw-80"].verdict == NOT_IN_RUN
+    assert "no condition 0.8" in _rows(no_80)["horst-adamw-80"].reason
+    untuned = _rows(_store(_nll([0.0, 0.0, -0.1, -0.2], 0), None, _shape(SEEDS), tune=False))
     assert untuned["matched-ols"].verdict == NOT_IN_RUN and "no tuning round" in untuned["matched-ols"].reason
+    # the run tuned but its grid is not in the record: a re-run away
+    assert _rows(_store(_nll([0.0] * 4, 0), None, _shape(SEEDS)))["matched-ols"].verdict == PENDING
     one = _rows(_arrays([0.0, 0.0, -0.1, -0.2], seeds=1))
     assert one["horst-adamw"].verdict == ONE_SEED
 
@@ -150,9 +179,13 @@ def test_claim_arrays_reads_the_saved_nlls_of_a_run(tmp_path):
     results = {"config": {"sparsities": LEVELS[1:], "claim_low": 0.5, "claim_high": 0.9, "seeds": [0, 1, 2]},
                "arrays": {"nll": files}, "runs": runs}  # fmt: skip
     (tmp_path / "results.json").write_text(json.dumps(results))
-    arrays = claim_arrays(tmp_path)
-    assert arrays["nll/horst"].shape == (3, 4, BLOCKS) and arrays["grid/val_nll"].shape == (10, 4)
-    assert np.array_equal(arrays["nll/adamw"], nll["nll/adamw"]) and arrays["claim_high"] == 0.9
+    arrays = claim_arrays(tmp_path)  # a run before the cell store: read by legacy.py
+    assert arrays.get("nll", "horst", 0.9).shape == (3, BLOCKS) and tuning_grid(arrays)["val_nll"].shape == (
+        10,
+        4,
+    )
+    assert np.array_equal(arrays.get("nll", "adamw", 0.8), nll["nll/adamw"][:, 2])
+    assert arrays.design.extra["claim_high"] == 0.9 and arrays.design.conditions == ("0", "0.5", "0.8", "0.9")
     rows = _rows(arrays)
     assert rows["horst-adamw"].estimate == pytest.approx(
         float((nll["nll/horst"] - nll["nll/adamw"])[:, 3].mean())

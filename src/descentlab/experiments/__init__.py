@@ -28,7 +28,7 @@ import importlib.util
 import os
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -105,15 +105,15 @@ class Experiment:
         module = self.part("claims")
         return list(getattr(module, "CLAIMS", [])) if module is not None else []
 
-    def claim_arrays(self, run_dir: Path) -> dict[str, Any]:
+    def claim_arrays(self, run_dir: Path) -> Mapping[str, Any]:
         """The arrays the claims' cells read: the study's ``claim_arrays(run_dir)``, else
         ``arrays/claims.npz`` of the run ({} when the run saved none: every claim is then pending)."""
         from descentlab.io import load_arrays
 
         module = self.part("claims")
         custom = getattr(module, "claim_arrays", None) if module is not None else None
-        if custom is not None:
-            return dict(custom(Path(run_dir)))
+        if custom is not None:  # a dict, or a study.cells.CellStore (a Mapping that keeps its design record)
+            return custom(Path(run_dir))
         path = Path(run_dir) / "arrays" / "claims.npz"
         return load_arrays(path) if path.is_file() else {}
 

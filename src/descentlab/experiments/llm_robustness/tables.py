@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from descentlab.study.tables import ci as interval
+from descentlab.study.tables import signed_ci
 from descentlab.train.tuning import binding_level
 
 
 def _fmt_ci(x: float, ci: Sequence[float], pct: bool) -> str:
     if pct:
-        return f"{100 * x:.1f} % [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
-    return f"{x:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]"
+        return f"{100 * x:.1f} % {interval(ci[0], ci[1], 1, scale=100)}"
+    return signed_ci(x, ci[0], ci[1])
 
 
 def seed_facts(block: Mapping[str, Any]) -> list[dict[str, Any]]:

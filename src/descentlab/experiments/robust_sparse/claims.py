@@ -4,11 +4,12 @@ and does HORST make one-shot pruning cheaper?
 This study is ours (neither paper makes it), so there is no paper number to quote: each claim states the
 hypothesis the design was built to test.
 
-Cells. The run saves ``arrays/examples.npz``: ``"<method>__s=<s>"`` is method m's 0/1 correctness
-``[seed, draw, γ, example]`` after one-shot pruning to the requested sparsity s (``s=0`` is the dense
-model), and ``"gammas"`` the γ grid (0 first). Every method is evaluated on the same test reviews under the
-same content-keyed noise and shares the training seeds, so a cell of one method pairs with the same cell of
-another. With Γ = {γ >= 1}:
+Cells. The run saves a cell store (:mod:`descentlab.study.cells`): ``correct/<method>/<s>`` is method m's
+0/1 correctness ``[seed, draw, γ, example]`` after one-shot pruning to the requested sparsity s (``0`` is
+the dense model); the design record lists the methods, the sparsities (its conditions) and the γ grid
+(``extra["gammas"]``, 0 first). Runs made before the store are read by ``legacy.py``. Every method is
+evaluated on the same test reviews under the same content-keyed noise and shares the training seeds, so a
+cell of one method pairs with the same cell of another. With Γ = {γ >= 1}:
 
 * robust accuracy of a cell: its mean over Γ, ``[seed, draw, example]`` (the draws are averaged into the
   cell by the interval);
@@ -28,15 +29,17 @@ damage saved below one point is within the spread of one-shot magnitude pruning 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from descentlab.io import load_arrays
+from descentlab.experiments.robust_sparse.legacy import legacy_store
 from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays
+from descentlab.study.cells import CellStore
 
-EXAMPLE_ARRAYS = "arrays/examples.npz"  # "<method>__s=<s>": correctness [seed, draw, γ, example]; "gammas"
+CORRECT = "correct"  # the store's metric: correctness [seed, draw, γ, example] per (method, sparsity)
 
 ERM_HORST, CON_HORST = "erm-horst", "constrained-horst"
 ERM_ADAMW, CON_ADAMW = "erm-adamw", "constrained-adamw"
@@ -46,28 +49,33 @@ SESOI = 0.01  # accuracy (module docs)
 ROBUST_METRIC = "test accuracy under Gaussian embedding noise, mean over γ >= 1"
 
 
-def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
-    """The per-review correctness the run saved (``arrays/examples.npz``); {} when it saved none."""
-    path = Path(run_dir) / EXAMPLE_ARRAYS
-    return load_arrays(path) if path.is_file() else {}
+def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
+    """The run's cell store; a run made before the store is read by :func:`legacy.legacy_store`; {} when
+    the run saved neither (every claim pends)."""
+    return CellStore.load(run_dir) or legacy_store(run_dir) or {}
 
 
-def levels(arrays: Mapping[str, np.ndarray]) -> list[float]:
-    """The requested sparsities the run saved, ascending (0 first): read from the array names."""
-    found = sorted({float(k.split("__s=", 1)[1]) for k in arrays if "__s=" in k})
+def _store(arrays: Mapping[str, Any]) -> CellStore:
+    if not isinstance(arrays, CellStore):
+        raise MissingArrays("the cell store (arrays/cells.npz and arrays/design.json)")
+    return arrays
+
+
+def levels(store: Mapping[str, Any]) -> list[float]:
+    """The requested sparsities of the run's design, ascending (0 first)."""
+    found = sorted(_store(store).conditions(numeric=True))
     if not found:
-        raise MissingArrays("the per-review correctness (arrays/examples.npz)")
+        raise MissingArrays("the per-review correctness (the design lists no sparsity)")
     return found
 
 
-def correctness(arrays: Mapping[str, np.ndarray], method: str, s: float) -> np.ndarray:
-    key = f"{method}__s={s:g}"
-    if key not in arrays:
-        raise MissingArrays(f"{key} (method {method} at sparsity {s:g})")
-    return np.asarray(arrays[key], dtype=np.float64)
+def gammas(store: CellStore) -> list[float]:
+    if "gammas" not in store.design.extra:
+        raise MissingArrays("gammas (the γ grid of the design record)")
+    return list(store.design.extra["gammas"])
 
 
-def robust_cells(correct: np.ndarray, gammas: np.ndarray | list[float]) -> np.ndarray:
+def robust_cells(correct: np.ndarray, gammas: Sequence[float] | np.ndarray) -> np.ndarray:
     """Mean correctness over γ >= 1: ``[seed, draw, γ, example]`` -> ``[seed, draw, example]``."""
     noisy = [g for g, gamma in enumerate(gammas) if gamma >= 1.0]
     if not noisy:
@@ -80,14 +88,8 @@ def clean_cells(correct: np.ndarray) -> np.ndarray:
     return np.asarray(correct, dtype=np.float64)[:, 0, 0, :]
 
 
-def _robust(arrays: Mapping[str, np.ndarray], method: str, s: float) -> np.ndarray:
-    if "gammas" not in arrays:
-        raise MissingArrays("gammas (the γ grid of arrays/examples.npz)")
-    return robust_cells(correctness(arrays, method, s), arrays["gammas"])
-
-
-def _damage(arrays: Mapping[str, np.ndarray], method: str, s: float) -> np.ndarray:
-    return clean_cells(correctness(arrays, method, s)) - clean_cells(correctness(arrays, method, 0.0))
+def _damage(store: CellStore, method: str, s: float) -> np.ndarray:
+    return clean_cells(store.get(CORRECT, method, s)) - clean_cells(store.get(CORRECT, method, 0.0))
 
 
 def _at(s: float) -> str:
@@ -98,27 +100,33 @@ def robust_pair(a: str, b: str, where: str) -> CellFunction:
     """Cells of ``a − b`` robust accuracy at the sparsest level (``"top"``) or at every other (``"rest"``),
     or at every level (``"all"``)."""
 
-    def cells(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
-        found = levels(arrays)
+    def cells(arrays: Mapping[str, Any]) -> list[Cells]:
+        store, found = _store(arrays), levels(arrays)
+        grid = gammas(store)
         chosen = {"top": found[-1:], "rest": found[:-1], "all": found}[where]
-        return [Cells(_robust(arrays, a, s), _robust(arrays, b, s), a, b, _at(s)) for s in chosen]
+        return [
+            store.compare(CORRECT, a, b, s, label=_at(s), reduce=lambda c: robust_cells(c, grid))
+            for s in chosen
+        ]
 
     return cells
 
 
-def prunable_cells(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
+def prunable_cells(arrays: Mapping[str, Any]) -> list[Cells]:
     """Damage of erm-horst − damage of erm-adamw at every pruned level (clean accuracy)."""
+    store = _store(arrays)
     return [
-        Cells(_damage(arrays, ERM_HORST, s), _damage(arrays, ERM_ADAMW, s), ERM_HORST, ERM_ADAMW, _at(s))
-        for s in levels(arrays)[1:]
+        Cells(_damage(store, ERM_HORST, s), _damage(store, ERM_ADAMW, s), ERM_HORST, ERM_ADAMW, _at(s))
+        for s in levels(store)[1:]
     ]
 
 
-def control_pruning_cells(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
+def control_pruning_cells(arrays: Mapping[str, Any]) -> list[Cells]:
     """erm-adamw's clean accuracy at the sparsest level against its dense model."""
-    top = levels(arrays)[-1]
-    a = clean_cells(correctness(arrays, ERM_ADAMW, top))
-    b = clean_cells(correctness(arrays, ERM_ADAMW, 0.0))
+    store = _store(arrays)
+    top = levels(store)[-1]
+    a = clean_cells(store.get(CORRECT, ERM_ADAMW, top))
+    b = clean_cells(store.get(CORRECT, ERM_ADAMW, 0.0))
     return [Cells(a, b, f"{ERM_ADAMW} at {top:g}", f"{ERM_ADAMW} dense", _at(top))]
 
 

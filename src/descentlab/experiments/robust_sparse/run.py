@@ -9,8 +9,8 @@ fine-tuning after pruning, and every pruned copy is evaluated for accuracy again
 the same noisy inputs). ``erm-noise-horst`` (ERM on Gaussian embedding noise, ``train_noise``) is the
 positive control of robustness.
 
-The run saves the per-review correctness in ``arrays/examples.npz``; the claims engine judges ``claims.py``'s
-claims from it (the runner does that after ``run`` returns, and ``descentlab report`` does it again).
+The run saves the per-review correctness in its cell store (``correct/<method>/<s>``, with the design
+record: :mod:`descentlab.study.cells`); the claims engine judges ``claims.py``'s claims from it (the runner does that after ``run`` returns, and ``descentlab report`` does it again).
 
 Methods are :class:`~descentlab.train.recipe.MethodConfig` s: one base (``config.base_method``) edited by
 each label's override spec in ``specs``; ``methods`` lists the labels to run.
@@ -27,7 +27,7 @@ from dataclasses import asdict
 import numpy as np
 
 from descentlab.data.text_batches import prepare_data
-from descentlab.experiments.robust_sparse.claims import EXAMPLE_ARRAYS
+from descentlab.experiments.robust_sparse.claims import CORRECT
 from descentlab.experiments.robust_sparse.config import RobustSparseConfig
 from descentlab.experiments.robust_sparse.jobs import JobResult, decode_job, encode_job, train_and_sweep
 from descentlab.experiments.robust_sparse.tables import accuracy_tables, summary_notes
@@ -35,6 +35,7 @@ from descentlab.report.results import Curve, MethodResult, Results
 from descentlab.report.stats import column_mean_std, mean_std
 from descentlab.robustness import RobustnessCurves
 from descentlab.robustness.config import NoiseEvalConfig
+from descentlab.study.cells import CellStore, Design
 from descentlab.train.jobs import JobRunner
 from descentlab.train.recipe import MethodConfig
 from descentlab.train.rundir import RunDir
@@ -84,13 +85,18 @@ def method_result(
     return result, joined
 
 
-def example_arrays(correct: dict[str, list[np.ndarray]], levels: list[float]) -> dict[str, np.ndarray]:
-    """``"<method>__s=<s>"`` -> 0/1 correctness ``[seed, draw, γ, example]`` as uint8 (exact, small)."""
-    return {
-        f"{label}__s={s:g}": np.asarray(per_level[i]).astype(np.uint8)
-        for label, per_level in correct.items()
-        for i, s in enumerate(levels)
-    }
+def cell_store(
+    correct: dict[str, list[np.ndarray]], levels: list[float], seeds: list[int], gammas: list[float]
+) -> CellStore:
+    """The claims' cells: ``correct/<method>/<s>`` -> 0/1 correctness ``[seed, draw, γ, example]`` as uint8
+    (exact, small), under the design record (methods, sparsities, seeds, reviews, γ grid)."""
+    examples = int(np.asarray(next(iter(correct.values()))[0]).shape[-1])
+    design = Design(tuple(correct), tuple(levels), tuple(seeds), examples, {"gammas": list(gammas)})
+    store = CellStore(design)
+    for label, per_level in correct.items():
+        for s, values in zip(levels, per_level, strict=True):
+            store.put(CORRECT, label, s, np.asarray(values).astype(np.uint8))
+    return store
 
 
 def erm_baselines(methods: dict[str, MethodConfig]) -> list[tuple[str, str]]:
@@ -138,7 +144,7 @@ def run(cfg: RobustSparseConfig, run: RunDir) -> dict:
     tables = accuracy_tables(methods_out, correct, erm_baselines(methods), levels, kind, ev.gammas)
 
     # 3. the per-review correctness the claims are judged from (claims.py; judged by the runner)
-    run.save_arrays(EXAMPLE_ARRAYS, **example_arrays(correct, levels), gammas=np.asarray(ev.gammas))
+    cell_store(correct, levels, list(cfg.seeds), list(ev.gammas)).save(run.path, writer=run.writer)
     train, opt = cfg.train, cfg.method.optimizer
     acdc = {label: asdict(m.acdc) for label, m in methods.items() if m.acdc is not None}
     protocol = {
@@ -163,7 +169,7 @@ def run(cfg: RobustSparseConfig, run: RunDir) -> dict:
         "alpha = 3 fixed before the run (sparse-lm's validation choice); nothing tuned here",
         "pooling": cfg.pooling,
         "train_noise": dict(cfg.train_noise),
-        "claims": "the claims engine over per-review correctness (arrays/examples.npz): seed-level intervals, "
+        "claims": "the claims engine over per-review correctness (arrays/cells.npz): seed-level intervals, "
         "robust accuracy = mean over gamma >= 1; primary: constrained-horst - erm-horst at the highest sparsity",
         "pruning": f"one-shot magnitude pruning, scope={p.scope}, of the Linear weights inside the encoder blocks "
         "(embeddings, pooler and head stay dense), each level from the trained weights, no fine-tuning after",

@@ -11,10 +11,7 @@ import numpy as np
 
 from descentlab.report.stats import paired_interval
 from descentlab.report.tables import multiplier_tables
-
-
-def _fmt(mean: float, std: float) -> str:
-    return f"{mean:.4f} ± {std:.4f}"
+from descentlab.study.tables import Table, pm, signed_ci
 
 
 def accuracy_tables(
@@ -37,48 +34,27 @@ def accuracy_tables(
         kind: the perturbation kind tabulated.
         gammas: the γ grid.
     """
-    grid_rows = []
+    grid = Table(
+        f"Test accuracy against γ ({kind} embedding noise) at each sparsity, mean ± std over (seed, draw)",
+        ["method", "sparsity reached", *[f"γ={g:g}" for g in gammas]],
+    )
     for method, block in methods.items():
         for s in levels:
             c = block["curves"][f"{kind}@s={s:g}"]
-            grid_rows.append(
-                [
-                    method,
-                    f"{block['sparsity'][f'reached@s={s:g}']:.3f}",
-                    *[_fmt(m, sd) for m, sd in zip(c["mean"], c["std"], strict=True)],
-                ]
-            )
-    tables = [
-        {
-            "title": f"Test accuracy against γ ({kind} embedding noise) at each sparsity, mean ± std over "
-            "(seed, draw)",
-            "columns": ["method", "sparsity reached", *[f"γ={g:g}" for g in gammas]],
-            "rows": grid_rows,
-        }
-    ]
-    paired = []
+            reached = f"{block['sparsity'][f'reached@s={s:g}']:.3f}"
+            grid.add(method, reached, *[pm(m, sd) for m, sd in zip(c["mean"], c["std"], strict=True)])
+    paired = Table(
+        "Accuracy difference to ERM with the same optimizer: mean [95 % interval over training seeds (same "
+        "seeds, same noise; examples only with one seed)]",
+        ["methods", "sparsity", *[f"γ={g:g}" for g in gammas]],
+    )
     for method, base in pairs:
         for i, s in enumerate(levels):
             a, b = np.asarray(correct[method][i]), np.asarray(correct[base][i])
             cis = [paired_interval(a[:, :, g], b[:, :, g]) for g in range(len(gammas))]
-            paired.append(
-                [
-                    f"{method} − {base}",
-                    f"{s:g}",
-                    *[f"{c.mean:+.4f} [{c.low:+.4f}, {c.high:+.4f}]" for c in cis],
-                ]
-            )
-    if paired:
-        tables.append(
-            {
-                "title": "Accuracy difference to ERM with the same optimizer: mean [95 % interval over training "
-                "seeds (same seeds, same noise; examples only with one seed)]",
-                "columns": ["methods", "sparsity", *[f"γ={g:g}" for g in gammas]],
-                "rows": paired,
-            }
-        )
-    tables.extend(multiplier_tables(dict(methods)))
-    return tables
+            paired.add(f"{method} − {base}", f"{s:g}", *[signed_ci(c.mean, c.low, c.high) for c in cis])
+    tables = [grid.to_dict(), *([paired.to_dict()] if paired.rows else [])]
+    return tables + multiplier_tables(dict(methods))
 
 
 def summary_notes(methods: Mapping[str, Any], levels: Sequence[float], kind: str) -> list[str]:

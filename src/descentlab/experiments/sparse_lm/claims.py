@@ -1,8 +1,10 @@
 """sparse-lm's claims, declared before the run, and the cells the claims engine judges them on.
 
 Cells. ``n_M[s, p, b]`` is the mean next-token NLL (nats per token, i.e. log-perplexity) of test block b under
-method M's model of training seed s, pruned one-shot layer-wise to sparsity ``p`` (p = 0: dense): the
-``test`` array of each final run's ``arrays/nll-<tag>.npz``, stacked over seeds (:func:`claim_arrays`). A
+method M's model of training seed s, pruned one-shot layer-wise to sparsity ``p`` (p = 0: dense): the cell
+store's ``nll/<M>/<p>`` (``[seeds, blocks]``, :mod:`descentlab.study.cells`; runs made before the store are
+read by ``legacy.py``). The design record holds the levels (its conditions), ``claim_low`` /
+``claim_high``, whether the run tuned, and the tuning runs' validation NLLs (``extra["grid"]``). A
 seed fixes the initialisation and the data order for every optimizer and every model sees the same test
 blocks, so two methods' cells are paired; the interval is the engine's seed-level one
 (:func:`~descentlab.report.stats.paired_interval`). Differences are in log-perplexity: ``n_H − n_A < 0``
@@ -44,80 +46,64 @@ them more.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from descentlab.io import load_arrays
-from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun, require_arm
+from descentlab.experiments.sparse_lm.legacy import NLL, legacy_store
+from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
+from descentlab.study.cells import CellStore
 
 PAPER = "no number given: after pruning, HORST's perplexity is significantly below AdamW's and HAM's"
 SOURCE = "HORST paper, GPT-2 small on SlimPajama-6B, one-shot layer-wise magnitude pruning"
 PPL_SESOI = 0.05  # log-ppl, a 5 % perplexity ratio (module docs)
 LARGE_ALPHA = "horst-a30"
-Arrays = Mapping[str, np.ndarray]
+Arrays = Mapping[str, Any]
 
 
-def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
-    """The cells of a run directory: ``nll/<method>`` (``[seeds, levels, blocks]`` test NLLs of the final
-    runs, from ``arrays/nll-*.npz``), ``levels`` (0 = dense, then ``sparsities``), ``claim_low`` /
-    ``claim_high``, the tuning runs' ``grid/val_nll`` (``[runs, levels]``) and ``grid/label``, and the
-    per-matrix weight shape ``frac_below/<method>`` / ``kurtosis/<method>`` (``[seeds, matrices]``) when
-    the run saved ``arrays/shape.npz``. A method whose files are missing is left out (its claims pend);
-    ``methods`` (the arms the config asked for) and ``tune`` (whether it ran a tuning round) tell such a
-    method from one the run's design never had."""
-    run_dir = Path(run_dir)
-    path = run_dir / "results.json"
-    if not path.is_file():
-        return {}
-    results = json.loads(path.read_text())
-    cfg = results.get("config", {})
-    out: dict[str, np.ndarray] = {}
-    if "sparsities" in cfg:
-        out["levels"] = np.asarray([0.0, *cfg["sparsities"]], dtype=np.float64)
-    out |= {k: np.float64(cfg[k]) for k in ("claim_low", "claim_high") if k in cfg}
-    if "methods" in cfg:
-        out["methods"] = np.asarray(cfg["methods"])
-    if "tune" in cfg:
-        out["tune"] = np.bool_(cfg["tune"])
-    for label, files in results.get("arrays", {}).get("nll", {}).items():
-        paths = [run_dir / f for f in files]
-        if paths and all(p.is_file() for p in paths):
-            out[f"nll/{label}"] = np.stack([load_arrays(p)["test"] for p in paths])
-    # runs before tune_seed existed tuned on the first evaluation seed
-    tuning_seed = cfg.get("tune_seed", cfg.get("seeds", [None])[0])
-    grid = [r for r in results.get("runs", []) if r.get("seed") == tuning_seed]
-    if grid:
-        out["grid/val_nll"] = np.asarray([r["val_nll"] for r in grid], dtype=np.float64)
-        out["grid/label"] = np.asarray([r["label"] for r in grid])
-        out["grid/weight_decay"] = np.asarray([r.get("weight_decay", np.nan) for r in grid], dtype=np.float64)
-    if (shape := run_dir / "arrays" / "shape.npz").is_file():
-        out |= load_arrays(shape)
-    return out
+def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
+    """The run's cell store: ``nll/<method>/<level>`` (``[seeds, blocks]`` test NLLs of the final runs; level
+    0 = dense, then ``sparsities``) and the per-matrix weight shape ``frac_below/<method>`` /
+    ``kurtosis/<method>`` (``[seeds, matrices]``), under the design record (arms, levels, seeds, claim
+    levels, tuning grid). A run made before the store is read by :func:`legacy.legacy_store`; {} when
+    there is no run (every claim pends)."""
+    return CellStore.load(run_dir) or legacy_store(run_dir) or {}
 
 
-def _index(arrays: Arrays, p: float) -> int:
-    hits = np.flatnonzero(np.isclose(np.asarray(arrays["levels"]), p))
-    if not hits.size:
-        raise NotInRun(
-            f"the run did not prune to sparsity {p:g} (it pruned to {np.asarray(arrays['levels'])[1:].tolist()})"
-        )
-    return int(hits[0])
+def _store(arrays: Arrays) -> CellStore:
+    if not isinstance(arrays, CellStore):
+        raise MissingArrays("the cell store (arrays/cells.npz and arrays/design.json)")
+    return arrays
 
 
-def _trained(arrays: Arrays, method: str) -> None:
-    """``method`` must be an arm of the run's config (a run without the record is taken to have had it:
-    its missing cells pend)."""
-    if "methods" in arrays:
-        require_arm(arrays["methods"].tolist(), method)
+def _level(arrays: Arrays, name: str) -> float:
+    """``claim_low`` / ``claim_high`` from the design record."""
+    extra = _store(arrays).design.extra
+    if name not in extra:
+        raise MissingArrays(f"{name} (the design record)")
+    return float(extra[name])
 
 
 def _at(arrays: Arrays, method: str, p: float) -> np.ndarray:
-    """``n_M[:, p, :]``: method's ``[seeds, blocks]`` test NLLs at sparsity ``p``."""
-    _trained(arrays, method)
-    return np.asarray(arrays[f"nll/{method}"])[:, _index(arrays, p)]
+    """``n_M[:, p, :]``: method's ``[seeds, blocks]`` test NLLs at sparsity ``p`` (NotInRun when the design
+    has no such arm or level)."""
+    return np.asarray(_store(arrays).get(NLL, method, p), dtype=np.float64)
+
+
+def tuning_grid(arrays: Arrays) -> dict[str, np.ndarray] | None:
+    """The tuning runs' ``val_nll`` ``[runs, levels]``, ``label`` and ``weight_decay`` (NaN: not recorded);
+    None when the run saved no tuning grid."""
+    grid = _store(arrays).design.extra.get("grid")
+    if not grid:
+        return None
+    decays = [np.nan if d is None else d for d in grid["weight_decay"]]
+    return {
+        "val_nll": np.asarray(grid["val_nll"], dtype=np.float64),
+        "label": np.asarray(grid["label"]),
+        "weight_decay": np.asarray(decays, dtype=np.float64),
+    }
 
 
 def _pct(p: float) -> str:
@@ -128,8 +114,8 @@ def _versus(method: str, reference: str, level: str | float):
     """HORST against ``reference`` at one sparsity (a config key such as ``claim_high``, or a number)."""
 
     def cells(arrays: Arrays) -> Iterator[Cells]:
-        p = float(arrays[level]) if isinstance(level, str) else level
-        yield Cells(_at(arrays, method, p), _at(arrays, reference, p), method, reference, _pct(p))
+        p = _level(arrays, level) if isinstance(level, str) else level
+        yield _store(arrays).compare(NLL, method, reference, p, label=_pct(p))
 
     cells.__doc__ = f"{method} against {reference} at {level}."
     return cells
@@ -137,7 +123,7 @@ def _versus(method: str, reference: str, level: str | float):
 
 def gap_widens(arrays: Arrays) -> Iterator[Cells]:
     """``(n_H − n_A)[hi]`` against ``(n_H − n_A)[lo]``, per seed and block."""
-    lo, hi = float(arrays["claim_low"]), float(arrays["claim_high"])
+    lo, hi = _level(arrays, "claim_low"), _level(arrays, "claim_high")
     a = _at(arrays, "horst", hi) - _at(arrays, "adamw", hi)
     b = _at(arrays, "horst", lo) - _at(arrays, "adamw", lo)
     yield Cells(a, b, f"(horst − adamw) at {100 * hi:g} %", f"(horst − adamw) at {100 * lo:g} %")
@@ -145,7 +131,7 @@ def gap_widens(arrays: Arrays) -> Iterator[Cells]:
 
 def damage_low(arrays: Arrays) -> Iterator[Cells]:
     """Each run against its own dense model: ``n_H[lo] − n_H[0]`` against ``n_A[lo] − n_A[0]``."""
-    lo = float(arrays["claim_low"])
+    lo = _level(arrays, "claim_low")
     a = _at(arrays, "horst", lo) - _at(arrays, "horst", 0.0)
     b = _at(arrays, "adamw", lo) - _at(arrays, "adamw", 0.0)
     yield Cells(a, b, "horst", "adamw", _pct(lo))
@@ -153,7 +139,7 @@ def damage_low(arrays: Arrays) -> Iterator[Cells]:
 
 def control(arrays: Arrays) -> Iterator[Cells]:
     """AdamW pruned to ``hi`` against AdamW pruned to ``lo``."""
-    lo, hi = float(arrays["claim_low"]), float(arrays["claim_high"])
+    lo, hi = _level(arrays, "claim_low"), _level(arrays, "claim_high")
     yield Cells(_at(arrays, "adamw", hi), _at(arrays, "adamw", lo), f"adamw at {100 * hi:g} %",
                 f"adamw at {100 * lo:g} %")  # fmt: skip
 
@@ -173,13 +159,16 @@ def grid_slope(val_nll: np.ndarray, labels: np.ndarray, level: int) -> float | N
 
 def matched_ols(arrays: Arrays) -> Iterator[Cells]:
     """HORST against AdamW at ``hi``, adjusted to equal dense log-ppl by the tuning grid's slope (module docs)."""
-    hi = float(arrays["claim_high"])
-    i = _index(arrays, hi)
+    hi = _level(arrays, "claim_high")
     h_hi, a_hi = _at(arrays, "horst", hi), _at(arrays, "adamw", hi)
     h0, a0 = _at(arrays, "horst", 0.0), _at(arrays, "adamw", 0.0)
-    if "grid/val_nll" not in arrays and not arrays.get("tune", True):
-        raise NotInRun("the run had no tuning round, so no grid to fit the slope on")
-    k = grid_slope(arrays["grid/val_nll"], np.asarray(arrays["grid/label"]), i)
+    grid = tuning_grid(arrays)
+    if grid is None:
+        if not _store(arrays).design.extra.get("tune", True):
+            raise NotInRun("the run had no tuning round, so no grid to fit the slope on")
+        raise MissingArrays("the tuning grid (design record extra.grid)")
+    i = _store(arrays).conditions(numeric=True).index(hi)
+    k = grid_slope(grid["val_nll"], grid["label"], i)
     if k is None:
         why = "the tuning runs are too few to fit the slope on the dense log-ppl"
         yield Cells(h_hi, a_hi, "horst", "adamw", _pct(hi), untestable=why)
@@ -191,13 +180,13 @@ def horst_l2(arrays: Arrays) -> Iterator[Cells]:
     """HORST against the strong-L2 AdamW arm (``adamw-l2``) at ``hi``; when AdamW's own tuning grid crossed
     its lr with several weight decays instead, the L2 baseline is inside the AdamW arm (the primary row) and
     this row is untestable."""
-    hi = float(arrays["claim_high"])
-    if "nll/adamw-l2" in arrays:
-        yield Cells(_at(arrays, "horst", hi), _at(arrays, "adamw-l2", hi), "horst", "adamw-l2", _pct(hi))
+    hi = _level(arrays, "claim_high")
+    store = _store(arrays)
+    if "adamw-l2" in store.design.arms and f"{NLL}/adamw-l2/{hi:g}" in store:
+        yield store.compare(NLL, "horst", "adamw-l2", hi, label=_pct(hi))
         return
-    decays = np.asarray(arrays.get("grid/weight_decay", []))
-    labels = np.asarray(arrays.get("grid/label", []))
-    tried = sorted({float(d) for d in decays[labels == "adamw"]}) if decays.size else []
+    grid = tuning_grid(arrays)
+    tried = sorted({float(d) for d in grid["weight_decay"][grid["label"] == "adamw"]}) if grid else []
     if len(tried) > 1:
         why = (
             f"AdamW's tuning grid held weight decays {tried}, strong L2 included: the AdamW arm is the better "
@@ -207,7 +196,7 @@ def horst_l2(arrays: Arrays) -> Iterator[Cells]:
             _at(arrays, "horst", hi), _at(arrays, "adamw", hi), "horst", "adamw", _pct(hi), untestable=why
         )
         return
-    if "methods" in arrays and "adamw-l2" not in arrays["methods"].tolist():
+    if "adamw-l2" not in store.design.arms:
         grid = (
             f"AdamW's tuning grid held one weight decay, {tried[0]}"
             if tried
@@ -219,15 +208,15 @@ def horst_l2(arrays: Arrays) -> Iterator[Cells]:
 
 def dense_matched(arrays: Arrays) -> Iterator[Cells]:
     """HORST's dense test log-ppl against AdamW's."""
-    yield Cells(_at(arrays, "horst", 0.0), _at(arrays, "adamw", 0.0), "horst", "adamw", "dense")
+    yield _store(arrays).compare(NLL, "horst", "adamw", 0.0, label="dense")
 
 
 def _shape(stat: str):
     def cells(arrays: Arrays) -> Iterator[Cells]:
-        ref = arrays[f"{stat}/adamw"]
-        yield Cells(arrays[f"{stat}/horst"], ref, "horst", "adamw", "chosen alpha")
-        if f"{stat}/{LARGE_ALPHA}" in arrays:
-            yield Cells(arrays[f"{stat}/{LARGE_ALPHA}"], ref, LARGE_ALPHA, "adamw", "alpha 30")
+        store = _store(arrays)
+        yield store.compare(stat, "horst", "adamw", label="chosen alpha")
+        if LARGE_ALPHA in store.design.arms and f"{stat}/{LARGE_ALPHA}" in store:
+            yield store.compare(stat, LARGE_ALPHA, "adamw", label="alpha 30")
 
     cells.__doc__ = f"HORST's per-matrix {stat} against AdamW's (at the chosen α, and at α = 30 if it ran)."
     return cells

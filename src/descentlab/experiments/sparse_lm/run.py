@@ -19,8 +19,11 @@ switches to the real GPT-2 BPE and a local corpus.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
+from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,35 +42,25 @@ from descentlab.experiments.sparse_lm.jobs import (
     smollm2_sweep,
     train_and_prune,
 )
+from descentlab.experiments.sparse_lm.legacy import NLL, design_extra
 from descentlab.experiments.sparse_lm.tables import summarise
 from descentlab.experiments.sparse_lm.token_data import cached_lm_data
 from descentlab.io import load_arrays
 from descentlab.report.results import Results
+from descentlab.study.cells import CellStore, Design
+from descentlab.study.tuning import Round, TuningConfig, lr_alpha_grid, tune_then_replicate
 from descentlab.train.jobs import JobRunner
 from descentlab.train.recipe import MethodConfig
 from descentlab.train.rundir import RunDir
-from descentlab.train.tuning import lr_alpha_grid
 
 
 def run(cfg: SparseLMConfig, run: RunDir) -> dict:
     # 1. data: the tokenizer learns from the training split only; blocks are fixed-length and deterministic
-    ctx = cfg.model.n_positions
-    if cfg.token_cache:  # paper scale: token files next to the corpus; the training blocks stay on disk
-        cached = cached_lm_data(cfg)
-        splits, tok = {"test": cached.test_text}, cached.tokenizer
-        train_blocks, val_blocks, test_blocks = cached.train, cached.val, cached.test
-    else:
-        splits = load_corpus(cfg)
-        tok = make_tokenizer(cfg.tokenizer, splits["train"], BPEConfig(vocab_size=cfg.bpe_vocab))
-        train_blocks = lm_blocks(tok, splits["train"], ctx, max_blocks=cfg.max_train_blocks).blocks
-        val_blocks = evenly_spaced(lm_blocks(tok, splits["validation"], ctx).blocks, cfg.eval_blocks)
-        test_blocks = evenly_spaced(lm_blocks(tok, splits["test"], ctx).blocks, cfg.test_blocks)
-    data = {"train": train_blocks, "val": val_blocks, "test": test_blocks, "vocab": tok.vocab_size}
-    data["eos"] = tok.eos_id
+    data, test_text, tok = load_data(cfg)
 
-    # 2. the validation grid on the tuning seed (with lr_from: that method's lr, then the others' α at it),
-    # then every (method, evaluation seed) at the chosen settings; finished jobs come from the job cache on resume
-    methods, seed0 = cfg.method_configs(), cfg.tune_seed
+    # 2. the validation rounds on the tuning seed (tuning_plan), then every (method, evaluation seed) at the
+    # chosen settings; the SmolLM2 sanity check runs here while the first jobs train; finished jobs come
+    # from the job cache on resume
     threads = torch.get_num_threads()
     if cfg.threads is not None or cfg.workers > 1:
         torch.set_num_threads(cfg.threads or 1)
@@ -75,130 +68,40 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
         with JobRunner(
             train_and_prune, workers=cfg.workers, cache_dir=run.path / "jobs", threads=cfg.threads or 1
         ) as jobs:
-
-            def submit(label: str, method: MethodConfig, seed: int) -> Future:
-                opt = method.optimizer
-                tag = (
-                    f"{label}-lr{opt.lr:g}"
-                    + ("" if opt.alpha is None else f"-a{opt.alpha:g}")
-                    + (f"-wd{opt.weight_decay:g}" if label in cfg.tune_weight_decay else "")
-                    + f"-seed{seed}"
-                )
-                return jobs.submit(tag, cfg, label, method, seed, data, str(run.path), tag)
-
-            chosen, grids, picks, eligible = dict(methods), {}, {}, {}
-            tried: dict[str, list[MethodConfig]] = {}
-
-            def trials(
-                labels: list[str], lrs: list[float] | None, alphas: bool = True
-            ) -> dict[str, tuple[list, list[Future]]]:
-                out = {}
-                for k in labels:  # around the current choice (the spec before any pick)
-                    base = chosen[k]
-                    grid = lr_alpha_grid(
-                        base, lrs or [base.optimizer.lr], cfg.tune_alpha.get(k, []) if alphas else []
-                    )
-                    decays = cfg.tune_weight_decay.get(k, [])
-                    grid = [with_weight_decay(m, wd) for m in grid for wd in decays] if decays else grid
-                    out[k] = (grid, [submit(k, m, seed0) for m in grid])
-                return out
-
-            def pick(pending: dict[str, tuple[list, list[Future]]]) -> None:
-                # the choice is the best of every candidate this label has run (a repeat is one job)
-                for label, (grid, futures) in pending.items():
-                    seen = {r["tag"] for r in grids.get(label, [])}
-                    for method, future in zip(grid, futures, strict=True):
-                        if (result := future.result())["tag"] not in seen:
-                            grids.setdefault(label, []).append(result)
-                            tried.setdefault(label, []).append(method)
-                    eligible[label] = dense_eligible(grids[label], cfg.tune_dense_within)
-                    picks[label] = pick_candidate(grids[label], cfg.tune_dense_within)  # validation only
-                    chosen[label] = tried[label][picks[label]]
-
-            # the SmolLM2 sanity check runs in this process while the first jobs train
-            later: dict[str, tuple[list, list[Future]]] = {}
-            first: dict[str, tuple[list, list[Future]]] = {}
-            if cfg.tune and cfg.lr_from is not None:
-                first = trials([cfg.lr_from], cfg.tune_lr)
-            elif cfg.tune and cfg.lr_first:
-                first = trials(list(methods), cfg.tune_lr, alphas=False)
-            elif cfg.tune:
-                later = {k: trials([k], cfg.lr_candidates(k))[k] for k in methods}
-            smol = smollm2_sweep(cfg, splits["test"]) if cfg.smollm2 else None
-            if first:
-                pick(first)
-                if cfg.lr_from is not None:
-                    later = trials(
-                        [k for k in methods if k != cfg.lr_from], [chosen[cfg.lr_from].optimizer.lr]
-                    )
-                else:  # then each method's alpha at its own chosen lr
-                    later = trials([k for k in methods if cfg.tune_alpha.get(k)], None)
-
-            def finals(labels: list[str]) -> dict[tuple[str, int], Future]:
-                return {(k, seed): submit(k, chosen[k], seed) for seed in cfg.seeds for k in labels}
-
-            futures = finals([k for k in methods if k not in later])  # queued before the grids are read
-            pick(later)
-            futures |= finals(list(later))
-            final = {k: [futures[k, seed].result() for seed in cfg.seeds] for k in methods}
-            every = {
-                r["tag"]: r for runs in [*grids.values(), *final.values()] for r in runs if not r["diverged"]
-            }
+            tuned = tune_then_replicate(
+                cfg.method_configs(),
+                tuning_plan(cfg),
+                submit=partial(submit_job, jobs, cfg, data, str(run.path)),
+                choose=partial(choose_setting, cfg.tune_dense_within),
+                meanwhile=partial(smollm2_sweep, cfg, test_text) if cfg.smollm2 else None,
+            )
     finally:
         torch.set_num_threads(threads)
-    broken = [r["tag"] for runs in final.values() for r in runs if r["diverged"]]
-    if broken:
+    final, grids = tuned.per_seed, {k: runs for k, runs in tuned.results.items() if runs}
+    if broken := [r["tag"] for runs in final.values() for r in runs if r["diverged"]]:
         raise NumericalError(f"final runs {broken} diverged; their metrics.jsonl says why (lower lr / alpha)")
 
-    # 3. results: test perplexity curves with seed-level intervals; the claims' cells are the per-block test
-    # NLLs the jobs saved (arrays/nll-*.npz) and the per-matrix weight shape (arrays/shape.npz)
-    cells = {k: _cells(run, jobs_) for k, jobs_ in final.items()}
-    save_shape_arrays(run, final)
+    # 3. the claims' cells (the per-block test NLLs at every level, the per-matrix weight shape) into the
+    # cell store; results: test perplexity curves with seed-level intervals, tables and notes
+    cells = {k: _cells(run, runs) for k, runs in final.items()}
+    tuning_runs = [r for runs in grids.values() for r in runs if not r["diverged"]]
+    cell_store(cfg, cells, final, tuning_runs).save(run.path, writer=run.writer)
+    every = {r["tag"]: r for r in [*tuning_runs, *(r for runs in final.values() for r in runs)]}
     criterion = criterion_text(cfg.tune_on, cfg.tune_dense_within)
-    keys = ("seed_spread", "small_weight", "smollm2")
-    opts = {k: getattr(cfg, k) for k in keys} | {"criterion": criterion, "eligible": eligible}
-    body = summarise(final, cells, list(every.values()), grids, picks, smol, **opts)
-    steps = cfg.train.total_steps(len(train_blocks))
-    first = final[next(iter(final))][0]
+    eligible = {k: dense_eligible(runs, cfg.tune_dense_within) for k, runs in grids.items()}
+    opts = {k: getattr(cfg, k) for k in ("seed_spread", "small_weight", "smollm2")}
+    body = summarise(
+        final, cells, list(every.values()), grids, tuned.picks, tuned.meanwhile,
+        **opts, criterion=criterion, eligible=eligible,
+    )  # fmt: skip
     return Results(
         experiment="sparse-lm",
         config=config_to_dict(cfg),
-        protocol={
-            "corpus": cfg.corpus,
-            "split": "test (tuning on validation only)",
-            "tokenizer": tok.name,
-            "vocab": tok.vocab_size,
-            "context": ctx,
-            "model": f"GPT-2 {cfg.model.n_layer} layers x {cfg.model.n_embd}, {first['params']:,} parameters",
-            "train_blocks": int(train_blocks.shape[0]),
-            "steps": steps,
-            "tokens_seen": steps * cfg.train.batch_size * ctx,
-            "epochs": round(steps * cfg.train.batch_size / int(train_blocks.shape[0]), 3),
-            "lr": {k: m.optimizer.lr for k, m in chosen.items()},
-            "alpha": {k: m.optimizer.alpha for k, m in chosen.items()},
-            "weight_decay": {k: m.optimizer.weight_decay for k, m in chosen.items()},
-            "tuning": (
-                f"validation novel only ({int(val_blocks.shape[0])} blocks), seed {seed0}, {criterion}"
-                + (f"; lr from {cfg.lr_from}" if cfg.lr_from else "")
-                if cfg.tune
-                else "none (the specs' own lr / alpha)"
-            ),
-            "n_val_blocks": int(val_blocks.shape[0]),
-            "n_test_blocks": int(test_blocks.shape[0]),
-            "n_eval_tokens": int(test_blocks.shape[0] * (ctx - 1)),
-            "seeds": list(cfg.seeds),
-            "tune_seed": seed0 if cfg.tune else None,
-            "candidates": {k: len(g) for k, g in grids.items()},
-            "pruning": "one-shot, layer-wise magnitude, block Linear/Conv1D weights; embeddings and head dense",
-            "claims": f"seed-level intervals over (seeds x test blocks); matched-ols: the slope from the "
-            f"{sum(len(g) for g in grids.values())} tuning runs' validation NLLs; seed-spread "
-            f"limit {100 * cfg.seed_spread:g} %",
-        },
+        protocol=protocol(cfg, data, tok.name, tuned.chosen, grids, final, criterion),
         methods=body["methods"],
         tables=body["tables"],
         notes=body["notes"],
-        # figure and claim data: figures.py draws the histograms from the weights files, claims.py reads the
-        # per-block NLLs
+        # figure data: figures.py draws the histograms from the weights files
         extra={
             "arrays": {
                 "weights": {k: runs[0]["weights"] for k, runs in final.items() if runs[0]["weights"]},
@@ -211,6 +114,145 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
     ).to_dict()
 
 
+def load_data(cfg: SparseLMConfig) -> tuple[dict[str, Any], str, Any]:
+    """``(blocks, test text, tokenizer)``: the train / val / test blocks (val and test ``eval_blocks`` /
+    ``test_blocks`` evenly spaced), vocabulary size and end-of-text id; from the token cache at paper scale."""
+    ctx = cfg.model.n_positions
+    if cfg.token_cache:  # paper scale: token files next to the corpus; the training blocks stay on disk
+        cached = cached_lm_data(cfg)
+        test_text, tok = cached.test_text, cached.tokenizer
+        train, val, test = cached.train, cached.val, cached.test
+    else:
+        splits = load_corpus(cfg)
+        test_text = splits["test"]
+        tok = make_tokenizer(cfg.tokenizer, splits["train"], BPEConfig(vocab_size=cfg.bpe_vocab))
+        train = lm_blocks(tok, splits["train"], ctx, max_blocks=cfg.max_train_blocks).blocks
+        val = evenly_spaced(lm_blocks(tok, splits["validation"], ctx).blocks, cfg.eval_blocks)
+        test = evenly_spaced(lm_blocks(tok, splits["test"], ctx).blocks, cfg.test_blocks)
+    return (
+        {"train": train, "val": val, "test": test, "vocab": tok.vocab_size, "eos": tok.eos_id},
+        test_text,
+        tok,
+    )
+
+
+def tuning_plan(cfg: SparseLMConfig) -> TuningConfig:
+    """The search rounds on the validation novel (none without ``tune``):
+
+    * ``lr_from``: that method's lr x α grid, then every other method's α at the lr it chose;
+    * ``lr_first``: every method's lr at its own α, then each method's α at its chosen lr;
+    * otherwise one joint grid per method, ``lr_candidates`` x α (x weight decay), of equal size.
+    """
+    arms = tuple(cfg.methods)
+    rounds: list[Round] = []
+    if cfg.tune and cfg.lr_from is not None:
+        others = tuple(k for k in arms if k != cfg.lr_from)
+        rounds = [Round((cfg.lr_from,), partial(candidates, cfg, "tune", True)),
+                  Round(others, partial(candidates, cfg, "from", True))]  # fmt: skip
+    elif cfg.tune and cfg.lr_first:
+        alphas = tuple(k for k in arms if cfg.tune_alpha.get(k))
+        rounds = [Round(arms, partial(candidates, cfg, "tune", False)),
+                  Round(alphas, partial(candidates, cfg, "chosen", True))]  # fmt: skip
+    elif cfg.tune:
+        rounds = [Round(arms, partial(candidates, cfg, "own", True))]
+    joint = cfg.tune and cfg.lr_from is None and not cfg.lr_first
+    return TuningConfig(cfg.seeds, cfg.tune_seed, rounds, cfg.candidate_counts() if joint else {})
+
+
+def candidates(
+    cfg: SparseLMConfig, lrs: str, alpha: bool, arm: str, chosen: Mapping[str, MethodConfig]
+) -> list[MethodConfig]:
+    """``arm``'s candidates around its current choice: lrs from ``tune_lr`` (``"tune"``), its own
+    ``lr_candidates`` (``"own"``), its chosen lr (``"chosen"``) or ``lr_from``'s chosen lr (``"from"``);
+    crossed with its ``tune_alpha`` when ``alpha``, then with its ``tune_weight_decay``."""
+    base = chosen[arm]
+    if lrs == "tune":
+        grid_lrs = list(cfg.tune_lr)
+    elif lrs == "own":
+        grid_lrs = cfg.lr_candidates(arm)
+    else:
+        grid_lrs = [chosen[cfg.lr_from if lrs == "from" else arm].optimizer.lr]
+    grid = lr_alpha_grid(base, grid_lrs, cfg.tune_alpha.get(arm, []) if alpha else [])
+    decays = cfg.tune_weight_decay.get(arm, [])
+    return [with_weight_decay(m, wd) for m in grid for wd in decays] if decays else grid
+
+
+def choose_setting(dense_within: float | None, arm: str, results: Sequence[Mapping[str, Any]]) -> int:
+    """The tuning pick among every candidate ``arm`` has run (validation only, :func:`pick_candidate`)."""
+    return pick_candidate(results, dense_within)
+
+
+def submit_job(
+    jobs: JobRunner,
+    cfg: SparseLMConfig,
+    data: dict,
+    run_path: str,
+    label: str,
+    method: MethodConfig,
+    seed: int,
+) -> Future:
+    """Queue one (method, seed) job under its tag ``<label>-lr<lr>[-a<α>][-wd<wd>]-seed<seed>``."""
+    opt = method.optimizer
+    tag = (
+        f"{label}-lr{opt.lr:g}"
+        + ("" if opt.alpha is None else f"-a{opt.alpha:g}")
+        + (f"-wd{opt.weight_decay:g}" if label in cfg.tune_weight_decay else "")
+        + f"-seed{seed}"
+    )
+    return jobs.submit(tag, cfg, label, method, seed, data, run_path, tag)
+
+
+def protocol(
+    cfg: SparseLMConfig,
+    data: dict[str, Any],
+    tokenizer: str,
+    chosen: Mapping[str, MethodConfig],
+    grids: Mapping[str, list[dict]],
+    final: Mapping[str, list[dict]],
+    criterion: str,
+) -> dict[str, Any]:
+    """The results' protocol block, from the config, the data and the tuning outcome."""
+    ctx, train, n_val, n_test = (
+        cfg.model.n_positions,
+        data["train"],
+        data["val"].shape[0],
+        data["test"].shape[0],
+    )
+    steps = cfg.train.total_steps(len(train))
+    first = final[next(iter(final))][0]
+    return {
+        "corpus": cfg.corpus,
+        "split": "test (tuning on validation only)",
+        "tokenizer": tokenizer,
+        "vocab": data["vocab"],
+        "context": ctx,
+        "model": f"GPT-2 {cfg.model.n_layer} layers x {cfg.model.n_embd}, {first['params']:,} parameters",
+        "train_blocks": int(train.shape[0]),
+        "steps": steps,
+        "tokens_seen": steps * cfg.train.batch_size * ctx,
+        "epochs": round(steps * cfg.train.batch_size / int(train.shape[0]), 3),
+        "lr": {k: m.optimizer.lr for k, m in chosen.items()},
+        "alpha": {k: m.optimizer.alpha for k, m in chosen.items()},
+        "weight_decay": {k: m.optimizer.weight_decay for k, m in chosen.items()},
+        "tuning": (
+            f"validation novel only ({int(n_val)} blocks), seed {cfg.tune_seed}, {criterion}"
+            + (f"; lr from {cfg.lr_from}" if cfg.lr_from else "")
+            if cfg.tune
+            else "none (the specs' own lr / alpha)"
+        ),
+        "n_val_blocks": int(n_val),
+        "n_test_blocks": int(n_test),
+        "n_eval_tokens": int(n_test * (ctx - 1)),
+        "seeds": list(cfg.seeds),
+        "tune_seed": cfg.tune_seed if cfg.tune else None,
+        "candidates": {k: len(g) for k, g in grids.items()},
+        "pruning": "one-shot, layer-wise magnitude, block Linear/Conv1D weights; embeddings and head dense",
+        "claims": f"seed-level intervals over (seeds x test blocks); matched-ols: the slope from the "
+        f"{sum(len(g) for g in grids.values())} tuning runs' validation NLLs; seed-spread "
+        f"limit {100 * cfg.seed_spread:g} %",
+    }
+
+
 def with_weight_decay(method: MethodConfig, weight_decay: float) -> MethodConfig:
     """``method`` with its optimizer's weight decay set to ``weight_decay``."""
     return replace(method, optimizer=replace(method.optimizer, weight_decay=weight_decay))
@@ -221,13 +263,24 @@ def _cells(run: RunDir, jobs: list[dict]) -> torch.Tensor:
     return torch.stack([torch.as_tensor(load_arrays(run.path / j["nll"])["test"]) for j in jobs])
 
 
-def save_shape_arrays(run: RunDir, final: dict[str, list[dict]]) -> None:
-    """The weight-shape claims' cells to ``arrays/shape.npz``: per method, the fraction of each block matrix's
-    weights below the threshold (``frac_below/<method>``) and its excess kurtosis (``kurtosis/<method>``),
-    ``[seeds, matrices]``, of the trained dense models."""
-    arrays = {
-        f"{stat}/{label}": np.asarray([j["shape"][stat] for j in jobs], dtype=np.float64)
-        for label, jobs in final.items()
-        for stat in ("frac_below", "kurtosis")
-    }
-    run.save_arrays("arrays/shape.npz", **arrays)
+def cell_store(
+    cfg: SparseLMConfig, cells: Mapping[str, torch.Tensor], final: Mapping[str, list[dict]], grid: list[dict]
+) -> CellStore:
+    """The claims' cells under the design record (methods, levels 0 + ``sparsities``, seeds, test blocks,
+    claim levels and the tuning grid): ``nll/<method>/<level>`` ``[seeds, blocks]`` test NLLs, and per
+    method the fraction of each block matrix's weights below the threshold (``frac_below/<method>``) and
+    its excess kurtosis (``kurtosis/<method>``), ``[seeds, matrices]``, of the trained dense models."""
+    levels = [0.0, *cfg.sparsities]
+    blocks = int(next(iter(cells.values())).shape[-1])
+    design = Design(
+        tuple(cells), tuple(levels), tuple(cfg.seeds), blocks, design_extra(config_to_dict(cfg), grid)
+    )
+    store = CellStore(design)
+    for label, nll in cells.items():
+        for i, p in enumerate(levels):
+            store.put(NLL, label, p, nll[:, i].double().numpy())
+        for stat in ("frac_below", "kurtosis"):
+            store.put(
+                stat, label, None, np.asarray([j["shape"][stat] for j in final[label]], dtype=np.float64)
+            )
+    return store

@@ -19,6 +19,7 @@ import numpy as np
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import column_mean_std, mean_std, paired_interval
 from descentlab.sparsity.report import selection_record
+from descentlab.study.tables import pm
 
 Job = Mapping[str, Any]  # one training run's result (jobs.train_and_prune)
 Sweeps = Mapping[str, Sequence[Mapping[str, Any]]]  # method -> one prune sweep per seed
@@ -75,7 +76,7 @@ def perplexity_table(methods: Methods, labels: Sequence[str], split: str = "Test
     rows = []
     for name in labels:
         c = methods[name]["curves"]["layerwise"]
-        rows.append([name, *[f"{m:.2f} ± {s:.2f}" for m, s in zip(c["mean"], c["std"], strict=True)]])
+        rows.append([name, *[pm(m, s, 2) for m, s in zip(c["mean"], c["std"], strict=True)]])
     return {
         "title": f"{split} perplexity after one-shot layer-wise pruning (mean ± std over seeds)",
         "columns": ["optimizer", *[f"{x:.0%}" for x in xs]],
@@ -94,7 +95,7 @@ def damage_table(methods: Methods, labels: Sequence[str]) -> dict:
     for name in labels:
         per_seed = methods[name]["curves"]["layerwise"]["per_seed"]
         mean, std = column_mean_std([[math.log(p / run[0]) for p in run] for run in per_seed])
-        rows.append([name, *[f"{m:+.3f} ± {s:.3f}" for m, s in zip(mean[1:], std[1:], strict=True)]])
+        rows.append([name, *[pm(m, s, 3, signed=True) for m, s in zip(mean[1:], std[1:], strict=True)]])
     return {
         "title": "Pruning damage: log ppl(pruned) - log ppl(dense) of the same run (mean ± std over seeds)",
         "columns": ["optimizer", *[f"{x:.0%}" for x in xs[1:]]],
@@ -162,7 +163,7 @@ def shape_table(final: Sweeps, threshold: float) -> dict:
         cols = []
         for key in ("global_frac_below", "global_kurtosis"):
             m, s = mean_std([j["shape"][key] for j in jobs])
-            cols.append(f"{m:.4f} ± {s:.4f}")
+            cols.append(pm(m, s))
         rows.append([label, *cols])
     return {
         "title": "Trained (dense) block-matrix weights: how peaked at 0, mean ± std over seeds",

@@ -13,6 +13,7 @@ import torch
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import mean_std, paired_interval
 from descentlab.sparsity.report import excess_kurtosis, selection_record
+from descentlab.study.tables import pm
 
 PAPER = "DeiT-base, ImageNet, 90 %: HORST 76.83 vs AdamW 68.86; DeiT-small 90 %: HORST 70.5 vs HAM 60.06"
 DENSE_SUFFIX = "-dense"
@@ -28,7 +29,7 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 def fmt_pct(values: Sequence[float]) -> str:
     mean, std = _mean_std(values)
-    return f"{100 * mean:.2f} ± {100 * std:.2f}"
+    return pm(mean, std, 2, scale=100)
 
 
 def weight_stats(w: np.ndarray | torch.Tensor) -> dict[str, float]:
@@ -214,7 +215,7 @@ def compare(at_top: Mapping[str, Sequence[Job]], top: float) -> tuple[list[str],
             [
                 f"horst - {other}",
                 ", ".join(f"{d:+.2f}" for d in diffs),
-                f"{mean:+.2f} ± {std:.2f}",
+                pm(mean, std, 2, signed=True),
                 f"{wins}/{len(diffs)}",
             ]
         )
@@ -241,7 +242,7 @@ def shape_table(
         for key in ("global_frac_below", "global_kurtosis"):
             v = torch.tensor([j["shape"][key] for j in jobs], dtype=torch.float64)
             std = float(v.std()) if len(v) > 1 else 0.0
-            cols.append(f"{float(v.mean()):.4f} ± {std:.4f}")
+            cols.append(pm(float(v.mean()), std))
         rows.append([name, *cols])
     if not rows:
         return None

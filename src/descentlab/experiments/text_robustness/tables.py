@@ -24,6 +24,7 @@ from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import column_mean_std, mean_std, paired_interval
 from descentlab.report.tables import multiplier_tables
 from descentlab.robustness import RobustnessCurves
+from descentlab.study.tables import pm
 from descentlab.train.tuning import binding_level
 
 
@@ -84,7 +85,7 @@ def paired_gap_rows(curves: Mapping[str, RobustnessCurves]) -> list[list[Any]]:
     rows = []
     for (method, kind), diff in paired_gaps({m: c.values for m, c in curves.items()}).items():
         mean, std = column_mean_std(diff, ddof=0, impl="numpy")
-        rows.append([method, kind, *[f"{m:+.4f} ± {s:.4f}" for m, s in zip(mean, std, strict=True)]])
+        rows.append([method, kind, *[pm(m, s, signed=True) for m, s in zip(mean, std, strict=True)]])
     return rows
 
 

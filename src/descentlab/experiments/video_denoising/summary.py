@@ -19,6 +19,7 @@ import numpy as np
 from descentlab.io import load_arrays
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import column_mean_std
+from descentlab.study.tables import pm
 
 NOTES = [
     "RMSE in [0, 1] pixel units over all test pixels; the noisy input's RMSE is gamma * sigma_train.",
@@ -44,7 +45,7 @@ def rmse_table(methods: Methods, noisy_rmse: Sequence[float], gammas: Sequence[f
     rows = [["noisy input", *[f"{v:.4f}" for v in noisy_rmse]]]
     for method, block in methods.items():
         c = block["curves"]["gaussian"]
-        rows.append([method, *[f"{a:.4f} ± {s:.4f}" for a, s in zip(c["mean"], c["std"], strict=True)]])
+        rows.append([method, *[pm(a, s) for a, s in zip(c["mean"], c["std"], strict=True)]])
     return {
         "title": "Test RMSE vs gamma (mean ± std over seeds)",
         "columns": ["method", *map(str, gammas)],
@@ -57,7 +58,7 @@ def _differences(evs: Sequence[Sequence[float]], base: Sequence[Sequence[float]]
     diffs = [[a - b for a, b in zip(e, r, strict=True)] for e, r in zip(evs, base, strict=True)]
     mean, std = column_mean_std(diffs, ddof=1, impl="torch")
     wins = [sum(d[i] < 0 for d in diffs) for i in range(n)]
-    return [f"{m:+.4f} ± {s:.4f} ({w}/{len(diffs)})" for m, s, w in zip(mean, std, wins, strict=True)]
+    return [f"{pm(m, s, signed=True)} ({w}/{len(diffs)})" for m, s, w in zip(mean, std, wins, strict=True)]
 
 
 def paired_table(per_seed_rmse: Mapping[str, Sequence[Sequence[float]]], gammas: Sequence[float]) -> dict:
@@ -147,7 +148,7 @@ def _baseline_rows(baselines: Mapping[str, Any]) -> list[list[str]]:
     for name, b in baselines.items():
         mean, std = column_mean_std(b["rmse"], ddof=1, impl="torch")
         params = ", ".join(f"{k}={v:g}" for k, v in b["params"].items())
-        rows.append([f"{name} ({params})", *[f"{a:.4f} ± {s:.4f}" for a, s in zip(mean, std, strict=True)]])
+        rows.append([f"{name} ({params})", *[pm(a, s) for a, s in zip(mean, std, strict=True)]])
     return rows
 
 
