@@ -388,7 +388,7 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
     figures = {p.name: p.read_bytes() for p in (out / "figures").iterdir()}
     assert set(figures) == {
         "curves.png", "layer-loss.png", "paired-gap.png", "accuracy-ci.png", "layer-loss-ci.png",
-        "lambda-trajectory.png",
+        "lambda-trajectory.png", "training-curves.png",
     }  # fmt: skip
 
     # the report is a function of the run directory: deleting it and the figures, `descentlab report`
