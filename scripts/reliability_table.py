@@ -1,10 +1,19 @@
-"""Render docs/reliability.md's table of bad inputs from the test suite's cases, with the real messages.
+"""Render docs/reliability.md's tables from the test suite: the fault matrix and the bad inputs.
 
-Usage: .venv/bin/python scripts/reliability_table.py > /tmp/table.md   (pasted between the markers)
+Usage:
+    .venv/bin/python scripts/reliability_table.py --write    # rewrite the fault matrix in docs/reliability.md
+    .venv/bin/python scripts/reliability_table.py --faults   # print the fault matrix (tests/faults/matrix.py)
+    .venv/bin/python scripts/reliability_table.py            # print the bad-input table, with the real messages
+                                                             # (pasted under "Bad inputs")
+
+The fault matrix is rendered from ``tests/faults/matrix.py`` (fault | outcome | test) between the
+``<!-- fault-matrix:begin -->`` and ``<!-- fault-matrix:end -->`` markers; ``tests/faults/test_matrix.py``
+fails when the committed table differs from the rendering.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import sys
@@ -13,17 +22,35 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # tiny_models, the test suite's model factories
+sys.path.insert(0, str(ROOT / "tests"))  # tiny_models, the test suite's model factories; faults.matrix
 
-from tests.reliability.cases import CLI_CASES, LIBRARY_CASES  # noqa: E402
-from tests.reliability.test_bad_inputs import run_cli  # noqa: E402
+DOC = ROOT / "docs" / "reliability.md"
+BEGIN, END = "<!-- fault-matrix:begin -->", "<!-- fault-matrix:end -->"
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def main() -> None:
+def fault_table() -> str:
+    from faults.matrix import render
+
+    return render()
+
+
+def with_fault_table(doc: str, table: str) -> str:
+    """``doc`` with the text between the fault-matrix markers replaced by ``table``."""
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{DOC} has no {BEGIN} ... {END} markers")
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+
+
+def bad_input_table() -> str:
+    from tests.reliability.cases import CLI_CASES, LIBRARY_CASES
+    from tests.reliability.test_bad_inputs import run_cli
+
     rows = ["| # | where | mistake | error | message |", "|---|---|---|---|---|"]
     n = 0
     for case in LIBRARY_CASES:
@@ -42,7 +69,21 @@ def main() -> None:
         line = next((x for x in err.getvalue().splitlines() if x.startswith("descentlab: error")), "")
         where = f"`descentlab {' '.join(case.args)}`"
         rows.append(f"| {n} | {_cell(where)} | {_cell(case.mistake)} | exit {code} | {_cell(line)} |")
-    print("\n".join(rows))
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--faults", action="store_true", help="print the fault matrix")
+    which.add_argument("--write", action="store_true", help="rewrite the fault matrix in docs/reliability.md")
+    args = parser.parse_args(argv)
+    if args.write:
+        DOC.write_text(with_fault_table(DOC.read_text(), fault_table()))
+    elif args.faults:
+        print(fault_table())
+    else:
+        print(bad_input_table())
 
 
 if __name__ == "__main__":

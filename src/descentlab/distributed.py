@@ -2,12 +2,13 @@
 
 Every function here is the identity (or the obvious single-process answer) when ``torch.distributed`` is
 not initialised, so an experiment calls them unconditionally. What already lives elsewhere is reused, not
-repeated: λ and u are averaged by :func:`descentlab.constrained.dual.rank_mean` (re-exported here as
-:func:`all_reduce_mean`), global magnitude masks are broadcast from rank 0 by
+repeated: global magnitude masks are broadcast from rank 0 by
 :func:`descentlab.sparsity.masks.global_masks`, and the training loop splits each global batch with
 :func:`descentlab.train.loop.rank_share`.
 
-What is added is *evaluation over the whole set*: each rank evaluates its contiguous share of the
+What is added: a token-weighted mean over ranks (:func:`rank_mean`, also :func:`all_reduce_mean`), a
+per-rank fault vector so that every rank takes the same skip-or-raise decision (:func:`rank_bad_flags`),
+and *evaluation over the whole set*: each rank evaluates its contiguous share of the
 evaluation batches and the example-weighted sums are all-reduced, so every rank reports the metric of the
 entire set, equal (up to float summation order) to a single-process evaluation. Robustness noise is keyed
 by example content, not by position, so sharding does not change which noise an example receives.
@@ -23,7 +24,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from descentlab.constrained.dual import rank_mean
 from descentlab.errors import ConfigError
 
 T = TypeVar("T")
@@ -37,6 +37,8 @@ __all__ = [
     "is_distributed",
     "is_main_process",
     "rank",
+    "rank_bad_flags",
+    "rank_mean",
     "shard",
     "shard_bounds",
     "sharded_curve",
@@ -44,8 +46,6 @@ __all__ = [
     "sharded_means",
     "world_size",
 ]
-
-all_reduce_mean = rank_mean
 
 
 def is_distributed() -> bool:
@@ -88,6 +88,64 @@ def all_reduce_sum(x: Tensor) -> Tensor:
     y = x.detach().to(_collective_device(), copy=True)
     dist.all_reduce(y, op=dist.ReduceOp.SUM)
     return y.to(x.device)
+
+
+def rank_mean(x: Tensor, weight: Tensor | float | None = None) -> Tensor:
+    """Mean of ``x`` over ranks, each rank weighted by ``weight`` (its token or example count).
+
+        mean = Σ_r w_r x_r / Σ_r w_r        (w_r = 1 on every rank when ``weight`` is None)
+
+    With each rank's batch-mean loss as ``x`` and its token count as ``weight``, this is the mean over the
+    global batch, whatever the ranks' batch sizes; an unweighted mean of batch means is that only when the
+    ranks hold equal counts. One all-reduce of ``[w·x, w]`` packed together (no host sync: ``weight`` may
+    be a device tensor such as ``(labels != -100).sum()``). Identity alone.
+
+    Args:
+        x: this rank's value, any shape, identical shape on every rank.
+        weight: this rank's weight, a scalar (tensor or number) ≥ 0; the total over ranks must be > 0.
+
+    Returns:
+        The weighted mean, shape and dtype of ``x``, on ``x``'s device, the same on every rank.
+    """
+    if not is_distributed():
+        return x
+    if weight is None:
+        return all_reduce_sum(x) / world_size()
+    w = torch.as_tensor(weight, device=x.device).to(torch.float64).reshape(1)
+    packed = all_reduce_sum(torch.cat([x.detach().to(torch.float64).flatten() * w, w]))
+    return (packed[:-1] / packed[-1]).reshape(x.shape).to(x.dtype)
+
+
+all_reduce_mean = rank_mean
+
+
+def _plain(flag: Tensor) -> Tensor:
+    # an FSDP2 (DTensor) gradient's flag is a DTensor: its whole value, as a plain tensor, on every rank
+    full = getattr(flag, "full_tensor", None)
+    return full() if callable(full) else flag
+
+
+def rank_bad_flags(ok: Sequence[Tensor]) -> Tensor | None:
+    """Which ranks hold a false flag: an int32 vector ``[world]`` (1 = some flag of that rank is false).
+
+    Each rank writes ``not all(ok)`` into its own slot and one all-reduce sums the vector, so every rank
+    learns, in one collective and without a host sync, both *whether* any rank failed a check and
+    *which*: the decision to skip or raise is then the same everywhere, and the error names the rank.
+    None when not distributed (the caller keeps its single-process read).
+
+    Args:
+        ok: this rank's boolean flags (0-dim tensors, on any device); empty means nothing to report.
+    """
+    if not is_distributed():
+        return None
+    device = _collective_device()
+    bad = torch.zeros((), dtype=torch.int32, device=device)
+    if ok:
+        bad = (~torch.stack([_plain(f).to(device) for f in ok]).all()).to(torch.int32)
+    mine = torch.arange(world_size(), device=device) == rank()
+    vector = torch.where(mine, bad, torch.zeros((), dtype=torch.int32, device=device))
+    dist.all_reduce(vector, op=dist.ReduceOp.SUM)
+    return vector
 
 
 def gather_objects(obj: T) -> list[T]:

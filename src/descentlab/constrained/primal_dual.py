@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from descentlab.distributed import gather_objects, rank_bad_flags
 from descentlab.errors import CheckpointError, ConfigError, NumericalError
 
 DESCENT_KEY = "descent"
@@ -157,6 +158,13 @@ class PrimalDual(Optimizer):
 
         One ``torch._foreach_norm(ord=inf)`` per device (a max-abs: NaN and Inf propagate, large finite
         values do not overflow) and one read-back of the combined flag: the only host sync of the step.
+
+        Under ``torch.distributed`` the decision is collective: each rank writes its own "bad" flag into
+        slot ``rank`` of a ``[world]`` vector, one all-reduce sums it, and the one read-back reads the
+        vector. ĝ is rank-local until the dual step averages it, so a rank-local check would let one rank
+        raise while the others wait in that all-reduce; here every rank raises together, with the same
+        message naming the rank(s) and what each saw, and a loop that catches the error and skips the
+        batch stays in step on every rank.
         """
         grads: list[Tensor] = []
         for group in self.param_groups:
@@ -177,13 +185,38 @@ class PrimalDual(Optimizer):
         alarm = health() if callable(health) else None
         if alarm is not None:
             flags.append(~alarm)
-        if not flags:
-            return
-        home = flags[0].device
-        if bool(torch.stack([f.to(home) for f in flags]).all()):  # the one host read-back
-            return
+        ranks = rank_bad_flags(flags)
+        if ranks is None:
+            if not flags:
+                return
+            home = flags[0].device
+            if bool(torch.stack([f.to(home) for f in flags]).all()):  # the one host read-back
+                return
+            bad_ranks: list[int] = []
+        else:
+            bad_ranks = [r for r, bad in enumerate(ranks.tolist()) if bad]  # the one host read-back
+            if not bad_ranks:
+                return
         if alarm is not None and bool(alarm):
+            # λ and the ĝ of the dual step are rank-averaged, so the alarm is the same on every rank
             self.constraint.check_health()  # raises: the last dual step's λ diverged or saw a non-finite ĝ
+        problems = self._problems(grads, g_hat)
+        if ranks is not None:  # every rank sends what it saw: all raise one and the same message
+            seen = gather_objects(problems)
+            problems = [f"rank {r}: {p}" for r in bad_ranks for p in seen[r]] or [
+                f"rank(s) {bad_ranks} of {len(seen)} reported a non-finite value"
+            ]
+        elif not problems:
+            return
+        raise NumericalError(
+            f"PrimalDual.step: {'; '.join(problems)}; the parameters, the optimizer state and λ were not "
+            "updated. A NaN/Inf gradient comes from the loss or the data of this batch: zero the gradients "
+            "and skip it, or find where the losses stop being finite"
+            + (" (every rank raised this error together)" if ranks is not None else "")
+        )
+
+    def _problems(self, grads: list[Tensor], g_hat: Tensor | None) -> list[str]:
+        """What was non-finite on this rank, one phrase each (read only once a problem is known)."""
         problems = []
         where = [
             (i, j, tuple(p.grad.shape))
@@ -202,16 +235,10 @@ class PrimalDual(Optimizer):
             labels_of = getattr(self.constraint, "violation_labels", None)
             labels = labels_of() if callable(labels_of) else list(range(g_hat.numel()))
             bad_at = torch.nonzero(~torch.isfinite(g_hat)).flatten().tolist()
-            where = [labels[k] for k in bad_at]
-            what = "layer(s)" if all(isinstance(w, int) for w in where) else "entries"
-            problems.append(f"non-finite constraint violation ĝ at {what} {where} (remembered by lagrangian)")
-        if not problems:
-            return
-        raise NumericalError(
-            f"PrimalDual.step: {'; '.join(problems)}; the parameters, the optimizer state and λ were not "
-            "updated. A NaN/Inf gradient comes from the loss or the data of this batch: zero the gradients "
-            "and skip it, or find where the losses stop being finite"
-        )
+            at = [labels[k] for k in bad_at]
+            what = "layer(s)" if all(isinstance(w, int) for w in at) else "entries"
+            problems.append(f"non-finite constraint violation ĝ at {what} {at} (remembered by lagrangian)")
+        return problems
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)

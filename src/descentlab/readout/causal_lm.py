@@ -356,8 +356,13 @@ class CausalLMReadout(Readout):
         k = self.sample_size(n, layers_read)
         if k >= n:
             return None
-        gen_device = self.generator.device if self.generator is not None else "cpu"
-        return torch.randperm(n, generator=self.generator, device=gen_device)[:k].to(device)
+        if self.generator is None or self.generator.device == device:
+            # drawn where it is used: no copy (on the CPU the same draws as the CPU default generator's)
+            return torch.randperm(n, generator=self.generator, device=device)[:k]
+        drawn = torch.randperm(n, generator=self.generator, device=self.generator.device)[:k]
+        if drawn.device.type == "cpu" and device.type == "cuda":
+            drawn = drawn.pin_memory()  # a pinned source lets the copy below run without blocking the host
+        return drawn.to(device, non_blocking=True)
 
     def compute(self, model: nn.Module, batch: Batch, call_model: InnerCall) -> Tensor:
         if not isinstance(batch, Mapping):
@@ -374,12 +379,18 @@ class CausalLMReadout(Readout):
         states = hidden_states_of(out, getattr(model.config, "num_hidden_layers", None), model)
         targets = next_token_targets(batch).to(states[0].device)
         valid = targets != IGNORE_INDEX
-        n = int(valid.sum())
+        n = int(valid.sum())  # the batch's one host read: it sizes the subsample
         if n == 0:
             raise DataError(
                 "no target token in the batch (all labels are -100); per-layer LM losses need targets"
             )
-        y = targets[valid]
+        # the rows with a target, as indices into a flattened [B·T] state, selected with the count known (a
+        # boolean mask would read the count again)
+        batch_size, length = valid.shape[0], valid.shape[1] + 1
+        positions = torch.arange(batch_size * length, device=valid.device).view(batch_size, length)[:, :-1]
+        picked = valid.flatten().nonzero_static(size=n).squeeze(1)
+        idx = positions.flatten().index_select(0, picked)
+        y = targets.flatten().index_select(0, picked)
         head_inputs = model_inputs(model, batch)
         ours = self._head_is_ours(model, base, inputs, call_model, head_inputs, plan)
         num_inner = len(states) - 1
@@ -391,7 +402,7 @@ class CausalLMReadout(Readout):
         self._per_token: Tensor | None = None
         linear = model.get_output_embeddings()
         if self.fused and self.chunk_size is not None and ours and type(linear) is nn.Linear:
-            last, means = self._fused(model, base, plan, out, states, valid, y, sample, read)
+            last, means = self._fused(model, base, plan, out, states, idx, y, sample, read)
         else:
 
             def head(tail: BackbonePlan | None) -> Callable[[Tensor], Tensor]:
@@ -399,7 +410,7 @@ class CausalLMReadout(Readout):
                     return self._logits_fn(model, base, tail)
                 return self._replayed_logits_fn(model, base, tail, out, call_model, head_inputs, plan)
 
-            last, means = self._unfused(out, states, valid, y, sample, read, head, plan)
+            last, means = self._unfused(out, states, idx, y, sample, read, head, plan)
         k = n if sample is None else int(sample.numel())
         self.last_estimate = SampledEstimate(sample is not None, k, n, read, self._per_token)
         if not read:
@@ -414,7 +425,7 @@ class CausalLMReadout(Readout):
         self,
         out: object,
         states: tuple[Tensor, ...],
-        valid: Tensor,
+        idx: Tensor,
         y: Tensor,
         sample: Tensor | None,
         read: list[int],
@@ -424,7 +435,7 @@ class CausalLMReadout(Readout):
         """The slow twin: rows gathered and stacked, then :func:`chunked_token_ce` through ``head``."""
 
         def rows(h: Tensor, subset: Tensor | None) -> Tensor:
-            picked = h[:, :-1][valid]
+            picked = h.reshape(-1, h.shape[-1]).index_select(0, idx)
             return picked if subset is None else picked[subset]
 
         # Layer L: every token of the backbone's own last_hidden_state, already through the tail.
@@ -452,7 +463,7 @@ class CausalLMReadout(Readout):
         plan: BackbonePlan,
         out: object,
         states: tuple[Tensor, ...],
-        valid: Tensor,
+        idx: Tensor,
         y: Tensor,
         sample: Tensor | None,
         read: list[int],
@@ -462,9 +473,6 @@ class CausalLMReadout(Readout):
         subsample makes them few (then layers 0..L-1 are read in one call)."""
         linear = model.get_output_embeddings()
         scale, softcap = _postprocessing(model)
-        batch, length = valid.shape[0], valid.shape[1] + 1
-        positions = torch.arange(batch * length, device=valid.device).view(batch, length)[:, :-1]
-        idx = positions[valid]  # rows of a flattened [B·T, H] state that have a target
         common = {
             "bias": linear.bias,
             "chunk_size": self.chunk_size,

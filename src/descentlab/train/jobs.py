@@ -10,8 +10,9 @@ None; tuples come back as lists. Anything else (tensors, curve objects) goes thr
 ``decode(json round trip of encode(result))``, so a resumed run sees exactly what an uninterrupted one does.
 
 With workers, the parent shows one progress bar over the finished jobs, and the workers' own per-step bars
-(``fit``'s) are off: ``DESCENTLAB_PROGRESS=0`` is set in every worker (:func:`progress_allowed`), so parallel
-bars never interleave on one terminal line.
+(``fit``'s) are off: ``DESCENTLAB_PROGRESS=0`` is set in every worker
+(:func:`~descentlab.progress.progress_allowed`), so parallel bars never interleave on one terminal line.
+Both come from :func:`descentlab.progress.progress_bar`: one style, and no bar when stderr is no terminal.
 
 Usage::
 
@@ -34,22 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from descentlab.io import atomic_write_text
+from descentlab.progress import PROGRESS_ENV, progress_bar
+from descentlab.progress import progress_allowed as progress_allowed  # its home before descentlab.progress
 from descentlab.train.procs import die_with_parent, process_identity
 
 WORKERS_FILE = ".workers"  # in the cache folder: "<pid> <start time>" of each worker, one a line
 
-PROGRESS_ENV = "DESCENTLAB_PROGRESS"  # "0": no per-step progress bars in this process (set in workers)
-
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+=-]*")
-
-
-def progress_allowed() -> bool:
-    """False where per-step progress bars must stay off: in a :class:`JobRunner` worker, or wherever the
-    environment sets ``DESCENTLAB_PROGRESS=0``."""
-    return os.environ.get(PROGRESS_ENV, "1") != "0"
 
 
 def _identity(value: Any) -> Any:
@@ -140,12 +134,8 @@ class JobRunner:
                 initializer=_init_worker,
                 initargs=(*self._init, os.getpid(), registry),
             )
-            self._bar = tqdm(
-                total=0,
-                desc=f"jobs ({self.workers} workers)",
-                unit="job",
-                disable=not (self.progress and progress_allowed()),
-                dynamic_ncols=True,
+            self._bar = progress_bar(
+                0, desc=f"jobs ({self.workers} workers)", unit="job", enabled=self.progress, leave=True
             )
         return self
 

@@ -16,21 +16,23 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import shutil
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import default_collate
-from tqdm.auto import tqdm
 
-from descentlab.errors import ConfigError, DataError, NumericalError
+from descentlab.distributed import rank_bad_flags
+from descentlab.errors import CheckpointError, ConfigError, DataError, NumericalError
 from descentlab.logs import CurveWriter
+from descentlab.progress import progress_bar
 from descentlab.sparsity.sharded import is_sharded
-from descentlab.train.checkpoint import load_latest, save_checkpoint, set_rng_state
-from descentlab.train.jobs import progress_allowed
+from descentlab.train.checkpoint import list_checkpoints, load_latest, save_checkpoint, set_rng_state
 from descentlab.train.protocols import (
     EpochEndHook,
     MasksGradients,
@@ -192,15 +194,49 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def check_finite_batch(batch: Any) -> None:
-    """Raise DataError when a floating tensor of the batch holds NaN or Inf."""
+def _unwritable_checkpoint(directory: Path, step: int, exc: Exception) -> CheckpointError:
+    """One line for a checkpoint write that failed (a full disk, a file-size limit, a vanished folder):
+    the reason, the free space, and the newest complete checkpoint, which the failed write left intact (a
+    checkpoint is assembled under a temporary name, removed on failure, and renamed into place last)."""
+    try:
+        free = f"{shutil.disk_usage(directory).free / 2**30:.2f} GiB free"
+    except OSError:
+        free = "free space unknown"
+    done = list_checkpoints(directory)
+    kept = (
+        f"the newest complete checkpoint {done[-1].name} is intact"
+        if done
+        else "no earlier checkpoint exists"
+    )
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    return CheckpointError(
+        f"cannot write the step-{step} checkpoint in {directory}: {reason} ({free}); nothing of it was kept, "
+        f"{kept}; free disk space (or raise the file-size limit) and resume the run"
+    )
+
+
+def _floating_fields(batch: Any) -> list[tuple[Any, torch.Tensor]]:
     tensors = (
         batch.items()
         if isinstance(batch, Mapping)
         else enumerate(batch if isinstance(batch, list | tuple) else [batch])
     )
-    for key, value in tensors:
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
+    return [(k, v) for k, v in tensors if isinstance(v, torch.Tensor) and v.is_floating_point()]
+
+
+def batch_finite(batch: Any) -> torch.Tensor | None:
+    """A 0-dim device flag: every floating tensor of the batch is finite (None: the batch has none). No host
+    read: ``fit`` reads it with the step's own finiteness flag, and calls :func:`check_finite_batch` to name
+    the field only when it is false."""
+    flags = [torch.isfinite(v).all() for _, v in _floating_fields(batch)]
+    return torch.stack(flags).all() if flags else None
+
+
+def check_finite_batch(batch: Any) -> None:
+    """Raise DataError when a floating tensor of the batch holds NaN or Inf (one host read per tensor: the
+    slow path, for naming the field)."""
+    for key, value in _floating_fields(batch):
+        if not torch.isfinite(value).all():
             raise DataError(f"batch field {key!r} contains NaN or Inf; clean the data before training")
 
 
@@ -472,26 +508,25 @@ def fit(
             for name, obj in (("sparsity", sparsity), ("scheduler", scheduler), ("objective", objective))
             if obj is not None and isinstance(obj, Stateful)
         }
-        save_checkpoint(
-            ckpt_dir,
-            step=step,
-            model=accelerator.unwrap_model(model),
-            optimizer=raw_optimizer,
-            extra=extra,
-            state={"skipped": skipped, "total": total},
-        )
+        try:
+            save_checkpoint(
+                ckpt_dir,
+                step=step,
+                model=accelerator.unwrap_model(model),
+                optimizer=raw_optimizer,
+                extra=extra,
+                state={"skipped": skipped, "total": total},
+            )
+        # a full disk surfaces as an OSError, a SafetensorError or torch's RuntimeError, by writer
+        except Exception as exc:
+            raise _unwritable_checkpoint(ckpt_dir, step, exc) from exc
 
     begin_step = getattr(objective, "begin_step", None)
     skip_step = getattr(objective, "skip_step", None)
     model.train()
     last: dict[str, float] = {}
-    bar = tqdm(
-        total=total,
-        initial=step,
-        desc=tag or "train",
-        disable=not (cfg.progress and accelerator.is_main_process and progress_allowed()),
-        dynamic_ncols=True,
-        leave=False,
+    bar = progress_bar(
+        total, initial=step, desc=tag or "train", enabled=cfg.progress and accelerator.is_main_process
     )
     source = _MicroBatchSource(train_data, collate, cfg, rank, world, accelerator.device.type == "cuda")
     with (
@@ -513,9 +548,12 @@ def fit(
                     begin_step()
                 micro = _micro_batches(indices, cfg.batch_size, accum)
                 finite: torch.Tensor | None = None
+                data_ok: torch.Tensor | None = None  # the batches' own finiteness, read with `finite`
                 for k, part in enumerate(micro):
                     batch = _to_device(fetch(rank_share(part, rank, world)), accelerator.device)
-                    check_finite_batch(batch)
+                    ok_data = batch_finite(batch)
+                    if ok_data is not None:
+                        data_ok = ok_data if data_ok is None else data_ok & ok_data
                     with accelerator.autocast():
                         loss, logs = objective(model, batch)
                     ok = torch.isfinite(loss.detach()).all()
@@ -527,22 +565,37 @@ def fit(
                     sync = k == len(micro) - 1 or sharded
                     with contextlib.nullcontext() if sync else accelerator.no_sync(model):
                         accelerator.backward(loss * (len(part) / len(indices)))
-                if (
-                    world > 1
-                ):  # every rank skips together: one rank skipping alone hangs DDP's next all-reduce
-                    flag = finite.to(torch.int32)
-                    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-                    finite = flag.bool()
-                if not bool(finite):
+                # every rank skips together (one rank skipping alone hangs DDP's next all-reduce): one
+                # all-reduce of a [world] vector says whether any rank saw a non-finite loss, and which
+                step_ok = finite if data_ok is None else finite & data_ok
+                bad_ranks = rank_bad_flags([step_ok]) if world > 1 else None
+                if bad_ranks is None:
+                    where = [] if bool(step_ok) else [rank]  # the step's one host read
+                else:
+                    where = [r for r, bad in enumerate(bad_ranks.tolist()) if bad]  # the same one read
+                if where and data_ok is not None:
+                    # a failed step: was it the data? (reads only on this path; every rank asks together)
+                    data_bad = rank_bad_flags([data_ok]) if world > 1 else None
+                    bad_data = not bool(data_ok) if data_bad is None else bool(data_bad.any())
+                    if bad_data:
+                        for part in micro:  # fetched again on this path only: names the field
+                            check_finite_batch(fetch(rank_share(part, rank, world)))
+                        ranks = [] if data_bad is None else [r for r, b in enumerate(data_bad.tolist()) if b]
+                        raise DataError(
+                            f"a batch on rank(s) {ranks} of {world} contains NaN or Inf; clean the data "
+                            "before training"
+                        )
+                if where:
                     skipped += 1
                     if callable(skip_step):  # e.g. Constrained: drop the ĝ this step recorded
                         skip_step()
                     optimizer.zero_grad(set_to_none=True)
                     if skipped > cfg.max_bad_steps:
                         checkpoint()
+                        on = f" on rank(s) {where} of {world}" if world > 1 else ""
                         raise NumericalError(
-                            f"{skipped} non-finite losses (last at step {step}); lower the learning rate, enable "
-                            "grad_clip, or check the data. The last good state is checkpointed."
+                            f"{skipped} non-finite losses (last at step {step}{on}); lower the learning rate, "
+                            "enable grad_clip, or check the data. The last good state is checkpointed."
                         )
                     if sparsity is not None:  # its schedule counts loop steps, taken or skipped
                         sparsity.step()

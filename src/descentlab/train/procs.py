@@ -48,22 +48,22 @@ def process_alive(pid: int, identity: str | None) -> bool:
     return identity is None or now is None or now == identity
 
 
-def die_with_parent(
-    parent: int, *, sig: int = signal.SIGTERM, grace: float = 10.0, poll: float = 1.0
-) -> None:
-    """Make this (worker) process end when ``parent`` does, whatever signal ends the parent.
+def die_with_parent(parent: int, *, poll: float = 0.1) -> None:
+    """Make this (worker) process end within moments of ``parent``'s death, whatever signal ends the parent.
 
-    Linux: ``prctl(PR_SET_PDEATHSIG, sig)`` asks the kernel to send ``sig`` when the parent dies (SIGTERM:
-    a worker inside ``fit`` checkpoints at the end of its current step and stops; elsewhere it ends at
-    once). Everywhere: a daemon thread polls ``os.getppid()``; once the parent is gone it sends ``sig`` to
-    this process and, ``grace`` seconds later, ends it with ``os._exit``. The kernel's signal fires when
-    the *thread* that started the worker exits, so start workers from a thread that lives as long as the
-    pool (``JobRunner`` does: the caller's thread).
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` asks the kernel to kill this process the moment the parent
+    dies. SIGKILL, not SIGTERM: a worker inside ``fit`` turns SIGTERM into "checkpoint at the end of this
+    step", which can take a whole step (seconds to minutes) while nobody is left to collect the result;
+    what a SIGKILL cuts short is safe, since a checkpoint only becomes visible by its final rename and a
+    resume continues from the newest complete one. Everywhere (and as a second line on Linux): a daemon
+    thread polls ``os.getppid()`` every ``poll`` seconds and ends the process with ``os._exit`` once the
+    parent is gone. The kernel's signal fires when the *thread* that started the worker exits, so start
+    workers from a thread that lives as long as the pool (``JobRunner`` does: the caller's thread).
     """
     if sys.platform == "linux":
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         except (OSError, AttributeError):  # no libc / prctl: the watchdog below still covers it
             pass
     if os.getppid() != parent:  # the parent died before the line above took effect
@@ -72,11 +72,7 @@ def die_with_parent(
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(poll)
-        try:
-            os.kill(os.getpid(), sig)
-        finally:
-            time.sleep(grace)
-            os._exit(1)
+        os._exit(1)
 
     threading.Thread(target=watch, name="descentlab-parent-watchdog", daemon=True).start()
 
