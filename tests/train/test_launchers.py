@@ -74,3 +74,61 @@ def test_a_resumed_driver_takes_a_finished_result_and_replaces_an_orphan(tmp_pat
     assert not (tmp_path / "orphan-wrote").exists()
     second.shutdown()
     assert not orphan.done()  # the first driver's future is abandoned with it
+
+
+TINY = ["n_train=256", "n_test=128", "hidden=16", "train.epochs=1", "train.batch_size=32", "seeds=[0,1,2]"]
+
+
+def _job_results(run_dir: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((run_dir / "jobs").glob("erm-seed*.json"))}
+
+
+def test_launcher_keys_are_split_from_the_config_and_checked() -> None:
+    from descentlab.train.launchers import launcher_from_overrides
+
+    rest, launcher = launcher_from_overrides(["n_train=8", "launcher=slurm", "launcher.gpus_per_job=2"])
+    assert rest == ["n_train=8"] and launcher == LauncherConfig(kind="slurm", gpus_per_job=2)
+    assert launcher_from_overrides(["a=1"]) == (["a=1"], None)
+    with pytest.raises(ConfigError, match=r"did you mean launcher\.gpus_per_job"):
+        launcher_from_overrides(["launcher.gpu_per_job=1"])
+
+
+def test_a_study_through_submitits_local_executor_is_killed_resumed_and_matches(tmp_path: Path) -> None:
+    """The done-when of the cluster launcher: a quick study runs through submitit's local executor, its driver
+    is SIGKILLed mid-way, ``resume=`` finishes it (re-attaching or replacing the jobs), and every job's result
+    equals the in-process run's."""
+    import signal
+    import subprocess
+    import sys
+
+    import torch
+
+    from descentlab.errors import AssetMissingError
+    from descentlab.experiments import run_experiment
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the jobs run with 1 thread: the reference does too
+    try:
+        reference = run_experiment("smoke", overrides=TINY, out=tmp_path / "inline")
+    except AssetMissingError as exc:
+        pytest.skip(f"no image dataset installed: {exc}")
+    finally:
+        torch.set_num_threads(threads)
+    out = tmp_path / "cluster"
+    cmd = [sys.executable, "-m", "descentlab.cli", "run", "smoke", *TINY, "launcher=submitit-local",
+           "launcher.poll_s=0.1", "--out", str(out)]  # fmt: skip
+    driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list(out.glob("smoke-*/jobs/erm-seed0.json")):  # one job finished, the others not
+        assert driver.poll() is None, driver.communicate()
+        assert time.monotonic() < deadline, "the first job never finished"
+        time.sleep(0.1)
+    driver.send_signal(signal.SIGKILL)
+    driver.communicate()
+    (run_dir,) = out.glob("smoke-*")
+    assert len(_job_results(run_dir)) < 3
+    assert json.loads((run_dir / "config.json").read_text())["launcher"]["kind"] == "submitit-local"
+    resumed = run_experiment("smoke", resume=run_dir)
+    assert _job_results(resumed) == _job_results(reference)
+    records = sorted(p.name for p in (run_dir / "jobs" / "submitit").glob("*.job"))
+    assert records == ["erm-seed0.job", "erm-seed1.job", "erm-seed2.job"]

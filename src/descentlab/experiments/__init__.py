@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import json
 import os
 import time
 import traceback
@@ -201,10 +202,12 @@ def prepare(
     from descentlab.config import config_to_dict, config_to_yaml, load_config_yaml, resolve_config
     from descentlab.io import atomic_write_text
     from descentlab.provenance import write_provenance
+    from descentlab.train.launchers import LauncherConfig, launcher_from_overrides
     from descentlab.train.rundir import RunDir
 
     exp = get(name)
     rank, world = launch_rank()
+    overrides, launcher = launcher_from_overrides(overrides)  # where jobs run is not part of the config
     if resume is not None:
         if overrides or preset or config_file is not None:
             raise ConfigError(
@@ -214,6 +217,10 @@ def prepare(
         run = RunDir.open(resume)
         run.writer = rank == 0
         cfg = load_config_yaml(exp.config_cls, (run.path / "config.yaml").read_text())
+        if launcher is None:  # the run's own launcher, unless the resume names another
+            saved = json.loads((run.path / "config.json").read_text()).get("launcher")
+            launcher = LauncherConfig(**saved) if saved else None
+        run.launcher = launcher
         if run.writer:
             write_provenance(run.path, argv=argv, config=config_to_dict(cfg))
         run.curves = True
@@ -239,11 +246,13 @@ def prepare(
                 "config_file": None if config_file is None else str(config_file),
                 "overrides": list(overrides),
                 "config": as_dict,
+                "launcher": None if launcher is None else dataclasses.asdict(launcher),
             },
         )
         return run
 
     run = make() if world == 1 else _share_run_dir(rank, make)
+    run.launcher = launcher
     run.curves = True  # the runner's runs write curves (metrics.csv, TensorBoard); a library fit does not
     return exp, cfg, run
 
@@ -266,13 +275,15 @@ def run_experiment(
     """
     from descentlab.config import config_to_dict
     from descentlab.report.build import write_report
+    from descentlab.train.launchers import launching
     from descentlab.train.loop import TrainingInterrupted
 
     started = time.monotonic()
     exp, cfg, run = prepare(name, preset, overrides, out, resume, argv=argv, config_file=config_file)
     _status(run, "running", resumed=resume is not None)
     try:
-        body = exp.run(cfg, run)
+        with launching(run.launcher):  # every JobRunner of the study sends its jobs there
+            body = exp.run(cfg, run)
     except TrainingInterrupted as exc:
         _end_segment(run, started)
         _status(run, "interrupted", error=str(exc))

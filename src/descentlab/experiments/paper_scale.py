@@ -155,6 +155,21 @@ built for your torch first (a CUDA torch: PyPI's; a CPU torch: the CPU index's, 
 
 A run interrupted by SIGTERM or Ctrl-C writes a checkpoint; continue it with
 `descentlab run <study> resume=RUN_DIR`.
+
+**On a cluster.** Each (arm, seed) job of a study can go to SLURM through submitit
+(`pip install -e ".[cluster]"`), one job per submission, with the keys of
+`descentlab.train.launchers.LauncherConfig`:
+
+```
+descentlab run <study> --preset paper launcher=slurm launcher.partition=gpu launcher.gpus_per_job=1 \
+    launcher.cpus_per_job=8 launcher.time_min=600 --out runs
+```
+
+The driver waits for the jobs and caches each result as it comes back. If the driver dies, `resume=RUN_DIR`
+re-attaches to the jobs still queued or running, by the ids it recorded, and submits only the rest.
+`launcher=submitit-local` runs the same path on one machine, which is how the tests check it (killed
+mid-way, resumed, equal to an in-process run). The *Sizing* table of the results index gives the seeds each
+underpowered primary needs: add `seeds=[...]` with that many seeds to the command above to run that design.
 """
 
 

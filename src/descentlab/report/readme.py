@@ -274,8 +274,10 @@ def sizing_section(results_dir: Path) -> list[str]:
     from descentlab.report.claims import is_inconclusive
 
     rows = []
+    commands = []
     for body in sorted(results_dir.glob("*/results.json")):
-        claims = engine_rows(json.loads(body.read_text()).get("claims", [])) or []
+        results = json.loads(body.read_text())
+        claims = engine_rows(results.get("claims", [])) or []
         primary = next((c for c in claims if c.role == "primary" and c.seeds), None)
         if primary is None:
             continue
@@ -289,6 +291,13 @@ def sizing_section(results_dir: Path) -> list[str]:
         else:
             verdict_need = f"{primary.seeds_needed} plug-in, **{need}** at the sd bound"
             h = None if per_seed is None else need * per_seed / 3600
+            config = results.get("config") or {}
+            used = [*(config.get("seeds") or [0]), *([config["tune_seed"]] if "tune_seed" in config else [])]
+            first = max(int(x) for x in used) + 1  # fresh seeds: after the run's own and its tuning seed
+            commands.append(
+                f"- `{body.parent.name}`: `descentlab run {body.parent.name} --preset full "
+                f'seeds="[$(seq -s, {first} {first + need - 1})]" launcher=slurm --out runs`'
+            )
             hours = "unmeasured" if h is None else f"{h:,.1f}"
             fits = "—" if h is None else ("yes" if h <= 6 else "no")
         rows.append(
@@ -335,6 +344,18 @@ def sizing_section(results_dir: Path) -> list[str]:
             rows,
         ),
         "",
+        *(
+            [
+                "The sized design of each underpowered primary, on a cluster (`launcher=slurm`, with "
+                "`launcher.partition=...` and `launcher.gpus_per_job=...` as the cluster needs; "
+                "docs/paper-scale.md): the same preset with the seeds the rule asks for, all fresh.",
+                "",
+                *commands,
+                "",
+            ]
+            if commands
+            else []
+        ),
     ]
 
 

@@ -36,9 +36,11 @@ from typing import Any
 
 import torch
 
+from descentlab.errors import ConfigError
 from descentlab.io import atomic_write_text
 from descentlab.progress import PROGRESS_ENV, progress_bar
 from descentlab.progress import progress_allowed as progress_allowed  # its home before descentlab.progress
+from descentlab.train.launchers import LauncherConfig, SubmititPool, current_launcher
 from descentlab.train.procs import die_with_parent, process_identity
 
 WORKERS_FILE = ".workers"  # in the cache folder: "<pid> <start time>" of each worker, one a line
@@ -110,8 +112,14 @@ class JobRunner:
         encode: Callable[[Any], Any] = _identity,
         decode: Callable[[Any], Any] = _identity,
         progress: bool = True,
+        launcher: LauncherConfig | None = None,
     ) -> None:
         self.fn, self.workers, self.encode, self.decode = fn, workers, encode, decode
+        self.launcher = current_launcher() if launcher is None else launcher
+        if self.launcher.remote and cache_dir is None:
+            raise ConfigError(
+                f"launcher.kind={self.launcher.kind} needs a cache_dir (it records its jobs there)"
+            )
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._init = (threads, initializer, initargs)
         self._futures: dict[str, Future] = {}
@@ -122,7 +130,16 @@ class JobRunner:
         self._bar_lock = threading.Lock()  # done callbacks run in the pool's thread
 
     def __enter__(self) -> JobRunner:
-        if self.workers > 1:
+        if self.launcher.remote:
+            assert self.cache_dir is not None
+            threads, initializer, initargs = self._init
+            self._pool = SubmititPool(  # type: ignore[assignment]
+                self.launcher, self.cache_dir / "submitit", initializer, initargs, threads=threads
+            )
+            self._bar = progress_bar(
+                0, desc=f"jobs ({self.launcher.kind})", unit="job", enabled=self.progress, leave=True
+            )
+        elif self.workers > 1:
             registry = None
             if self.cache_dir is not None:
                 self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -170,12 +187,15 @@ class JobRunner:
             future = Future()
             future.set_result(self.decode(json.loads(path.read_text())))
         elif self._pool is None:
-            if self.workers > 1:
+            if self.workers > 1 or self.launcher.remote:
                 raise RuntimeError("JobRunner with workers > 1 must be used as a context manager")
             future = Future()
             future.set_result(self._finish(path, _run_and_encode(self.fn, self.encode, args)))
         else:
-            raw = self._pool.submit(_run_and_encode, self.fn, self.encode, args)
+            if isinstance(self._pool, SubmititPool):  # keyed: a resumed run re-attaches to its jobs
+                raw = self._pool.submit(_run_and_encode, self.fn, self.encode, args, key=key)
+            else:
+                raw = self._pool.submit(_run_and_encode, self.fn, self.encode, args)
             self._queued.append(raw)
             with self._bar_lock:
                 self._bar.total += 1

@@ -21,13 +21,16 @@ Select it with the config keys of :class:`LauncherConfig`, e.g.::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +38,14 @@ from typing import Any
 from descentlab.errors import ConfigError
 from descentlab.io import atomic_write_text
 
-__all__ = ["KINDS", "LauncherConfig", "SubmititPool"]
+__all__ = [
+    "KINDS",
+    "LauncherConfig",
+    "SubmititPool",
+    "current_launcher",
+    "launcher_from_overrides",
+    "launching",
+]
 
 #: ``local``: the runner's own process pool on this machine (the default); ``submitit-local``: submitit's
 #: local executor, one process per job (a stand-in for a cluster, used by the tests); ``slurm``: SLURM.
@@ -86,13 +96,59 @@ class LauncherConfig:
         return self.kind != "local"
 
 
+_CURRENT: ContextVar[LauncherConfig | None] = ContextVar("descentlab_launcher", default=None)
+
+
+@contextmanager
+def launching(config: LauncherConfig | None) -> Iterator[None]:
+    """Within the block, a :class:`~descentlab.train.jobs.JobRunner` made without ``launcher=`` sends its
+    jobs where ``config`` says: how ``descentlab run ... launcher.kind=slurm`` reaches every study's runner
+    without each study passing it on."""
+    token = _CURRENT.set(config)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def current_launcher() -> LauncherConfig:
+    """The launcher of the enclosing :func:`launching` block, else the local pool."""
+    return _CURRENT.get() or LauncherConfig()
+
+
+def launcher_from_overrides(overrides: Sequence[str]) -> tuple[list[str], LauncherConfig | None]:
+    """Split ``launcher=KIND`` and ``launcher.<field>=VALUE`` out of a command line's overrides: (the other
+    overrides, the launcher they ask for or None). Values are read as YAML scalars, like every override."""
+    import difflib
+
+    import yaml
+
+    rest: list[str] = []
+    fields: dict[str, Any] = {}
+    names = [f.name for f in dataclasses.fields(LauncherConfig)]
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if key == "launcher":
+            fields["kind"] = value
+        elif key.startswith("launcher.") and sep:
+            name = key.removeprefix("launcher.")
+            if name not in names:
+                near = difflib.get_close_matches(name, names, n=2)
+                hint = f"; did you mean {' or '.join(f'launcher.{n}' for n in near)}?" if near else ""
+                raise ConfigError(f"unknown key launcher.{name} (keys: {', '.join(names)}){hint}")
+            fields[name] = yaml.safe_load(value) if name != "kind" else value
+        else:
+            rest.append(item)
+    return rest, (LauncherConfig(**fields) if fields else None)
+
+
 def _run_job(
     threads: int, initializer: Callable[..., None] | None, initargs: tuple[Any, ...], task: Any
 ) -> Any:
     """The body of a submitted job: the worker set-up the local pool gives its processes, then the task."""
     import torch
 
-    from descentlab.train.jobs import PROGRESS_ENV
+    from descentlab.progress import PROGRESS_ENV
 
     os.environ[PROGRESS_ENV] = "0"  # the driver shows the one bar over jobs
     torch.set_num_threads(threads)
@@ -110,6 +166,7 @@ class SubmititPool:
         config: the launcher; ``config.kind`` must not be ``local``.
         folder: where submitit keeps each job's pickles and logs, and where job ids are recorded.
         initializer, initargs: run in each job before its task (the pool's worker initializer).
+        threads: torch threads of each job (default ``config.cpus_per_job``).
     """
 
     def __init__(
@@ -118,6 +175,7 @@ class SubmititPool:
         folder: Path | str,
         initializer: Callable[..., None] | None = None,
         initargs: tuple[Any, ...] = (),
+        threads: int | None = None,
     ) -> None:
         import submitit
 
@@ -134,7 +192,7 @@ class SubmititPool:
             if config.partition is not None:
                 params["slurm_partition"] = config.partition
         self.executor.update_parameters(**params)
-        self._init = (config.cpus_per_job, initializer, initargs)
+        self._init = (threads or config.cpus_per_job, initializer, initargs)
         self._pending: list[tuple[Any, Future]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -204,7 +262,8 @@ class SubmititPool:
                 pending, self._pending = list(self._pending), []
             for job, future in pending:
                 job.cancel(check=False)
-                future.cancel() or future.set_exception(RuntimeError("cancelled with its run"))
+                if not future.done():
+                    future.set_exception(RuntimeError("cancelled with its run"))
         while wait and not cancel_futures:
             with self._lock:
                 if not self._pending:

@@ -126,6 +126,9 @@ class RunDir:
         # tensorboard/, see descentlab.logs.CurveWriter). Off for a library user's own RunDir, who may
         # log elsewhere; the experiment runner (``descentlab run``) turns it on.
         self.curves = curves
+        # where the runner's JobRunners send jobs (descentlab.train.launchers.LauncherConfig); None: this
+        # machine's pool. Set by the experiment runner from launcher.* overrides, saved in config.json.
+        self.launcher: Any = None
 
     @classmethod
     def create(cls, root: Path | str, name: str) -> RunDir:
