@@ -34,6 +34,21 @@ def local_mean(losses: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
     return (losses * mask[:, None, :]).sum(dim=(0, 2)) / tokens, tokens
 
 
+def dual_step(f: torch.Tensor, tokens: int | None) -> torch.Tensor:
+    """λ after one dual step of a LayerwiseDescent fed ``f`` with the readout's record of ``tokens`` targets
+    (an exact read), as a training step feeds it."""
+    from types import SimpleNamespace
+
+    import descentlab as dl
+
+    constraint = dl.LayerwiseDescent(num_layers=LAYERS - 1, alpha=0.1, dual_lr=1.0)
+    estimate = None if tokens is None else SimpleNamespace(n=tokens, sampled=False)
+    f = f.clone().requires_grad_(True)
+    constraint.lagrangian(f, estimate=estimate).backward()
+    constraint.dual_step_()
+    return constraint.multipliers.detach().clone()
+
+
 def worker(rank: int, out_dir: str) -> None:
     from descentlab.distributed import rank_mean
 
@@ -44,6 +59,7 @@ def worker(rank: int, out_dir: str) -> None:
         mine = slice(start, start + ROWS[rank])
         mean, tokens = local_mean(losses[mine], mask[mine])
         result = {"weighted": rank_mean(mean, tokens), "unweighted": rank_mean(mean), "tokens": tokens}
+        result["lambda"] = dual_step(mean, int(tokens))
         torch.save(result, f"{out_dir}/rank{rank}.pt")
         dist.barrier()  # leave together: tearing gloo down under a connected peer can abort the process
     finally:

@@ -26,6 +26,12 @@ def test_a_token_weighted_rank_mean_is_the_mean_over_all_tokens(tmp_path: Path, 
     assert torch.equal(ranks[0]["weighted"], ranks[1]["weighted"])
     # the plain mean of the ranks' means is off whenever the counts differ: the weighting matters here
     assert (ranks[0]["unweighted"] - whole).abs().max() > 1e-3
+    # the dual step weights the ranks by the targets behind each ĝ: λ equals one process on every token
+    alone = worker.dual_step(whole, int(tokens))
+    assert alone.abs().max() > 0  # the constraints are violated here, so λ moved
+    assert not torch.allclose(worker.dual_step(ranks[0]["unweighted"], None), alone)  # equal weights: off
+    for r in ranks:
+        torch.testing.assert_close(r["lambda"], alone, rtol=1e-12, atol=1e-15)
 
 
 def test_rank_mean_alone_is_the_identity() -> None:

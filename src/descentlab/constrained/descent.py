@@ -329,6 +329,7 @@ class LayerwiseDescent:
         )
         self._index = torch.nonzero(self.mask).flatten()
         self._g_sum = torch.zeros(num_layers, dtype=torch.float64)
+        self._n_sum: int | None = None  # targets behind the window's ĝ, when every recorded step said
         self._g_count = 0
         # Σ se(ĝ_t)² of the window's recorded steps whose readout stated one, and how many stated it
         self._var_sum = torch.zeros(num_layers, dtype=torch.float64)
@@ -382,6 +383,13 @@ class LayerwiseDescent:
                 raise ConfigError(_SAMPLED_RATIO)
             self._g_sum = self._g_sum + g_det.to(torch.float64)  # a new tensor: pending_state stays valid
             self._g_count += 1
+            # the targets this rank's ĝ rests on: the ranks' window means are weighted by them (rank_mean)
+            n = getattr(estimate, "n", None)
+            first = self._g_count == 1
+            if n is None or (self._n_sum is None and not first):
+                self._n_sum = None  # a step without its count: the ranks' means are weighted equally
+            else:
+                self._n_sum = (0 if first else self._n_sum) + int(n)
             if estimate is not None:
                 se = estimate.violation_errors(f.detach(), self.alpha, self.form) if sampled else None
                 if se is not None:
@@ -448,7 +456,7 @@ class LayerwiseDescent:
         """What the next dual step would average (the ĝ sum and count, and the window's summed variances),
         to hand back to :meth:`restore_pending_` when a training step is skipped: ``fit`` drops a
         non-finite step's ĝ so the next dual step neither sees nor raises on it. No copy, no host sync."""
-        return self._g_sum, self._g_count, self._var_sum, self._var_count
+        return self._g_sum, self._g_count, self._var_sum, self._var_count, self._n_sum
 
     def restore_pending_(self, state: tuple) -> None:
         """Forget the ĝ recorded since :meth:`pending_state` returned ``state``."""
@@ -458,11 +466,12 @@ class LayerwiseDescent:
             self._var_sum, self._var_count = var[0].to(self._var_sum.device), int(var[1])
         else:  # a state from before the variances were kept
             self._var_sum, self._var_count = torch.zeros_like(self._var_sum), 0
+        self._n_sum = var[2] if len(var) > 2 else None
 
     def _flush(self) -> bool:
         if self._g_count == 0:
             return False
-        self.duals.update_(self._g_sum / self._g_count)
+        self.duals.update_(self._g_sum / self._g_count, weight=self._n_sum)
         # the window mean's standard error, when every recorded step stated its own (exact reads: 0)
         known = self._var_count == self._g_count
         self._dual_se = self._var_sum.sqrt() / self._g_count if known else None
@@ -470,6 +479,7 @@ class LayerwiseDescent:
         self._g_count = 0
         self._var_sum = torch.zeros_like(self._var_sum)
         self._var_count = 0
+        self._n_sum = None
         return True
 
     def _to(self, device: torch.device) -> None:
@@ -582,6 +592,7 @@ class LayerwiseDescent:
             "num_layers": self.num_layers,
             "duals": self.duals.state_dict(),
             "g_sum": self._g_sum.cpu().clone(),
+            "n_sum": self._n_sum,
             "g_count": self._g_count,
             "g_var_sum": self._var_sum.cpu().clone(),
             "g_var_count": self._var_count,
@@ -597,6 +608,7 @@ class LayerwiseDescent:
             )
         self.duals.load_state_dict(state["duals"])
         self._g_sum = state["g_sum"].to(device=self._g_sum.device, dtype=torch.float64).clone()
+        self._n_sum = state.get("n_sum")  # absent in a checkpoint from before the weights: equal ranks
         self._g_count = int(state["g_count"])
         var = state.get("g_var_sum")
         if isinstance(var, Tensor):

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from descentlab.distributed import rank_mean as weighted_rank_mean
 from descentlab.errors import CheckpointError, ConfigError, InfeasibleConstraintError, NumericalError
 
 ResilienceForm = Literal["slack", "decay"]
@@ -204,8 +205,10 @@ class DualVariables:
             self._bad_g = self._bad_g.to(device) if self._bad_g is not None else None
 
     @torch.no_grad()
-    def update_(self, g: Tensor) -> None:
-        """One dual step from the violations ĝ [L], averaged over ranks first.
+    def update_(self, g: Tensor, weight: int | float | Tensor | None = None) -> None:
+        """One dual step from the violations ĝ [L], averaged over ranks first: weighted by ``weight`` (this
+        rank's target count behind its ĝ; :func:`descentlab.distributed.rank_mean`), so ranks holding
+        unequal batches give the global batch's ĝ; equally when None.
 
         By default the guards (ĝ finite on the constrained layers, λ below ``max_multiplier``, λ not rising
         for ``divergence_patience`` updates) are read at once: at most two host reads. With
@@ -213,7 +216,8 @@ class DualVariables:
         :meth:`health_flag` / :meth:`check_` read them later (``PrimalDual`` folds the flag into its one
         read-back of the next step; a log read checks it too).
         """
-        g = rank_mean(g.detach().to(device=self.lam.device, dtype=torch.float64))
+        g = g.detach().to(device=self.lam.device, dtype=torch.float64)
+        g = rank_mean(g) if weight is None else weighted_rank_mean(g, weight)
         mask = self.mask
         finite = torch.isfinite(torch.where(mask, g, torch.zeros_like(g))).all()
         if not self.defer_checks and not bool(finite):
