@@ -117,3 +117,43 @@ def test_accelerate_prepare_keeps_it_working() -> None:
     _train(model, constraint, prepared, _batches(4))
     assert constraint.duals.updates == 2
     assert "descent" in prepared.state_dict()
+
+
+def test_the_missing_lagrangian_warning_looks_after_a_closure_has_run() -> None:
+    """A closure that builds the Lagrangian is not warned about (it runs inside the step); one that never
+    calls it, or a plain step without it, is warned about once."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+
+    def make() -> tuple[LayerwiseDescent, PrimalDual]:
+        constraint = LayerwiseDescent(num_layers=1, alpha=0.1, dual_lr=0.1)
+        return constraint, PrimalDual(torch.optim.SGD(model.parameters(), lr=0.1), constraint)
+
+    constraint, opt = make()
+
+    def with_lagrangian() -> torch.Tensor:
+        opt.zero_grad()
+        task = nn.functional.cross_entropy(model(x), y)
+        loss = constraint.lagrangian(torch.stack([task * 1.1, task]))
+        loss.backward()
+        return loss
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.step(with_lagrangian)
+    constraint, opt = make()
+
+    def without() -> torch.Tensor:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    with pytest.warns(RuntimeWarning, match="never was"):
+        opt.step(without)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.step(without)  # once

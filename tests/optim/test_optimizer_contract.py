@@ -465,9 +465,7 @@ def test_closure_is_evaluated_with_grad_and_matches_the_plain_step(spec: Spec) -
 
     for _ in range(3):
         with warnings.catch_warnings():
-            # PrimalDual warns "lagrangian(f) never was" before it runs the closure that calls it: a false
-            # alarm on the first closure step (it changes nothing; primal_dual.py is outside this suite's edit)
-            warnings.filterwarnings("ignore", message=r"PrimalDual.step\(\) was called but")
+            warnings.simplefilter("error")  # no false alarm: PrimalDual looks for the Lagrangian after the closure
             loss = opt_a.step(closure)
         assert isinstance(loss, Tensor) and math.isfinite(float(loss.detach()))
         _run(spec, opt_b, b, 1)

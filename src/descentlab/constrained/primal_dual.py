@@ -105,6 +105,17 @@ class PrimalDual(Optimizer):
         """
         if getattr(self.constraint, "extragradient", False):
             return self._extragradient_step(closure)  # its closure builds the Lagrangian first
+        if closure is None:
+            self._warn_if_no_lagrangian()
+        if self.check_finite and closure is None:  # a closure makes its gradients inside the wrapped step
+            self._check_finite()
+        loss = self.optimizer.step() if closure is None else self.optimizer.step(torch.enable_grad()(closure))
+        if closure is not None:  # the closure ran inside the wrapped step: only now can it have called it
+            self._warn_if_no_lagrangian()
+        self.constraint.dual_step_()
+        return loss
+
+    def _warn_if_no_lagrangian(self) -> None:
         if getattr(self.constraint, "lagrangian_calls", None) == 0 and not self._warned_no_lagrangian:
             self._warned_no_lagrangian = True
             warnings.warn(
@@ -112,13 +123,8 @@ class PrimalDual(Optimizer):
                 "and the dual step has no ĝ. Back-propagate loss = constraint.lagrangian(layer_losses(...)); "
                 "this warning is shown once",
                 RuntimeWarning,
-                stacklevel=4,  # step <- torch.no_grad's wrapper <- Optimizer's step hook <- the caller
+                stacklevel=5,  # here <- step <- torch.no_grad's wrapper <- Optimizer's step hook <- the caller
             )
-        if self.check_finite and closure is None:  # a closure makes its gradients inside the wrapped step
-            self._check_finite()
-        loss = self.optimizer.step() if closure is None else self.optimizer.step(torch.enable_grad()(closure))
-        self.constraint.dual_step_()
-        return loss
 
     def _extragradient_step(self, closure: Callable[[], float] | None) -> Any:
         if closure is None:
