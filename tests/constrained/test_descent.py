@@ -180,3 +180,24 @@ def test_profile_constraints_keep_only_descending_layers_with_alpha_from_the_dro
         DescentConfig(layer_alphas=[0.1]).build(3)
     with pytest.raises(ConfigError):
         profile_constraints([1.0, 2.0, 3.0])  # never descends
+
+
+def test_constraints_met_on_a_flat_profile_warn_once() -> None:
+    """Nothing detached, every constraint holds, but the profile only descends at the last layer (layers
+    near chance, α small): the defaults were gamed, and the log read says so once; the studies' settings
+    (detach_prev) and a profile that descends through the layers do not warn."""
+    import warnings
+
+    from descentlab.constrained import LayerwiseDescent
+
+    flat = torch.tensor([0.700, 0.690, 0.683, 0.300])
+    steep = torch.tensor([0.700, 0.500, 0.400, 0.300])
+    for f, detach, warns in ((flat, False, True), (flat, True, False), (steep, False, False)):
+        c = LayerwiseDescent(num_layers=3, alpha=0.01, dual_lr=0.1, detach_prev=detach)
+        c.lagrangian(f.clone().requires_grad_(True))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            dict(c.log_values())
+            dict(c.log_values())  # once
+        flagged = [w for w in seen if "flat until the last layer" in str(w.message)]
+        assert len(flagged) == (1 if warns else 0), (f, detach)

@@ -37,6 +37,7 @@ the difference form states the same constraint for f > 0 with an unbiased ĝ.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -330,6 +331,7 @@ class LayerwiseDescent:
         self._index = torch.nonzero(self.mask).flatten()
         self._g_sum = torch.zeros(num_layers, dtype=torch.float64)
         self._n_sum: int | None = None  # targets behind the window's ĝ, when every recorded step said
+        self._warned_flat = False  # the flat-profile warning (_flat_while_holding) is shown once
         self._g_count = 0
         # Σ se(ĝ_t)² of the window's recorded steps whose readout stated one, and how many stated it
         self._var_sum = torch.zeros(num_layers, dtype=torch.float64)
@@ -553,7 +555,44 @@ class LayerwiseDescent:
         if slacks is not None:
             vectors["u"] = (slacks, 1)
         flag = self.health_flag()
-        return LazyLogs(scalars, vectors, alarm=None if flag is None else (flag, self.check_health))
+        gaming = self._flat_while_holding()
+        if gaming is not None:
+            flag = gaming if flag is None else flag | gaming
+        return LazyLogs(scalars, vectors, alarm=None if flag is None else (flag, self._on_alarm))
+
+    def _flat_while_holding(self) -> Tensor | None:
+        """A device bool: the constraints hold on a profile that only descends at the last layer.
+
+        With the paper's settings (nothing detached, layer 1 constrained), an encoder can meet every
+        constraint without making its layers predictive: the Lagrangian's weight on f_0 is −(1−α_1)λ_1 < 0,
+        so it pushes f_0 up, and small α lets f_1..f_{L−1} sit near chance a margin below it, while all the
+        descent happens at layer L. Flagged when every constrained ĝ_l <= 0 and less than a quarter of the
+        descent f_0 − f_L happens before the last layer. None (nothing to check) when ``detach_prev`` is on,
+        or no ĝ was recorded.
+        """
+        if self.detach_prev or self._warned_flat or self._last_f is None or self.num_layers < 2:
+            return None
+        f, g = self._last_f, self._last_g
+        holds = (g[self._index] <= 0).all()
+        descent = f[0] - f[-1]
+        flat = (descent > 0) & ((f[0] - f[-2]) < 0.25 * descent)
+        return holds & flat
+
+    def _on_alarm(self) -> None:
+        """After a log read whose alarm fired: the deferred health check, and the flat-profile warning once."""
+        self.check_health()
+        gaming = self._flat_while_holding()
+        if gaming is not None and bool(gaming):  # a read only on this rare path
+            self._warned_flat = True
+            warnings.warn(
+                "LayerwiseDescent: every constraint holds, but the loss profile is flat until the last layer "
+                "(less than a quarter of f_0 - f_L is gained before layer L): with nothing detached the "
+                "Lagrangian pushes f_0 up (its weight is -(1-α_1)λ_1), so the constraints can be met without "
+                "the layers becoming predictive. The studies use detach_prev=True and constrain_first=False; "
+                "this warning is shown once",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def log_dict(self, estimate: Any = None) -> dict[str, float]:
         """Per-layer f̂, ĝ, λ (and u) of the last ``lagrangian`` call: {"f/0": .., "g/1": .., "lambda/1": ..}
