@@ -465,7 +465,8 @@ def test_closure_is_evaluated_with_grad_and_matches_the_plain_step(spec: Spec) -
 
     for _ in range(3):
         with warnings.catch_warnings():
-            warnings.simplefilter("error")  # no false alarm: PrimalDual looks for the Lagrangian after the closure
+            # no false alarm: PrimalDual looks for the Lagrangian after the closure
+            warnings.simplefilter("error")
             loss = opt_a.step(closure)
         assert isinstance(loss, Tensor) and math.isfinite(float(loss.detach()))
         _run(spec, opt_b, b, 1)
