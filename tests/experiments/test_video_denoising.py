@@ -4,6 +4,7 @@ resumes from its job cache, and `descentlab report` redraws its figures from the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -18,6 +19,7 @@ from descentlab.data import asset_path
 from descentlab.data.video import NoisyClips, load_clips, split_sequences
 from descentlab.errors import AssetMissingError, ConfigError, NumericalError
 from descentlab.experiments import get, run_experiment
+from descentlab.experiments.video_denoising import cells, legacy
 from descentlab.experiments.video_denoising import claims as vc
 from descentlab.experiments.video_denoising.config import (
     ARCHITECTURES,
@@ -29,8 +31,9 @@ from descentlab.experiments.video_denoising.config import (
 from descentlab.experiments.video_denoising.jobs import build_model, noisy_test_clips
 from descentlab.models.denoisers import final_mse
 from descentlab.report.build import write_report
-from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, UNDERPOWERED, UNTESTABLE, judge
+from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, UNDERPOWERED, UNTESTABLE, NotInRun, judge
 from descentlab.robustness.video import denoise_frames, evaluate_denoiser
+from descentlab.study.cells import CellStore
 from descentlab.train.loop import TrainConfig, fit
 from descentlab.train.objectives import DeepSupervision
 from descentlab.train.recipe import build_recipe
@@ -318,7 +321,9 @@ def test_experiment_end_to_end_resume_and_report(tmp_path: Path, carphone) -> No
     assert {c["verdict"] for c in claims if c["name"].startswith("budget-")} == {NOT_IN_RUN}
     judged = [c for c in claims if not c["name"].startswith("budget-")]
     assert all((c["seeds"], c["examples"]) == (2, 64) for c in judged)
-    assert all(c["verdict"] in ("reproduced", "refuted", "inconclusive", UNDERPOWERED, UNTESTABLE) for c in judged)
+    assert all(
+        c["verdict"] in ("reproduced", "refuted", "inconclusive", UNDERPOWERED, UNTESTABLE) for c in judged
+    )
     roles = {c["name"]: c["role"] for c in claims}
     assert {n for n, r in roles.items() if r == "control"} == {
         "positive-control", "positive-control-graceful", "beats-classical"
@@ -329,9 +334,12 @@ def test_experiment_end_to_end_resume_and_report(tmp_path: Path, carphone) -> No
     assert (rows["lower-rmse-ood"][0]["a_mean"], rows["lower-rmse-ood"][0]["b_mean"]) == pytest.approx(
         pooled, rel=1e-5
     )
-    arrays = np.load(path / "arrays" / "claims.npz")
-    assert arrays["final/ut-erm"].shape == (2, 2, 64) and arrays["layers/ut-erm"].shape == (2, 3, 64)
-    assert arrays["final/gaussian"].shape == (2, 2, 64)
+    store = CellStore.load(path)  # the cell store and its design record, as claims.py reads them
+    assert store["mse/ut-erm"].shape == (2, 2, 64) and store["layer_mse/ut-erm"].shape == (2, 3, 64)
+    assert store["mse/gaussian"].shape == (2, 2, 64) and not (path / "arrays" / "claims.npz").exists()
+    assert store.design.seeds == (0, 1) and store.design.examples == 64
+    assert store.design.extra["gammas"] == [1.0, 2.0] and store.design.extra["budget_steps"] == []
+    assert set(store.design.arms) == {*results["methods"], *results["baselines"]}
     # the budget check: ERM's chosen setting, first seed, twice the steps on a stretched schedule
     for arch in ARCHITECTURES:
         check, erm = results["budget_check"][arch], results["methods"][f"{arch}-erm"]
@@ -419,9 +427,10 @@ def _errors(rng: np.random.Generator, seeds: int, n: int, scale: float = 1.0, ri
     return {"final": final, "layers": layers}
 
 
-def _claim_arrays(seeds: int = 4, n: int = 150, **scales: float) -> dict[str, np.ndarray]:
-    """Arrays as the run saves them, for ERM and the constrained and blind labels of both architectures
-    and one baseline; ``scales``: label -> factor on its gamma > 1 MSE (relative to ERM's sequences)."""
+def _claim_arrays(seeds: int = 4, n: int = 150, **scales: float) -> CellStore:
+    """A cell store as the run saves it, for ERM and the constrained, resilient and blind labels of both
+    architectures and one baseline; ``scales``: label -> factor on its gamma > 1 MSE (relative to ERM's
+    sequences)."""
     rng = np.random.default_rng(0)
     arrays: dict[str, np.ndarray] = {}
     methods = []
@@ -433,20 +442,26 @@ def _claim_arrays(seeds: int = 4, n: int = 150, **scales: float) -> dict[str, np
             final = base["final"] * noise
             final[:, 2:] *= scales.get(label, 1.0)
             layers = base["layers"] if label == "erm" else np.sort(base["layers"], axis=1)[:, ::-1]
-            arrays |= {f"final/{name}": final, f"layers/{name}": np.ascontiguousarray(layers)}
+            arrays |= {f"mse/{name}": final, f"layer_mse/{name}": np.ascontiguousarray(layers)}
             methods.append(name)
-    arrays["final/gaussian"] = _errors(rng, seeds, n)["final"] * 3
-    arrays |= {
-        "gammas": np.asarray(GAMMAS),
-        "methods": np.asarray(methods),
-        "baselines": np.asarray(["gaussian"]),
-    }
-    return arrays
+    arrays["mse/gaussian"] = _errors(rng, seeds, n)["final"] * 3
+    record = cells.design(
+        methods=methods, baselines=["gaussian"], gammas=GAMMAS, seeds=range(seeds), examples=n
+    )
+    return CellStore(record, arrays)
+
+
+def _rebuild(store: CellStore, arrays: dict[str, np.ndarray], *, seeds: int | None = None) -> CellStore:
+    """``store``'s design (on its first ``seeds`` seeds) over other ``arrays``."""
+    design = (
+        store.design if seeds is None else dataclasses.replace(store.design, seeds=store.design.seeds[:seeds])
+    )
+    return CellStore(design, arrays)
 
 
 def test_linearised_cells_average_to_the_pooled_per_seed_statistics() -> None:
     arrays = _claim_arrays(seeds=3)
-    final, layers = arrays["final/ut-erm"], arrays["layers/ut-erm"]
+    final, layers = arrays["mse/ut-erm"], arrays["layer_mse/ut-erm"]
     rmse = np.sqrt(final.mean(-1))  # [S, G]: the pooled RMSE of the tables
     np.testing.assert_allclose(vc.rmse_cells(arrays, "ut-erm").mean(-1), rmse)
     np.testing.assert_allclose(vc.ood_rmse(arrays, "ut-erm").mean(-1), rmse[:, 2:].mean(1))
@@ -467,7 +482,7 @@ def test_linearised_cells_average_to_the_pooled_per_seed_statistics() -> None:
     np.testing.assert_allclose(jack, lin - lin.mean(), atol=0.05 * lin.std())
 
 
-def _rows(arrays: dict[str, np.ndarray]) -> dict[str, list]:
+def _rows(arrays: CellStore) -> dict[str, list]:
     rows: dict[str, list] = {}
     for row in judge(vc.CLAIMS, arrays):
         rows.setdefault(row.name, []).append(row)
@@ -507,10 +522,10 @@ def test_planted_effects_give_their_verdicts() -> None:
 
 
 def test_a_dust_only_run_has_no_ut_primary_and_says_so_instead_of_asking_for_a_re_run() -> None:
-    arrays = {k: v for k, v in _claim_arrays(constrained=0.8).items() if not k.endswith(tuple(f"/ut-{m}"
-              for m in ("erm", "constrained", "resilient", "blind")))}  # fmt: skip
-    arrays["methods"] = np.asarray([m for m in arrays["methods"].tolist() if m.startswith("dust-")])
-    rows = _rows(arrays)
+    store = _claim_arrays(constrained=0.8)
+    dust = [m for m in store.design.extra["methods"] if m.startswith("dust-")]
+    design = cells.design(methods=dust, baselines=["gaussian"], gammas=GAMMAS, seeds=store.design.seeds)
+    rows = _rows(CellStore(design, {k: v for k, v in store.items() if not k.split("/")[1].startswith("ut-")}))
     (primary,) = rows["lower-rmse-ood"]
     assert (
         primary.verdict == NOT_IN_RUN and "ut-constrained" in primary.reason and "dust-erm" in primary.reason
@@ -520,39 +535,73 @@ def test_a_dust_only_run_has_no_ut_primary_and_says_so_instead_of_asking_for_a_r
 
 
 def test_missing_arrays_one_seed_and_a_monotone_reference() -> None:
-    arrays = _claim_arrays(constrained=0.8)
-    del arrays["final/ut-constrained"]
-    rows = _rows(arrays)
+    store = _claim_arrays(constrained=0.8)
+    rows = _rows(_rebuild(store, {k: v for k, v in store.items() if k != "mse/ut-constrained"}))
     assert (
         rows["lower-rmse-ood"][0].verdict == PENDING and "ut-constrained" in rows["lower-rmse-ood"][0].reason
     )
     assert rows["lower-rmse-ood-variants"][0].verdict == "reproduced"  # dust-constrained is still there
     # one seed: no verdict, training variance is not measured
-    one = {
-        k: v[:1] if k.startswith(("final/", "layers/")) else v
-        for k, v in _claim_arrays(constrained=0.8).items()
-    }
+    one = _rebuild(store, {k: v[:1] for k, v in store.items()}, seeds=1)
     rows = _rows(one)
     assert rows["lower-rmse-ood"][0].verdict == ONE_SEED
     assert {r.verdict for r in rows["graceful"]} == {ONE_SEED}
     # ERM already monotone in every seed: the rise sits at its bound, the comparison is untestable
     flat = _claim_arrays()
-    flat["layers/ut-erm"] = flat["layers/ut-constrained"]
+    flat = _rebuild(flat, {**flat, "layer_mse/ut-erm": flat["layer_mse/ut-constrained"]})
     monotone = {r.method: r for r in _rows(flat)["monotone"]}
     assert monotone["ut-constrained"].verdict == UNTESTABLE and "bound 0" in monotone["ut-constrained"].reason
     assert monotone["dust-constrained"].verdict == "reproduced"
     # pooled RMSE per seed only (runs that saved no per-sequence errors): judged over seeds; one seed: no interval
-    pooled = {
-        k: v for k, v in _claim_arrays(constrained=0.8).items() if not k.startswith(("final/", "layers/"))
-    }
-    for name in pooled["methods"].tolist():
-        pooled[f"rmse/{name}"] = np.sqrt(_claim_arrays(constrained=0.8)[f"final/{name}"].mean(-1))
+    pooled = _rebuild(
+        store, {f"rmse/{k[4:]}": np.sqrt(v.mean(-1)) for k, v in store.items() if k.startswith("mse/")}
+    )
     rows = _rows(pooled)
     assert (rows["lower-rmse-ood"][0].verdict, rows["lower-rmse-ood"][0].examples) == ("reproduced", 1)
     assert {r.verdict for r in rows["monotone"]} == {PENDING}
-    pooled_one = {k: v[:1] if k.startswith("rmse/") else v for k, v in pooled.items()}
+    pooled_one = _rebuild(pooled, {k: v[:1] for k, v in pooled.items()}, seeds=1)
     (one_value,) = _rows(pooled_one)["lower-rmse-ood"]
     assert (one_value.verdict, one_value.seeds, one_value.examples) == (ONE_SEED, 1, 1)
+
+
+def test_the_legacy_reader_maps_claims_npz_onto_the_store_a_new_run_writes() -> None:
+    # a run from before the store saved final/<m> and layers/<m> (budget points too) and the names as arrays
+    store = _claim_arrays(seeds=3, n=40, constrained=0.8)
+    points = {f"{m}@8": store[f"mse/{m}"][:1] for m in ("ut-erm", "ut-constrained")}
+    layers = {f"{m}@8": store[f"layer_mse/{m}"][:1] for m in ("ut-erm", "ut-constrained")}
+    old = {
+        "gammas": np.asarray(GAMMAS),
+        "baselines": np.asarray(["gaussian"]),
+        "budget_steps": np.asarray([8]),
+    }
+    old["methods"] = np.asarray(store.design.extra["methods"])
+    old |= {"final/" + k.split("/", 1)[1]: v for k, v in store.items() if k.startswith("mse/")}
+    old |= {"layers/" + k.split("/", 1)[1]: v for k, v in store.items() if k.startswith("layer_mse/")}
+    old |= {f"final/{k}": v for k, v in points.items()} | {f"layers/{k}": v for k, v in layers.items()}
+    read = legacy.store_from_arrays(old)
+    record = cells.design(
+        methods=store.design.extra["methods"], baselines=["gaussian"], gammas=GAMMAS, seeds=range(3),
+        budget_steps=[8], budget_arms=list(points), examples=40,
+    )  # fmt: skip
+    new = CellStore(
+        record,
+        {
+            **store,
+            **{f"mse/{k}": v for k, v in points.items()},
+            **{f"layer_mse/{k}": v for k, v in layers.items()},
+        },
+    )
+    assert read.design == new.design and set(read) == set(new)
+    assert all(np.array_equal(read[k], new[k]) for k in new)
+    rows = [r.to_dict() for r in judge(vc.CLAIMS, read)]
+    assert rows == [r.to_dict() for r in judge(vc.CLAIMS, new)]
+    budget = [r for r in rows if r["name"] == "budget-lower-rmse-ood"]
+    assert [(r["method"], r["at"], r["verdict"]) for r in budget] == [
+        ("ut-constrained@8", "8 steps", ONE_SEED)
+    ]
+    # a budget point outside the design is a bug of the run, not a pending row
+    with pytest.raises(NotInRun):
+        CellStore(record, {}).get("mse", "ut-erm@16")
 
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "results" / "video-denoising"
@@ -566,7 +615,8 @@ def test_the_committed_full_runs_are_judged_from_their_saved_cells(folder: str) 
     results = json.loads((COMMITTED / folder / "results.json").read_text())
     arrays = vc.claim_arrays(COMMITTED / folder)
     arch = results["config"]["architectures"][0]
-    assert arrays[f"final/{arch}-erm"].shape[0] == len(results["config"]["seeds"]) >= 3
+    assert isinstance(arrays, CellStore) and arrays.design.seeds == tuple(results["config"]["seeds"])
+    assert arrays[f"mse/{arch}-erm"].shape[0] == len(results["config"]["seeds"]) >= 3
     assert (
         results["config"]["train"]["max_steps"] == 16000
         and results["config"]["tune_seed"] not in (results["config"]["seeds"])
@@ -591,7 +641,9 @@ def test_the_committed_runs_are_judged_from_what_they_saved() -> None:
     root = COMMITTED / "earlier"
     arrays = vc.claim_arrays(root)
     assert arrays["rmse/ut-erm"].shape == (3, 5) and arrays["rmse/gaussian"].shape == (3, 5)
-    assert not any(k.startswith(("final/", "layers/")) for k in arrays)
+    assert not any(k.startswith(("mse/", "layer_mse/")) for k in arrays)
+    committed = json.loads((root / "results.json").read_text())["claims"]
+    assert [r.to_dict() for r in judge(vc.CLAIMS, arrays)] == committed  # the legacy reader: the same rows
     rows = _rows(arrays)
     (primary,) = rows["lower-rmse-ood"]
     assert (primary.seeds, primary.examples) == (3, 1) and primary.verdict not in (PENDING, ONE_SEED)
@@ -599,7 +651,10 @@ def test_the_committed_runs_are_judged_from_what_they_saved() -> None:
     assert primary.estimate == pytest.approx(float(np.mean(per_seed[0] - per_seed[1])))
     assert {r.verdict for r in rows["monotone"]} == {PENDING}  # no per-layer errors per seed
     # the budget run: one seed, pooled values only: no verdict (and no per-layer profile)
-    budget = _rows(vc.claim_arrays(root / "budget"))  # earlier/budget
+    budget_store = vc.claim_arrays(root / "budget")  # earlier/budget
+    committed = json.loads((root / "budget" / "results.json").read_text())["claims"]
+    assert [r.to_dict() for r in judge(vc.CLAIMS, budget_store)] == committed
+    budget = _rows(budget_store)
     claims = [
         r for name, rows_ in budget.items() for r in rows_ if name != "monotone" and r.role != "control"
     ]

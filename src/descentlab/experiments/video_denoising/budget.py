@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from descentlab.study.tables import Table
+
 BudgetKey = tuple[str, str, int]  # (architecture, label, steps)
 
 
@@ -46,16 +48,16 @@ def budget_checks(
     return out
 
 
-def budget_table(checks: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    return {
-        "title": "Budget check: ERM (chosen setting, first seed) retrained with a longer cosine schedule",
-        "columns": ["architecture", "steps", "val RMSE", "longer: steps", "longer: val RMSE", "gain"],
-        "rows": [
+def budget_table(checks: Mapping[str, Mapping[str, Any]]) -> Table:
+    return Table(
+        "Budget check: ERM (chosen setting, first seed) retrained with a longer cosine schedule",
+        ["architecture", "steps", "val RMSE", "longer: steps", "longer: val RMSE", "gain"],
+        [
             [a.upper(), c["base_steps"], f"{c['base_val_rmse']:.4f}", c["steps"], f"{c['val_rmse']:.4f}",
              f"{100 * c['val_gain']:.2f} %"]
             for a, c in checks.items()
         ],
-    }  # fmt: skip
+    )  # fmt: skip
 
 
 def budget_curve(jobs: Mapping[BudgetKey, Mapping[str, Any]]) -> dict[str, Any]:
@@ -74,14 +76,14 @@ def budget_curve(jobs: Mapping[BudgetKey, Mapping[str, Any]]) -> dict[str, Any]:
     return {"rows": rows}
 
 
-def budget_curve_table(curve: Mapping[str, Any], gammas: Sequence[float]) -> dict[str, Any]:
+def budget_curve_table(curve: Mapping[str, Any], gammas: Sequence[float]) -> Table:
     """The RMSE of every (architecture, method, steps) of a :func:`budget_curve`."""
-    return {
-        "title": "Budget curve: validation and test RMSE of the chosen settings (seed 0) at each step budget",
-        "columns": ["architecture", "method", "steps", "val RMSE", *[f"test gamma={g:g}" for g in gammas]],
-        "rows": [
+    return Table(
+        "Budget curve: validation and test RMSE of the chosen settings (seed 0) at each step budget",
+        ["architecture", "method", "steps", "val RMSE", *[f"test gamma={g:g}" for g in gammas]],
+        [
             [r["architecture"].upper(), r["label"], r["steps"], f"{r['val_rmse']:.4f}",
              *[f"{x:.4f}" for x in r["test_rmse"]]]
             for r in curve["rows"]
         ],
-    }  # fmt: skip
+    )  # fmt: skip

@@ -39,23 +39,28 @@ before it. The pilot is ``full-dust`` itself: its ``lower-rmse-ood-variants`` in
 √3 · 2.80 / 1.96 = 0.0026 RMSE, above the 0.002 smallest effect of interest: the run can show a gain of
 0.0026 or more at the same lr, and refutes the claim only if ERM at 3e-3 is as good or better.
 
-Runs that saved no per-sequence errors (``arrays/claims.npz``) are judged from the per-seed pooled RMSE in
-their ``results.json``: cells ``[seeds, 1]``, the seed t-interval alone (one seed: one value, no
+The cells read the run's cell store (:mod:`.cells`); runs made before it are read by :mod:`.legacy`.
+Runs that saved no per-sequence errors are judged from the per-seed pooled RMSE in their
+``results.json``: cells ``[seeds, 1]``, the seed t-interval alone (one seed: one value, no
 interval); the per-layer claim is then "pending re-run".
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from descentlab.io import load_arrays
+from descentlab.experiments.video_denoising.cells import LAYER_MSE, MSE, RMSE, budget_name
+from descentlab.experiments.video_denoising.legacy import legacy_store
 from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
+from descentlab.study.cells import CellStore
 
-Arrays = Mapping[str, np.ndarray]
+Stat = Callable[[np.ndarray, int, list[int]], np.ndarray]  # (RMSE cells [S, G, N], i(γ=1), i(γ>1)) -> [S, N]
 
 ARCHITECTURES = ("ut", "dust")
 CONSTRAINED = ("constrained", "resilient")  # the paper's method (hard constraints) and its relaxation
@@ -65,105 +70,98 @@ SOURCE = (
     "no number is given"
 )
 
-# --- the arrays -----------------------------------------------------------------------------------------
+# --- the cells ------------------------------------------------------------------------------------------
 
 
-def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
-    """What the cells read: ``arrays/claims.npz`` (per-sequence errors, written by the run) and, from
-    ``results.json``, every method's and baseline's pooled RMSE per seed (``rmse/<name>``, ``[seeds, G]``)
-    and the names and γ levels of the run."""
-    run_dir = Path(run_dir)
-    path = run_dir / "arrays" / "claims.npz"
-    arrays: dict[str, np.ndarray] = load_arrays(path) if path.is_file() else {}
-    results_path = run_dir / "results.json"
-    if not results_path.is_file():
-        return arrays
-    results = json.loads(results_path.read_text())
-    pooled = {m: block["per_seed_rmse"] for m, block in results.get("methods", {}).items()}
-    pooled |= {b: block["rmse"] for b, block in results.get("baselines", {}).items()}
-    for row in (results.get("budget_curve") or {}).get("rows", []):
-        pooled[budget_name(f"{row['architecture']}-{row['label']}", row["steps"])] = [row["test_rmse"]]
-    arrays |= {f"rmse/{name}": np.asarray(v, dtype=np.float64) for name, v in pooled.items()}
-    gammas = results.get("protocol", {}).get("gammas")
-    defaults = {
-        "gammas": gammas,
-        "methods": list(results.get("methods", {})),
-        "baselines": list(results.get("baselines", {})),
-        "budget_steps": sorted({r["steps"] for r in (results.get("budget_curve") or {}).get("rows", [])}),
-    }
-    for key, value in defaults.items():
-        if key not in arrays and value is not None:
-            arrays[key] = np.asarray(value)
+def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
+    """The run's cell store (:mod:`.cells`: ``mse/<arm>``, ``layer_mse/<arm>``, and for older runs
+    ``rmse/<arm>``) under its design record; a run made before the store is read by
+    :func:`.legacy.legacy_store`; {} when there is no run (every claim pends)."""
+    return CellStore.load(run_dir) or legacy_store(run_dir) or {}
+
+
+def _store(arrays: Any) -> CellStore:
+    if not isinstance(arrays, CellStore):
+        raise MissingArrays("the cell store (arrays/cells.npz and arrays/design.json)")
     return arrays
 
 
-def budget_name(method: str, steps: int) -> str:
-    """The name of ``method`` retrained for ``steps`` (a point of the budget curve)."""
-    return f"{method}@{int(steps)}"
-
-
-def _saved(arrays: Arrays, name: str) -> bool:
-    return f"final/{name}" in arrays or f"rmse/{name}" in arrays
-
-
-def _names(arrays: Arrays, key: str) -> list[str]:
-    return [str(x) for x in arrays[key].tolist()]
-
-
-def _gammas(arrays: Arrays) -> tuple[int, list[int]]:
+def _gammas(store: CellStore) -> tuple[int, list[int]]:
     """(index of γ = 1, indices of γ > 1)."""
-    gammas = [float(g) for g in arrays["gammas"]]
+    gammas = store.design.extra["gammas"]
     return gammas.index(1.0), [i for i, g in enumerate(gammas) if g > 1.0]
 
 
-def rmse_cells(arrays: Arrays, name: str) -> np.ndarray:
-    """Linearised pooled RMSE ``[seeds, G, N]`` of ``name``: ``r + (mse_n − M) / (2 r)`` with
-    ``M = mean_n mse_n`` and ``r = sqrt(M)``; ``[seeds, G, 1]`` pooled values when only those were saved."""
-    key = f"final/{name}"
-    if key in arrays:
-        mse = np.asarray(arrays[key], dtype=np.float64)
-        mean = mse.mean(-1, keepdims=True)
-        r = np.sqrt(mean)
-        return r + (mse - mean) / (2 * np.where(r > 0, r, 1.0))
-    pooled = arrays.get(f"rmse/{name}")
-    if pooled is None:
-        raise MissingArrays(f"the test errors of {name}")
-    return np.asarray(pooled, dtype=np.float64)[..., None]
+def linearised_rmse(mse: np.ndarray) -> np.ndarray:
+    """Linearised pooled RMSE of per-sequence MSE ``[..., N]``: ``r + (mse_n − M) / (2 r)`` with
+    ``M = mean_n mse_n`` and ``r = sqrt(M)``; its mean over n is ``r``."""
+    mse = np.asarray(mse, dtype=np.float64)
+    mean = mse.mean(-1, keepdims=True)
+    r = np.sqrt(mean)
+    return r + (mse - mean) / (2 * np.where(r > 0, r, 1.0))
 
 
-def ood_rmse(arrays: Arrays, name: str) -> np.ndarray:
-    """RMSE averaged over γ > 1, ``[seeds, N]``."""
-    _, ood = _gammas(arrays)
-    return rmse_cells(arrays, name)[:, ood].mean(1)
+def _ood(p: np.ndarray, one: int, ood: list[int]) -> np.ndarray:
+    return p[:, ood].mean(1)
 
 
-def id_rmse(arrays: Arrays, name: str) -> np.ndarray:
-    """RMSE at γ = 1, ``[seeds, N]``."""
-    one, _ = _gammas(arrays)
-    return rmse_cells(arrays, name)[:, one]
+def _id(p: np.ndarray, one: int, ood: list[int]) -> np.ndarray:
+    return p[:, one]
 
 
-def ratio_cells(arrays: Arrays, name: str) -> np.ndarray:
-    """Linearised pooled ratio ``r(γ) / r(1)`` averaged over γ > 1, ``[seeds, N]``: with RMSE cells ``p``
-    and ``r = mean_n p``, ``p(γ) / r(1) − R (p(1) − r(1)) / r(1)`` where ``R = r(γ) / r(1)``."""
-    one, ood = _gammas(arrays)
-    p = rmse_cells(arrays, name)
+def _ratio(p: np.ndarray, one: int, ood: list[int]) -> np.ndarray:
+    """Linearised pooled ratio ``r(γ) / r(1)`` averaged over γ > 1 of RMSE cells ``p`` ``[S, G, N]``: with
+    ``r = mean_n p``, ``p(γ) / r(1) − R (p(1) − r(1)) / r(1)`` where ``R = r(γ) / r(1)``."""
     r = p.mean(-1, keepdims=True)
-    ratio = r[:, ood] / r[:, one : one + 1]
-    cells = (
-        p[:, ood] / r[:, one : one + 1]
-        - ratio * (p[:, one : one + 1] - r[:, one : one + 1]) / r[:, one : one + 1]
-    )
-    return cells.mean(1)
+    r1 = r[:, one : one + 1]
+    return (p[:, ood] / r1 - r[:, ood] / r1 * (p[:, one : one + 1] - r1) / r1).mean(1)
 
 
-def rise_cells(arrays: Arrays, name: str) -> np.ndarray:
-    """Linearised rise of the pooled per-layer MSE at γ = 1, ``[seeds, N]``: ``rise + Σ_l w_l (mse_{l,n}
-    − M_l)`` with ``w_l = 1[M_l > M_{l−1}] − 1[M_{l+1} > M_l]``, the rise's gradient in ``M``."""
-    key = f"layers/{name}"
-    if key not in arrays:
-        raise MissingArrays(f"the per-layer test errors of {name} per seed")
-    mse = np.asarray(arrays[key], dtype=np.float64)  # [S, L+1, N]
+def _rmse_metric(store: CellStore, *names: str) -> str:
+    """``mse`` when every one of ``names`` saved its per-sequence errors, else ``rmse`` (pooled per seed);
+    MissingArrays for the first that saved neither."""
+    for name in names:
+        if not _saved(store, name):
+            raise MissingArrays(f"the test errors of {name}")
+    return MSE if all(f"{MSE}/{name}" in store for name in names) else RMSE
+
+
+def _as_rmse(metric: str, values: np.ndarray) -> np.ndarray:
+    """RMSE cells ``[S, G, N]`` of ``metric``'s array: linearised from ``mse``, or ``rmse``'s ``[S, G, 1]``."""
+    return linearised_rmse(values) if metric == MSE else np.asarray(values, dtype=np.float64)[..., None]
+
+
+def _reduce(metric: str, stat: Stat, one: int, ood: list[int], values: np.ndarray) -> np.ndarray:
+    return stat(_as_rmse(metric, values), one, ood)
+
+
+def _compare(store: CellStore, stat: Stat, a: str, b: str, at: str = "") -> Cells:
+    """``stat`` of ``a``'s and ``b``'s RMSE cells, paired (:meth:`CellStore.compare`)."""
+    metric = _rmse_metric(store, a, b)
+    return store.compare(metric, a, b, label=at, reduce=partial(_reduce, metric, stat, *_gammas(store)))
+
+
+def _stat(stat: Stat, store: CellStore, name: str) -> np.ndarray:
+    metric = _rmse_metric(store, name)
+    return _reduce(metric, stat, *_gammas(store), np.asarray(store.get(metric, name), dtype=np.float64))
+
+
+def rmse_cells(store: CellStore, name: str) -> np.ndarray:
+    """Linearised pooled RMSE ``[seeds, G, N]`` of ``name`` (:func:`linearised_rmse` of its ``mse``);
+    ``[seeds, G, 1]`` pooled values when only those were saved."""
+    metric = _rmse_metric(store, name)
+    return _as_rmse(metric, store.get(metric, name))
+
+
+ood_rmse = partial(_stat, _ood)  # RMSE averaged over γ > 1, [seeds, N]
+id_rmse = partial(_stat, _id)  # RMSE at γ = 1, [seeds, N]
+ratio_cells = partial(_stat, _ratio)  # the pooled ratio r(γ)/r(1) averaged over γ > 1, [seeds, N]
+
+
+def layer_rise(mse: np.ndarray) -> np.ndarray:
+    """Linearised rise of the pooled per-layer MSE ``[S, L+1, N]``, ``[S, N]``: ``rise + Σ_l w_l
+    (mse_{l,n} − M_l)`` with ``w_l = 1[M_l > M_{l−1}] − 1[M_{l+1} > M_l]``, the rise's gradient in ``M``."""
+    mse = np.asarray(mse, dtype=np.float64)
     mean = mse.mean(-1)  # [S, L+1]
     up = np.diff(mean, axis=1) > 0  # [S, L]
     rise = np.where(up, np.diff(mean, axis=1), 0.0).sum(1)
@@ -173,12 +171,19 @@ def rise_cells(arrays: Arrays, name: str) -> np.ndarray:
     return rise[:, None] + np.einsum("sl,sln->sn", weight, mse - mean[..., None])
 
 
+def rise_cells(store: CellStore, name: str) -> np.ndarray:
+    """:func:`layer_rise` of ``name``'s per-layer test MSE at γ = 1."""
+    if f"{LAYER_MSE}/{name}" not in store:
+        raise MissingArrays(f"the per-layer test errors of {name} per seed")
+    return layer_rise(store.get(LAYER_MSE, name))
+
+
 # --- the comparisons ------------------------------------------------------------------------------------
 
 
-def _pairs(arrays: Arrays, labels: tuple[str, ...], reference: str = "erm") -> Iterator[tuple[str, str]]:
+def _pairs(store: CellStore, labels: tuple[str, ...], reference: str = "erm") -> Iterator[tuple[str, str]]:
     """(method, reference) of every architecture where the run trained both, in a fixed order."""
-    trained = set(_names(arrays, "methods"))
+    trained = set(store.design.extra["methods"])
     for label in labels:
         for arch in ARCHITECTURES:
             method, ref = f"{arch}-{label}", f"{arch}-{reference}"
@@ -186,81 +191,88 @@ def _pairs(arrays: Arrays, labels: tuple[str, ...], reference: str = "erm") -> I
                 yield method, ref
 
 
-def _lower_ood_primary(arrays: Arrays) -> list[Cells]:
-    trained = _names(arrays, "methods")
+def _lower_ood_primary(arrays: Any) -> list[Cells]:
+    store = _store(arrays)
+    trained = store.design.extra["methods"]
     if not {"ut-constrained", "ut-erm"} <= set(trained):
         raise NotInRun(f"the run trained no ut-constrained and ut-erm pair (it trained {', '.join(trained)})")
-    return [Cells(ood_rmse(arrays, "ut-constrained"), ood_rmse(arrays, "ut-erm"), "ut-constrained", "ut-erm")]
+    return [_compare(store, _ood, "ut-constrained", "ut-erm")]
 
 
-def _lower_ood_variants(arrays: Arrays) -> list[Cells]:
-    return [
-        Cells(ood_rmse(arrays, m), ood_rmse(arrays, e), m, e)
-        for m, e in _pairs(arrays, CONSTRAINED)
-        if m != "ut-constrained"
-    ]
+def _lower_ood_variants(arrays: Any) -> list[Cells]:
+    store = _store(arrays)
+    return [_compare(store, _ood, m, e) for m, e in _pairs(store, CONSTRAINED) if m != "ut-constrained"]
 
 
 def _graceful(labels: tuple[str, ...]):
-    def cells(arrays: Arrays) -> list[Cells]:
-        return [
-            Cells(ratio_cells(arrays, m), ratio_cells(arrays, e), m, e) for m, e in _pairs(arrays, labels)
-        ]
+    def cells(arrays: Any) -> list[Cells]:
+        store = _store(arrays)
+        return [_compare(store, _ratio, m, e) for m, e in _pairs(store, labels)]
 
     return cells
 
 
-def _in_distribution(arrays: Arrays) -> list[Cells]:
-    return [
-        Cells(id_rmse(arrays, m), (1 + ID_MARGIN) * id_rmse(arrays, e), m, f"{1 + ID_MARGIN:g} x {e}")
-        for m, e in _pairs(arrays, CONSTRAINED)
-    ]
+def _in_distribution(arrays: Any) -> list[Cells]:
+    store = _store(arrays)
+    return [_margin(_compare(store, _id, m, e), ID_MARGIN) for m, e in _pairs(store, CONSTRAINED)]
 
 
-def _monotone(arrays: Arrays) -> list[Cells]:
+def _margin(cells: Cells, shift: float) -> Cells:
+    """``cells`` against ``(1 + shift)`` times its reference (a non-inferiority margin)."""
+    return replace(cells, b=(1 + shift) * cells.b, reference=f"{1 + shift:g} x {cells.reference}")
+
+
+def _monotone(arrays: Any) -> list[Cells]:
+    store = _store(arrays)
     out = []
-    for m, e in _pairs(arrays, CONSTRAINED):
-        a, b = rise_cells(arrays, m), rise_cells(arrays, e)
-        flat = bool(np.all(b.mean(1) == 0))
+    for m, e in _pairs(store, CONSTRAINED):
+        for name in (m, e):
+            if f"{LAYER_MSE}/{name}" not in store:
+                raise MissingArrays(f"the per-layer test errors of {name} per seed")
+        cells = store.compare(LAYER_MSE, m, e, reduce=layer_rise)
+        flat = bool(np.all(cells.b.mean(1) == 0))
         why = (
             f"{e}'s pooled per-layer MSE already falls at every layer in every seed: its rise sits at the "
             "bound 0, which no method can go below"
         )
-        out.append(Cells(a, b, m, e, untestable=why if flat else None))
+        out.append(replace(cells, untestable=why if flat else None))
     return out
 
 
-def _positive_control(arrays: Arrays) -> list[Cells]:
-    return [Cells(ood_rmse(arrays, m), ood_rmse(arrays, e), m, e) for m, e in _pairs(arrays, ("blind",))]
+def _positive_control(arrays: Any) -> list[Cells]:
+    store = _store(arrays)
+    return [_compare(store, _ood, m, e) for m, e in _pairs(store, ("blind",))]
 
 
-def _beats_classical(arrays: Arrays) -> list[Cells]:
+def _beats_classical(arrays: Any) -> list[Cells]:
     """Against the classical baseline of lowest mean test RMSE over the row's γ (chosen on the test set,
     which only makes the reference stronger)."""
-    baselines = _names(arrays, "baselines") if "baselines" in arrays else []
+    store = _store(arrays)
+    baselines = store.design.extra["baselines"]
     if not baselines:
         return []
     out = []
-    for at, stat in (("gamma = 1", id_rmse), ("gamma > 1", ood_rmse)):
-        best = min(baselines, key=lambda b, stat=stat: float(stat(arrays, b).mean()))
-        ref = stat(arrays, best)
-        for m, _ in _pairs(arrays, ("erm", "constrained")):
-            a = stat(arrays, m)
-            out.append(Cells(a, ref, m, best, at=at))
+    for at, stat in (("gamma = 1", _id), ("gamma > 1", _ood)):
+        best = min(baselines, key=lambda b, stat=stat: float(_stat(stat, store, b).mean()))
+        out += [_compare(store, stat, m, best, at) for m, _ in _pairs(store, ("erm", "constrained"))]
     return out
 
 
-def _budget(stat, shift: float = 0.0):
-    def cells(arrays: Arrays) -> list[Cells]:
-        steps = [int(s) for s in arrays["budget_steps"].tolist()] if "budget_steps" in arrays else []
+def _saved(store: CellStore, name: str) -> bool:
+    return f"{MSE}/{name}" in store or f"{RMSE}/{name}" in store
+
+
+def _budget(stat: Stat, shift: float = 0.0):
+    def cells(arrays: Any) -> list[Cells]:
+        store = _store(arrays)
         out = []
-        for n in steps:
-            for m, e in _pairs(arrays, ("constrained",)):
+        for n in store.design.extra["budget_steps"]:
+            for m, e in _pairs(store, ("constrained",)):
                 mb, eb = budget_name(m, n), budget_name(e, n)
-                if not (_saved(arrays, mb) and _saved(arrays, eb)):
+                if not (_saved(store, mb) and _saved(store, eb)):
                     continue  # a long run that diverged has no point on the curve
-                ref = f"{1 + shift:g} x {eb}" if shift else eb
-                out.append(Cells(stat(arrays, mb), (1 + shift) * stat(arrays, eb), mb, ref, at=f"{n} steps"))
+                cells = _compare(store, stat, mb, eb, f"{n} steps")
+                out.append(_margin(cells, shift) if shift else cells)
         return out
 
     return cells
@@ -366,7 +378,7 @@ CLAIMS: list[ClaimSpec] = [
     ClaimSpec(
         name="budget-lower-rmse-ood",
         description="the constrained model's lower RMSE at gamma > 1 holds against ERM trained for as long",
-        cells=_budget(ood_rmse),
+        cells=_budget(_ood),
         metric="pooled test RMSE per seed, mean over gamma > 1",
         direction="less",
         sesoi=RMSE_SESOI,
@@ -375,7 +387,7 @@ CLAIMS: list[ClaimSpec] = [
     ClaimSpec(
         name="budget-in-distribution",
         description="the constrained model's RMSE at gamma = 1 stays within 1 % of ERM trained for as long",
-        cells=_budget(id_rmse, ID_MARGIN),
+        cells=_budget(_id, ID_MARGIN),
         metric="pooled test RMSE per seed at gamma = 1, against 1.01 x ERM's",
         direction="less",
         sesoi=ID_SESOI,

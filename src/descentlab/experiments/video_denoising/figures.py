@@ -15,7 +15,8 @@ import numpy as np
 
 from descentlab.experiments.video_denoising.summary import Methods, arch_of, label_of
 from descentlab.io import load_arrays
-from descentlab.report.figures import new_figure, plot_multipliers, save_figure
+from descentlab.report.figures import new_figure, save_figure
+from descentlab.study.figures import figure_record, plot_multipliers
 
 SAMPLE_FRAMES = "sample-frames.npz"
 
@@ -33,7 +34,7 @@ def _save(fig: Any, path: Path, caption: str, *, dpi: int = 120) -> dict[str, st
     """Lay out, write the PNG and return its ``{"path", "caption"}`` entry (path relative to the run dir)."""
     fig.tight_layout()
     save_figure(fig, path, dpi=dpi)
-    return {"path": f"figures/{path.name}", "caption": caption}
+    return figure_record(f"figures/{path.name}", caption)
 
 
 def plot_relative(methods: Methods, architectures: Sequence[str], path: Path) -> dict[str, str]:
@@ -87,6 +88,16 @@ def plot_layer_profiles(methods: Methods, architectures: Sequence[str], path: Pa
     )
 
 
+def _show(ax: Any, img: np.ndarray, title: str) -> None:
+    ax.imshow(np.clip(img, 0, 1), cmap="gray", vmin=0, vmax=1)
+    ax.set_title(title, fontsize=6)
+    ax.axis("off")
+
+
+def _frame_rmse(img: np.ndarray, target: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(img - target))))
+
+
 def plot_samples(
     frames: Mapping[str, np.ndarray], architectures: Sequence[str], path: Path
 ) -> dict[str, str]:
@@ -109,24 +120,16 @@ def plot_samples(
     cols = 2 + len(baselines) + width
     fig, axes = new_figure(len(rows), cols, figsize=(1.9 * cols * w / h, 1.9 * len(rows)))
     target = clean[t, :h, :w]
-
-    def show(ax: Any, img: np.ndarray, title: str) -> None:
-        ax.imshow(np.clip(img, 0, 1), cmap="gray", vmin=0, vmax=1)
-        ax.set_title(title, fontsize=6)
-        ax.axis("off")
-
-    def rmse(img: np.ndarray) -> float:
-        return float(np.sqrt(np.mean(np.square(img - target))))
-
     for r, (arch, i) in enumerate(rows):
         for ax in axes[r]:
             ax.axis("off")
-        show(axes[r][0], target, "clean")
-        show(axes[r][1], noisy[i][t, :h, :w], f"noisy gamma={gammas[i]:g} ({rmse(noisy[i][t, :h, :w]):.3f})")
+        _show(axes[r][0], target, "clean")
+        noisy_frame = noisy[i][t, :h, :w]
+        _show(axes[r][1], noisy_frame, f"noisy gamma={gammas[i]:g} ({_frame_rmse(noisy_frame, target):.3f})")
         shown = baselines + [n for n in names if arch_of(n) == arch]
         for c, name in enumerate(shown):
             img = denoised[name][i][t]
-            show(axes[r][2 + c], img, f"{name.replace('-', ' ', 1)} ({rmse(img):.3f})")
+            _show(axes[r][2 + c], img, f"{name.replace('-', ' ', 1)} ({_frame_rmse(img, target):.3f})")
     caption = (
         f"Middle frame of a test clip (seed {int(frames['seed'])}), every method and baseline denoising it tile "
         "by tile; frame RMSE in brackets"

@@ -19,7 +19,7 @@ import numpy as np
 from descentlab.io import load_arrays
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import column_mean_std
-from descentlab.study.tables import pm
+from descentlab.study.tables import Table, pm
 
 NOTES = [
     "RMSE in [0, 1] pixel units over all test pixels; the noisy input's RMSE is gamma * sigma_train.",
@@ -40,17 +40,24 @@ def label_of(method: str) -> str:
     return method.split("-", 1)[1]
 
 
-def rmse_table(methods: Methods, noisy_rmse: Sequence[float], gammas: Sequence[float]) -> dict[str, Any]:
-    """Test RMSE against γ, mean ± std over seeds; first row: the noisy input."""
-    rows = [["noisy input", *[f"{v:.4f}" for v in noisy_rmse]]]
+def rmse_table(
+    methods: Methods,
+    noisy_rmse: Sequence[float],
+    gammas: Sequence[float],
+    baselines: Mapping[str, Mapping[str, Any]],
+) -> Table:
+    """Test RMSE against γ, mean ± std over seeds: the noisy input, the classical baselines, every method."""
+    table = Table(
+        "Test RMSE vs gamma (mean ± std over seeds); classical baselines tuned on validation",
+        ["method", *map(str, gammas)],
+    )
+    table.add("noisy input", *[f"{v:.4f}" for v in noisy_rmse])
+    for row in _baseline_rows(baselines):
+        table.add(*row)
     for method, block in methods.items():
         c = block["curves"]["gaussian"]
-        rows.append([method, *[pm(a, s) for a, s in zip(c["mean"], c["std"], strict=True)]])
-    return {
-        "title": "Test RMSE vs gamma (mean ± std over seeds)",
-        "columns": ["method", *map(str, gammas)],
-        "rows": rows,
-    }
+        table.add(method, *[pm(a, s) for a, s in zip(c["mean"], c["std"], strict=True)])
+    return table
 
 
 def _differences(evs: Sequence[Sequence[float]], base: Sequence[Sequence[float]], n: int) -> list[str]:
@@ -61,25 +68,23 @@ def _differences(evs: Sequence[Sequence[float]], base: Sequence[Sequence[float]]
     return [f"{pm(m, s, signed=True)} ({w}/{len(diffs)})" for m, s, w in zip(mean, std, wins, strict=True)]
 
 
-def paired_table(per_seed_rmse: Mapping[str, Sequence[Sequence[float]]], gammas: Sequence[float]) -> dict:
+def paired_table(per_seed_rmse: Mapping[str, Sequence[Sequence[float]]], gammas: Sequence[float]) -> Table:
     """RMSE(method) - RMSE(ERM) of the same architecture and seed, mean ± std over seeds, and the wins.
 
     Args:
         per_seed_rmse: method -> ``[seeds][gammas]`` RMSE, every method over the same seeds in the same order.
         gammas: the noise levels of the columns.
     """
-    rows = []
+    table = Table(
+        "Paired RMSE difference to ERM of the same architecture and seed (negative = lower RMSE; "
+        "in brackets: seeds where it beats ERM)",
+        ["method", *map(str, gammas)],
+    )
     for method, evs in per_seed_rmse.items():
         base = per_seed_rmse.get(f"{arch_of(method)}-erm")
-        if base is None or label_of(method) == "erm":
-            continue
-        rows.append([method, *_differences(evs, base, len(gammas))])
-    return {
-        "title": "Paired RMSE difference to ERM of the same architecture and seed (negative = lower RMSE; "
-        "in brackets: seeds where it beats ERM)",
-        "columns": ["method", *map(str, gammas)],
-        "rows": rows,
-    }
+        if base is not None and label_of(method) != "erm":
+            table.add(method, *_differences(evs, base, len(gammas)))
+    return table
 
 
 def versus_baselines(
@@ -99,13 +104,26 @@ def versus_baselines(
     return {"best": best, "rows": rows}
 
 
-def _versus_table(vs: Mapping[str, Any], gammas: Sequence[float]) -> dict[str, Any]:
-    return {
-        "title": "Learned model minus the best classical baseline at each gamma: pooled RMSE, mean ± std over "
+def _versus_table(vs: Mapping[str, Any], gammas: Sequence[float]) -> Table:
+    return Table(
+        "Learned model minus the best classical baseline at each gamma: pooled RMSE, mean ± std over "
         "seeds (negative = the learned model is better; in brackets: seeds where it is)",
-        "columns": ["method", *map(str, gammas)],
-        "rows": [["best baseline", *vs["best"]], *[[m, *cells] for m, cells in vs["rows"].items()]],
-    }
+        ["method", *map(str, gammas)],
+        [["best baseline", *vs["best"]], *[[m, *cells] for m, cells in vs["rows"].items()]],
+    )
+
+
+def selection_table(selection: Mapping[str, Mapping[str, Any]], tune_seed: int) -> Table:
+    """Every validation candidate of every tuned method, and the chosen one."""
+    return Table(
+        f"Selection on validation (tuning seed {tune_seed}, never an evaluation seed; RMSE at gamma = 1 "
+        "after training): every candidate",
+        ["method", "chosen", "candidates: val RMSE"],
+        [
+            [m, s["chosen"], "; ".join(f"{c or 'base'}: {_val(v)}" for c, v in s.items() if c != "chosen")]
+            for m, s in selection.items()
+        ],
+    )
 
 
 def _method_result(evs: list[dict], gammas: Sequence[float], grid: Mapping[str, Any] | None) -> MethodResult:
@@ -181,9 +199,6 @@ def summarise(
     methods = {m: _method_result(evs, gammas, grids.get(m)) for m, evs in per_seed.items()}
     method_dicts = {m: r.to_dict() for m, r in methods.items()}
     noisy_mean, _ = column_mean_std([ev["noisy_rmse"] for ev in next(iter(per_seed.values()))])
-    table = rmse_table(method_dicts, noisy_mean, gammas)
-    table["rows"][1:1] = _baseline_rows(baselines)
-    table["title"] = "Test RMSE vs gamma (mean ± std over seeds); classical baselines tuned on validation"
     per_seed_rmse = {m: [ev["rmse"] for ev in evs] for m, evs in per_seed.items()}
     vs = versus_baselines(per_seed_rmse, baselines, gammas)
     selection = {
@@ -193,25 +208,19 @@ def summarise(
         }
         for m, g in grids.items()
     }
-    sel_table = {
-        "title": f"Selection on validation (tuning seed {tune_seed}, never an evaluation seed; RMSE at gamma = 1 "
-        "after training): every candidate",
-        "columns": ["method", "chosen", "candidates: val RMSE"],
-        "rows": [
-            [m, s["chosen"], "; ".join(f"{c or 'base'}: {_val(v)}" for c, v in s.items() if c != "chosen")]
-            for m, s in selection.items()
-        ],
-    }
     for b in baselines.values():
         b["rmse_mean"] = column_mean_std(b["rmse"], ddof=1, impl="torch")[0]
     return {
         "methods": methods,
         "tables": [
-            table,
-            paired_table(per_seed_rmse, gammas),
-            *([_versus_table(vs, gammas)] if vs["best"] else []),
-            *([sel_table] if selection else []),
-            convergence_table(method_dicts),
+            t.to_dict()
+            for t in (
+                rmse_table(method_dicts, noisy_mean, gammas, baselines),
+                paired_table(per_seed_rmse, gammas),
+                *([_versus_table(vs, gammas)] if vs["best"] else []),
+                *([selection_table(selection, tune_seed)] if selection else []),
+                convergence_table(method_dicts),
+            )
         ],
         "baselines": dict(baselines),
         "selection": selection,
@@ -219,9 +228,12 @@ def summarise(
     }
 
 
-def convergence_table(methods: Methods) -> dict[str, Any]:
+def convergence_table(methods: Methods) -> Table:
     """Validation RMSE at 50 %, 75 % and 100 % of training (mean over seeds) and the last quarter's gain."""
-    rows = []
+    table = Table(
+        "Validation RMSE (gamma = 1) during training, mean over seeds: has it stopped improving?",
+        ["method", "at 50 %", "at 75 %", "at 100 %", "gain over the last quarter"],
+    )
     for name, block in methods.items():
         curves = block.get("val_curves") or []
         if not curves:
@@ -232,12 +244,8 @@ def convergence_table(methods: Methods) -> dict[str, Any]:
         ]
         vals = [sum(c["rmse"][i] for c in curves) / len(curves) for i in at]
         gain = (vals[1] - vals[2]) / vals[1] if vals[1] > 0 and not math.isnan(vals[1]) else float("nan")
-        rows.append([name, *[f"{v:.4f}" for v in vals], f"{100 * gain:.2f} %"])
-    return {
-        "title": "Validation RMSE (gamma = 1) during training, mean over seeds: has it stopped improving?",
-        "columns": ["method", "at 50 %", "at 75 %", "at 100 %", "gain over the last quarter"],
-        "rows": rows,
-    }
+        table.add(name, *[f"{v:.4f}" for v in vals], f"{100 * gain:.2f} %")
+    return table
 
 
 def load_job_arrays(
