@@ -140,8 +140,8 @@ def test_imdb_as_released_through_the_paper_path(corpora, tmp_path) -> None:
     assert primary["method"] == "constrained" and primary["reference"] == "erm-readout"
     assert primary["verdict"] != "pending re-run"  # judged from what this run saved
     # the per-layer loss at every layer 0..L of every seed, and its figure
-    losses = np.load(run_dir / "arrays" / "layer_loss.npz")
-    assert losses["erm"].shape[:2] == (2, LAYERS + 1)
+    cells = np.load(run_dir / "arrays" / "cells.npz")  # the cell store: loss/<method> [seed, L+1, review]
+    assert cells["loss/erm"].shape[:2] == (2, LAYERS + 1)
     figures = (run_dir / "report.md").read_text()
     assert "figures/layer-loss-ci.png" in figures and (run_dir / "figures" / "layer-loss-ci.png").is_file()
     # the preset's training path ran: two micro-batches of 4 per step, the [CLS] head of RoBERTa

@@ -353,9 +353,17 @@ def test_end_to_end_on_a_tiny_encoder(tiny_encoder_dir, tmp_path) -> None:
             binding_level(tuning[f"constrained__cand{i}__steps"], tuning[f"constrained__cand{i}"])
         )
     assert sum(n.startswith("constrained: λ at the end of training") for n in res["notes"]) == 1
-    assert np.load(out / "arrays" / "erm-val-profile.npz")["profile"].tolist() == pytest.approx(
+    # the claims' cells and their design record: methods, noise kinds, seeds, reviews, γ grid, ERM's profile
+    design = json.loads((out / "arrays" / "design.json").read_text())
+    assert design["arms"] == ["erm", "erm-readout", "constrained", "resilient"]
+    assert design["conditions"] == ["gaussian", "uniform", "discrete"] and design["seeds"] == [0, 1]
+    assert design["examples"] == 24 and design["extra"]["gammas"] == [0.0, 1.0, 3.0]
+    assert design["extra"]["erm_val_profile"] == pytest.approx(
         json.loads((out / "jobs" / "erm-seed7-validation.json").read_text())["val_profile"]
     )
+    cells = np.load(out / "arrays" / "cells.npz")
+    assert cells["correct/constrained/uniform"].shape == (2, 2, 3, 24)  # [seed, draw, γ, review]
+    assert cells["loss/erm"].shape == (2, 3, 24)  # [seed, L+1, review]
     # the selection trains ERM and every candidate from the tuning seed 7 (validation only); the chosen
     # candidate then trains afresh on each evaluation seed: no tuning run is an evaluation run
     tags = sorted(p.name for p in (out / "checkpoints").iterdir())

@@ -6,6 +6,6 @@ the per-layer loss.
 
 ``config`` (the config and presets), ``run`` (data -> selection on validation -> every (method, seed) job
 -> arrays and results), ``jobs`` (one job), ``claims`` (what is judged; the primary endpoint), ``figures``,
-``tables`` (the descriptive tables and protocol), ``arrays`` (the saved arrays' names) and ``ldp`` (the
-local-DP accounting).
+``tables`` (the descriptive tables and protocol), ``arrays`` (the saved arrays' names and the cell store),
+``legacy`` (the cells of runs made before the store) and ``ldp`` (the local-DP accounting).
 """

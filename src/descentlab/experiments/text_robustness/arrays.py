@@ -1,16 +1,18 @@
 """The arrays a text-robustness run saves under its run directory, and how they are named and read back.
 
+* the cell store (:mod:`descentlab.study.cells`: ``arrays/cells.npz`` and ``arrays/design.json``), what the
+  claims and the per-review figures read: ``correct/<method>/<kind>``, 0/1 correctness
+  ``[seed, draw, γ, example]``, and ``loss/<method>``, the clean per-review loss read out at every layer
+  ``[seed, L+1, example]``. The design record holds the methods, the noise kinds (its conditions), the
+  seeds, the number of test reviews, the γ grid (``extra["gammas"]``) and, when ERM trained on the tuning
+  seed, ERM's mean per-layer validation loss (``extra["erm_val_profile"]`` [L+1], the ``alpha_from=erm``
+  reference). Runs made before the store are read by :mod:`.legacy`;
 * ``arrays/accuracy.npz``: ``gammas`` and ``<method>__<kind>``: accuracy ``[seed, draw, γ]`` (the mean over
   the test reviews);
-* ``arrays/examples.npz``: ``gammas`` and ``<method>__<kind>``: 0/1 correctness ``[seed, draw, γ, example]``;
-* ``arrays/layer_loss.npz``: ``<method>``: the clean per-review loss read out at every layer
-  ``[seed, L+1, example]``;
 * ``arrays/lambda.npz``: ``<method>__steps`` ``[T]`` and ``<method>``: λ ``[seed, T, L]`` of every trained
   constrained method;
 * ``arrays/lambda-selection.npz``, when the selection trained candidates: ``<method>__cand<i>__steps`` [T]
   and ``<method>__cand<i>``: λ [T, L] of each candidate's tuning run (validation only, tuning seed);
-* ``arrays/erm-val-profile.npz``, when ERM trained on the tuning seed: ``profile`` [L+1], ERM's mean
-  per-layer validation loss (the ``alpha_from=erm`` reference);
 * ``arrays/ldp.npz``, when the run evaluated the local-DP kinds: ``epsilons`` and ``<method>__<kind>``:
   correctness ``[seed, draw, ε, example]``.
 
@@ -28,13 +30,12 @@ import numpy as np
 
 from descentlab.io import load_arrays
 from descentlab.robustness import RobustnessCurves
+from descentlab.study.cells import CellStore, Design
 
+CORRECT, LOSS = "correct", "loss"  # the cell store's metrics
 ACCURACY = "arrays/accuracy.npz"
-EXAMPLES = "arrays/examples.npz"
-LAYER_LOSS = "arrays/layer_loss.npz"
 LAMBDA = "arrays/lambda.npz"
 LAMBDA_SELECTION = "arrays/lambda-selection.npz"
-ERM_VAL_PROFILE = "arrays/erm-val-profile.npz"
 LDP = "arrays/ldp.npz"
 SEP = "__"  # "<method>__<kind>"
 
@@ -64,11 +65,29 @@ def accuracy_arrays(curves: Mapping[str, RobustnessCurves]) -> dict[str, np.ndar
     return out
 
 
-def example_arrays(correct: Mapping[str, Mapping[str, np.ndarray]], gammas: Sequence[float]) -> dict:
-    """``arrays/examples.npz``: the γ grid and each method's correctness per kind."""
-    out = {"gammas": np.asarray(gammas, dtype=np.float64)}
-    out.update({f"{m}{SEP}{k}": v.astype(np.float32) for m, by in correct.items() for k, v in by.items()})
-    return out
+def cell_store(
+    curves: Mapping[str, RobustnessCurves],
+    losses: Mapping[str, np.ndarray],
+    *,
+    seeds: Sequence[int],
+    erm_val_profile: Sequence[float] | None,
+) -> CellStore:
+    """The claims' cells of a run: each method's correctness per noise kind (``curves``, kept per example)
+    and its per-layer clean loss (``losses`` ``[seed, L+1, example]``), under the design record (module
+    docs)."""
+    first = next(iter(curves.values()))
+    if first.examples is None:
+        raise ValueError("the accuracy curves kept no per-example values (keep_examples=True)")
+    extra: dict[str, Any] = {"gammas": [float(g) for g in first.gammas]}
+    if erm_val_profile is not None:  # the monotone claim is untestable when ERM's own profile never rises
+        extra["erm_val_profile"] = [float(v) for v in erm_val_profile]
+    examples = int(next(iter(first.examples.values())).shape[-1])
+    store = CellStore(Design(tuple(curves), tuple(first.examples), tuple(seeds), examples, extra))
+    for m, c in curves.items():
+        for kind, correct in (c.examples or {}).items():
+            store.put(CORRECT, m, kind, np.asarray(correct, dtype=np.float32))
+        store.put(LOSS, m, None, np.asarray(losses[m], dtype=np.float32))
+    return store
 
 
 def ldp_arrays(curves: Mapping[str, RobustnessCurves]) -> dict[str, np.ndarray]:

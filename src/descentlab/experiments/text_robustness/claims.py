@@ -9,7 +9,8 @@ runs once per layer, so the random-number stream differs from ERM's), and in the
 alone gained as much over ERM under uniform noise as the constraints did. Only the difference from the
 control is an effect of the multipliers.
 
-Cells (:mod:`.arrays`; read back by :func:`claim_arrays`). With Γ = {γ >= 1}:
+Cells: the cell store (:mod:`.arrays`; read back by :func:`claim_arrays`, older runs by :mod:`.legacy`).
+With Γ = {γ >= 1}:
 
 * robust correctness of a method under one noise kind: its 0/1 correctness averaged over Γ,
   ``[seed, draw, example]`` (the interval averages the draws into the cell);
@@ -55,8 +56,10 @@ from pathlib import Path
 
 import numpy as np
 
-from descentlab.experiments.text_robustness.arrays import ERM_VAL_PROFILE, EXAMPLES, LAYER_LOSS, SEP, load
+from descentlab.experiments.text_robustness.arrays import CORRECT, LOSS
+from descentlab.experiments.text_robustness.legacy import legacy_store
 from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays, NotInRun
+from descentlab.study.cells import CellStore
 
 ERM, CONTROL = "erm", "erm-readout"  # the paper's reference; the matched λ ≡ 0 control
 CONSTRAINED, RESILIENT = "constrained", "resilient"
@@ -71,47 +74,37 @@ PAPER = "arXiv 2601.17257 (layer-wise descent constraints)"
 ROBUST_METRIC = "test accuracy under embedding noise, mean over γ >= 1"
 
 
-def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
-    """What the cells read, from the files the run saved (:mod:`.arrays`): ``gammas``,
-    ``correct:<m>__<kind>``, ``loss:<m>`` and ``val_profile:erm``; {} when the run saved none of them."""
-    out: dict[str, np.ndarray] = {}
-    examples = load(run_dir, EXAMPLES)
-    if "gammas" in examples:
-        out["gammas"] = examples.pop("gammas")
-    out.update({f"correct:{k}": v for k, v in examples.items()})
-    out.update({f"loss:{k}": v for k, v in load(run_dir, LAYER_LOSS).items()})
-    profile = load(run_dir, ERM_VAL_PROFILE)
-    if "profile" in profile:
-        out[f"val_profile:{ERM}"] = profile["profile"]
-    return out
+def claim_arrays(run_dir: Path) -> CellStore | dict:
+    """The run's cell store (:mod:`.arrays`): ``correct/<m>/<kind>`` and ``loss/<m>`` under the design
+    record (methods, noise kinds, seeds, the γ grid and ERM's validation profile). A run made before the
+    store is read by :func:`.legacy.legacy_store`; {} when there is no run (every claim pends)."""
+    return CellStore.load(run_dir) or legacy_store(run_dir) or {}
 
 
-def _get(arrays: Mapping[str, np.ndarray], key: str, what: str) -> np.ndarray:
-    if key not in arrays:
-        raise MissingArrays(what)
-    return np.asarray(arrays[key], dtype=np.float64)
+def _store(arrays: Mapping[str, np.ndarray]) -> CellStore:
+    if not isinstance(arrays, CellStore):
+        raise MissingArrays("the cell store (arrays/cells.npz and arrays/design.json)")
+    return arrays
 
 
 def gammas(arrays: Mapping[str, np.ndarray]) -> list[float]:
-    return _get(arrays, "gammas", "the per-review correctness (arrays/examples.npz)").tolist()
+    return list(_store(arrays).design.extra["gammas"])
 
 
 def trained(arrays: Mapping[str, np.ndarray], methods: tuple[str, ...]) -> list[str]:
-    """Those of ``methods`` the run trained (its correctness is saved), in the order given."""
-    gammas(arrays)  # the run saved its arrays at all: a method absent from them was not trained
-    saved = {k.split(":", 1)[1].split(SEP, 1)[0] for k in arrays if k.startswith("correct:")}
-    return [m for m in methods if m in saved]
+    """Those of ``methods`` the run trained (its design has them), in the order given."""
+    arms = _store(arrays).design.arms
+    return [m for m in methods if m in arms]
 
 
-def kinds(arrays: Mapping[str, np.ndarray], method: str) -> list[str]:
-    """The noise kinds the run evaluated ``method`` under, in saved order."""
-    prefix = f"correct:{method}{SEP}"
-    return [k[len(prefix) :] for k in arrays if k.startswith(prefix)]
+def kinds(arrays: Mapping[str, np.ndarray]) -> list[str]:
+    """The noise kinds the run evaluated every method under (the design's conditions)."""
+    return _store(arrays).conditions()
 
 
 def correctness(arrays: Mapping[str, np.ndarray], method: str, kind: str) -> np.ndarray:
     """0/1 correctness ``[seed, draw, γ, example]``."""
-    return _get(arrays, f"correct:{method}{SEP}{kind}", f"{method} under {kind} noise (arrays/examples.npz)")
+    return np.asarray(_store(arrays).get(CORRECT, method, kind), dtype=np.float64)
 
 
 def robust(arrays: Mapping[str, np.ndarray], method: str, kind: str) -> np.ndarray:
@@ -124,9 +117,9 @@ def robust(arrays: Mapping[str, np.ndarray], method: str, kind: str) -> np.ndarr
 
 def clean(arrays: Mapping[str, np.ndarray], method: str) -> np.ndarray:
     """Clean correctness ``[seed, example]`` (γ = 0, draw 0)."""
-    found = kinds(arrays, method)
+    found = kinds(arrays)
     if not found:
-        raise MissingArrays(f"{method}'s correctness (arrays/examples.npz)")
+        raise MissingArrays(f"{method}'s correctness (the run evaluated no noise kind)")
     return correctness(arrays, method, found[0])[:, 0, gammas(arrays).index(0.0), :]
 
 
@@ -139,7 +132,7 @@ def layer_rise(arrays: Mapping[str, np.ndarray], method: str) -> np.ndarray:
     """Each review's share of its seed's rise, ``[seed, example]``: with L⁺_s the layers where seed s's
     test-mean profile rises, ``r[s, e] = Σ_{l ∈ L⁺_s} (loss[s, l, e] − loss[s, l−1, e])``, whose mean over
     the reviews is exactly ``R`` of that seed's profile."""
-    loss = _get(arrays, f"loss:{method}", f"{method}'s per-layer loss (arrays/layer_loss.npz)")
+    loss = np.asarray(_store(arrays).get(LOSS, method), dtype=np.float64)
     steps = np.diff(loss, axis=1)  # [seed, L, example]
     rising = steps.mean(axis=-1) > 0  # [seed, L]
     return (steps * rising[:, :, None]).sum(axis=1)
@@ -156,7 +149,7 @@ def _graceful(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
     return [
         Cells(robust(arrays, m, kind), robust(arrays, CONTROL, kind), m, CONTROL, at=f"{kind}, γ >= 1")
         for m in trained(arrays, CONSTRAINED_METHODS)
-        for kind in kinds(arrays, m)
+        for kind in kinds(arrays)
         if (m, kind) != (CONSTRAINED, "gaussian")  # the primary endpoint
     ]
 
@@ -175,7 +168,7 @@ def _monotone(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
         a, b = layer_rise(arrays, m), layer_rise(arrays, ERM)
         erm_rise = b.mean(axis=-1)  # per seed
         untestable = None
-        val_profile = arrays.get(f"val_profile:{ERM}")
+        val_profile = _store(arrays).design.extra.get("erm_val_profile")
         if val_profile is not None and bool(np.all(np.diff(np.asarray(val_profile, dtype=np.float64)) <= 0)):
             untestable = (
                 "ERM's per-layer validation loss (tuning seed) is already monotone (non-increasing over "
@@ -202,7 +195,7 @@ def _per_kind(method: str, reference: str) -> CellFunction:
             Cells(
                 robust(arrays, method, k), robust(arrays, reference, k), method, reference, at=f"{k}, γ >= 1"
             )
-            for k in kinds(arrays, method)
+            for k in kinds(arrays)
         ]
 
     return cells

@@ -1,4 +1,5 @@
-"""text-robustness's figures, drawn from the arrays the run saved (:mod:`.arrays`), never a live model.
+"""text-robustness's figures, drawn from the arrays the run saved (:mod:`.arrays`: the per-review ones from
+its cell store), never a live model.
 
 Every band is the seed-level 95 % interval of :func:`~descentlab.report.stats.paired_interval` (a mean
 against 0, or a method against its reference over the same cells), so a band and a claim's interval are
@@ -7,6 +8,7 @@ the same kind of object.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +16,20 @@ import numpy as np
 
 from descentlab.experiments.text_robustness.arrays import (
     ACCURACY,
-    EXAMPLES,
+    CORRECT,
     LAMBDA,
-    LAYER_LOSS,
     LDP,
+    LOSS,
     SEP,
     by_method,
     load,
 )
-from descentlab.experiments.text_robustness.claims import CONTROL, ERM
+from descentlab.experiments.text_robustness.claims import CONTROL, ERM, claim_arrays
 from descentlab.experiments.text_robustness.tables import paired_gaps
 from descentlab.report.figures import new_figure, plot_multipliers, save_figure
 from descentlab.report.stats import column_mean_std, paired_interval
+from descentlab.study.cells import CellStore, cell_key
+from descentlab.study.figures import panel_figure, plot_band
 
 
 def mean_interval(x: np.ndarray, reference: np.ndarray | None = None) -> tuple[float, float, float]:
@@ -37,41 +41,48 @@ def mean_interval(x: np.ndarray, reference: np.ndarray | None = None) -> tuple[f
 def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     """Every figure whose arrays the run saved."""
     run_dir = Path(run_dir)
+    store = claim_arrays(run_dir)
     return [
-        *_accuracy(run_dir),
-        *_layer_loss(run_dir),
+        *(_accuracy(store, run_dir) + _layer_loss(store, run_dir) if isinstance(store, CellStore) else []),
         *_lambda(run_dir),
         *_paired_gap(results, run_dir),
         *_ldp(results, run_dir),
     ]
 
 
-def _accuracy(run_dir: Path) -> list[dict[str, Any]]:
-    arrays = load(run_dir, EXAMPLES)
-    if not arrays:
+def _accuracy(store: CellStore, run_dir: Path) -> list[dict[str, Any]]:
+    gammas = np.asarray(store.design.extra["gammas"], dtype=np.float64)
+    kinds = store.conditions()
+    methods = {m: {k: store[cell_key(CORRECT, m, k)] for k in kinds} for m in _saved(store, CORRECT, kinds)}
+    if not methods or not kinds:
         return []
-    gammas = arrays.pop("gammas")
-    methods = by_method(arrays)
-    kinds = list(dict.fromkeys(k for by in methods.values() for k in by))
-    fig, axes = new_figure(1, len(kinds), sharey=True)
-    for ax, kind in zip(axes[0], kinds, strict=True):
-        for m, by in methods.items():
-            stats = np.array([mean_interval(by[kind][:, :, g]) for g in range(len(gammas))])
-            ax.plot(gammas, stats[:, 0], marker="o", ms=3, label=m)
-            ax.fill_between(gammas, stats[:, 1], stats[:, 2], alpha=0.15)
-        ax.set_title(kind)
-        ax.set_xlabel("gamma")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("test accuracy")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    save_figure(fig, run_dir / "figures" / "accuracy-ci.png")
     caption = "Test accuracy against γ per noise kind, mean and seed-level 95 % interval"
-    return [{"path": "figures/accuracy-ci.png", "caption": caption}]
+    draw = partial(_accuracy_panel, gammas, methods, kinds[0])
+    return panel_figure(run_dir, "figures/accuracy-ci.png", kinds, draw, caption, sharey=True)
 
 
-def _layer_loss(run_dir: Path) -> list[dict[str, Any]]:
-    arrays = load(run_dir, LAYER_LOSS)
+def _accuracy_panel(
+    gammas: np.ndarray, methods: dict[str, dict[str, np.ndarray]], first: str, ax: Any, kind: str
+) -> None:
+    """Each method's accuracy under ``kind`` against γ with its seed-level 95 % band."""
+    for m, by in methods.items():
+        stats = np.array([mean_interval(by[kind][:, :, g]) for g in range(len(gammas))])
+        ax.plot(gammas, stats[:, 0], marker="o", ms=3, label=m)
+        ax.fill_between(gammas, stats[:, 1], stats[:, 2], alpha=0.15)
+    ax.set_title(kind)
+    ax.set_xlabel("gamma")
+    if kind == first:
+        ax.set_ylabel("test accuracy")
+
+
+def _saved(store: CellStore, metric: str, kinds: list[str] | None = None) -> list[str]:
+    """The design's methods whose ``metric`` cells the run saved (under every one of ``kinds``)."""
+    keys = [[cell_key(metric, m, k) for k in kinds or [None]] for m in store.design.arms]
+    return [m for m, ks in zip(store.design.arms, keys, strict=True) if all(k in store for k in ks)]
+
+
+def _layer_loss(store: CellStore, run_dir: Path) -> list[dict[str, Any]]:
+    arrays = {m: store[cell_key(LOSS, m)] for m in _saved(store, LOSS)}
     if not arrays:
         return []
     depth = max(x.shape[1] for x in arrays.values())
@@ -146,25 +157,27 @@ def _paired_gap(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     if not gaps:
         return []
     kinds = list(dict.fromkeys(kind for _, kind in gaps))
-    fig, axes = new_figure(1, len(kinds), sharey=True)
-    for ax, kind in zip(axes[0], kinds, strict=True):
-        for (method, k), diff in gaps.items():
-            if k != kind:
-                continue
-            mean, std = (np.asarray(a) for a in column_mean_std(diff, ddof=0, impl="numpy"))
-            ax.plot(gammas, mean, marker="o", ms=3, label=method)
-            ax.fill_between(gammas, mean - std, mean + std, alpha=0.2)
-        ax.axhline(0.0, color="grey", lw=0.8)
-        ax.set_title(kind)
-        ax.set_xlabel("gamma")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("accuracy minus ERM's")
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(str(results.get("experiment", "")))
-    fig.tight_layout()
-    save_figure(fig, run_dir / "figures" / "paired-gap.png")
     caption = "Accuracy minus ERM's against γ (paired: same seeds, same noise), mean ± std over (seed, draw)"
-    return [{"path": "figures/paired-gap.png", "caption": caption}]
+    draw = partial(_gap_panel, gammas, gaps, kinds[0])
+    suptitle = str(results.get("experiment", ""))
+    return panel_figure(
+        run_dir, "figures/paired-gap.png", kinds, draw, caption, sharey=True, suptitle=suptitle
+    )
+
+
+def _gap_panel(
+    gammas: np.ndarray, gaps: dict[tuple[str, str], np.ndarray], first: str, ax: Any, kind: str
+) -> None:
+    """Each method minus ERM under ``kind`` against γ, ±1 std over (seed, draw) pairs."""
+    for (method, k), diff in gaps.items():
+        if k == kind:
+            mean, std = column_mean_std(diff, ddof=0, impl="numpy")
+            plot_band(ax, gammas, mean, std, label=method, alpha=0.2)
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_title(kind)
+    ax.set_xlabel("gamma")
+    if kind == first:
+        ax.set_ylabel("accuracy minus ERM's")
 
 
 def _ldp(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:

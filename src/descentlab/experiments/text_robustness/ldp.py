@@ -13,6 +13,7 @@ from typing import Any
 from descentlab.report.results import Curve, MethodResult
 from descentlab.robustness import EmbeddingGeometry, NoiseEvalConfig, RobustnessCurves, privacy_rows
 from descentlab.robustness.accounting import PrivacyRow
+from descentlab.study.tables import Table
 
 
 def add_ldp_curves(block: MethodResult, curves: RobustnessCurves | None) -> None:
@@ -30,26 +31,23 @@ def privacy_table(
     """The accounting table of a run: for each (kind, ε), the equivalent γ, E‖z‖, per-token and
     per-sequence ε (``rows``: :class:`~descentlab.robustness.accounting.PrivacyRow`)."""
     tokens = rows[0].tokens if rows else 0
-    return {
-        "title": (
-            f"Privacy of the ε kinds: d = {geometry.d}, σ_E = {geometry.sigma_e:.4g}, token distance "
-            f"D <= {geometry.diameter:.4g}, Gaussian clip C = {clip:.4g} and δ = {delta:g} per token; "
-            f"sequences of T = {tokens} tokens"
-        ),
-        "columns": ["kind", "epsilon", "equivalent γ", "E‖noise‖", "per-token ε", "per-sequence ε", "seq. δ"],
-        "rows": [
-            [
-                r.kind,
-                r.epsilon,
-                f"{r.gamma:.3g}",
-                f"{r.noise_norm:.3g}",
-                f"{r.token_epsilon:.4g}",
-                f"{r.sequence_epsilon:.4g}",
-                f"{r.sequence_delta:.2g}",
-            ]
-            for r in rows
-        ],
-    }
+    table = Table(
+        title=f"Privacy of the ε kinds: d = {geometry.d}, σ_E = {geometry.sigma_e:.4g}, token distance "
+        f"D <= {geometry.diameter:.4g}, Gaussian clip C = {clip:.4g} and δ = {delta:g} per token; "
+        f"sequences of T = {tokens} tokens",
+        columns=["kind", "epsilon", "equivalent γ", "E‖noise‖", "per-token ε", "per-sequence ε", "seq. δ"],
+    )
+    for r in rows:
+        table.add(
+            r.kind,
+            r.epsilon,
+            f"{r.gamma:.3g}",
+            f"{r.noise_norm:.3g}",
+            f"{r.token_epsilon:.4g}",
+            f"{r.sequence_epsilon:.4g}",
+            f"{r.sequence_delta:.2g}",
+        )
+    return table.to_dict()
 
 
 def summarise(

@@ -24,7 +24,7 @@ from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import column_mean_std, mean_std, paired_interval
 from descentlab.report.tables import multiplier_tables
 from descentlab.robustness import RobustnessCurves
-from descentlab.study.tables import pm
+from descentlab.study.tables import Table, pm
 from descentlab.train.tuning import binding_level
 
 
@@ -99,44 +99,32 @@ def extra_tables(
 ) -> list[dict[str, Any]]:
     """The tables appended to the standard report (``tune_seed``: the seed the selection trained from)."""
     gammas = next(iter(curves.values())).gammas
-    tables = []
-    gap = paired_gap_rows(curves)
-    if gap:
+    tables: list[Table] = []
+    if gap := paired_gap_rows(curves):
         tables.append(
-            {
-                "title": "Accuracy minus ERM's (paired: same seeds, same noise), mean ± std over (seed, draw)",
-                "columns": ["method", "kind", *[f"γ={g:g}" for g in gammas]],
-                "rows": gap,
-            }
+            Table(
+                "Accuracy minus ERM's (paired: same seeds, same noise), mean ± std over (seed, draw)",
+                ["method", "kind", *[f"γ={g:g}" for g in gammas]],
+                gap,
+            )
         )
     if shift_names:
-        tables.append(
-            {
-                "title": "Dataset shift: clean accuracy on extra test sets (mean over seeds)",
-                "columns": ["method", "in-distribution", *shift_names],
-                "rows": [
-                    [m, b.metrics["accuracy"], *[b.metrics.get(f"shift:{s}", "") for s in shift_names]]
-                    for m, b in methods.items()
-                ],
-            }
+        shift = Table(
+            "Dataset shift: clean accuracy on extra test sets (mean over seeds)",
+            ["method", "in-distribution", *shift_names],
         )
+        for m, b in methods.items():
+            shift.add(m, b.metrics["accuracy"], *[b.metrics.get(f"shift:{s}", "") for s in shift_names])
+        tables.append(shift)
     if selection_rows:
-        tables.append(
-            {
-                "title": f"Selection on the validation split (tuning seed {tune_seed}, never an evaluation seed)",
-                "columns": [
-                    "method",
-                    "candidate",
-                    "val clean acc",
-                    "val acc, gaussian grid mean",
-                    "binding: mean Σλ over the 2nd half",
-                    "chosen",
-                ],
-                "rows": selection_rows,
-            }
-        )
-    tables.extend(multiplier_tables({m: b.to_dict() for m, b in methods.items()}))
-    return tables
+        columns = ["method", "candidate", "val clean acc", "val acc, gaussian grid mean"]
+        columns += ["binding: mean Σλ over the 2nd half", "chosen"]
+        title = f"Selection on the validation split (tuning seed {tune_seed}, never an evaluation seed)"
+        tables.append(Table(title, columns, selection_rows))
+    return [
+        *(t.to_dict() for t in tables),
+        *multiplier_tables({m: b.to_dict() for m, b in methods.items()}),
+    ]
 
 
 def notes(methods: Mapping[str, MethodResult], n_seeds: int) -> list[str]:
