@@ -18,8 +18,10 @@ from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments.llm_robustness import claims as llm_claims
 from descentlab.experiments.llm_robustness import config as exp
 from descentlab.experiments.llm_robustness import jobs as lm_finetune
+from descentlab.experiments.llm_robustness import legacy as llm_legacy
 from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, UNTESTABLE, VERDICTS, judge
 from descentlab.report.results import Results
+from descentlab.study.cells import CellStore
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "results" / "llm-robustness"
 
@@ -150,7 +152,7 @@ def test_seeds_pair_by_index_and_widen_the_interval() -> None:
 
 
 def test_job_graph_runs_by_dependency_then_priority(tmp_path) -> None:
-    from descentlab.experiments.llm_robustness.run import JobGraph
+    from descentlab.experiments.llm_robustness.graph import JobGraph
     from descentlab.train.jobs import JobRunner
 
     finished: list[str] = []
@@ -179,6 +181,77 @@ def test_job_graph_runs_by_dependency_then_priority(tmp_path) -> None:
 
 def _echo(kind: str, value: str) -> str:
     return value
+
+
+class _PlantedJobs:
+    """A JobRunner stand-in: every job finishes at once with a planted result, and the submissions are
+    recorded. On validation, ``wins[tag]`` is the candidate's NLL edge over ERM under noise (clean: a tie)."""
+
+    def __init__(self, cfg, wins: dict[str, float]) -> None:
+        self.cfg, self.wins, self.submitted = cfg, wins, []
+
+    def submit(self, key: str, kind: str, *args):
+        from concurrent.futures import Future
+
+        from descentlab.experiments.llm_robustness.headtohead import noise_key
+
+        self.submitted.append((key, args))
+        g, out = self.cfg.grid, {}
+        if kind == "reference":
+            out = {"val_profile": [2.0, 1.5, 1.0], "sigma_e": 0.02}
+        elif kind == "train":
+            out = {"tag": args[7], "candidate": args[6]}
+        elif kind == "grid":
+            out = {
+                "kinds": {k: {"levels": [0.1 * (i + 1) for i in range(len(g.ratios_of(k)))]} for k in g.kinds}
+            }
+        elif kind == "validate":
+            edge = self.wins.get(args[1], 0.0)
+            out = {
+                "nll": {
+                    noise_key(k, x, d): np.full(4, 1.0 - (edge if x > 0 else 0.0))
+                    for k, xs in args[3].items()
+                    for x in xs
+                    for d in range(1 if x == 0 else self.cfg.selection.draws)
+                }
+            }
+        future = Future()
+        future.set_result(out)
+        return future
+
+
+def test_plan_tunes_first_and_the_choice_trains_the_chosen_candidate() -> None:
+    from descentlab.experiments.llm_robustness.graph import JobGraph
+    from descentlab.experiments.llm_robustness.run import Inputs, plan
+    from descentlab.experiments.llm_robustness.selection import selection_record
+
+    cfg = resolve_config(exp.LlmRobustnessConfig, overrides=["seeds=[0,1]", "workers=1"])
+    # hard: its second candidate wins under noise; resilient: its first; every clean pass is a tie
+    jobs = _PlantedJobs(cfg, {"hard-cand1-seed1000": 0.1, "resilient-cand0-seed1000": 0.1})
+    graph = JobGraph(jobs, 1)
+    plan(graph, Inputs(cfg, None, ["t"], ["v"], ["h"]))
+    done = graph.run()
+
+    keys = [k for k, _ in jobs.submitted]
+    tuning = [k for k in keys if k.endswith("-seed1000")]
+    # the reference first; every tuning-seed job (fine-tunes, grid, validations) before any evaluation seed's
+    assert keys[0] == "reference" and keys.index("grid") < min(keys.index(k) for k in keys if "validate" in k)
+    assert max(keys.index(k) for k in tuning) < min(
+        keys.index(k) for k in keys if k.endswith(("-seed0", "-seed1"))
+    )
+    specs = {
+        k: args[6] for k, args in jobs.submitted if k.startswith("train-") and not k.endswith("-seed1000")
+    }
+    assert specs == {
+        **{f"train-{m}-seed{s}": "" for m in ("erm", "erm-neftune") for s in (0, 1)},
+        **{f"train-hard-seed{s}": "alpha_fraction=0.5" for s in (0, 1)},
+        **{f"train-resilient-seed{s}": "penalty=0.05" for s in (0, 1)},
+    }
+    assert {f"eval-{m}-seed{s}" for m in cfg.methods for s in (0, 1)} <= set(done)
+    record = selection_record(cfg, done, examples=4)
+    assert record["chosen"] == {"hard": "alpha_fraction=0.5", "resilient": "penalty=0.05"}
+    assert [r[1] for r in record["rows"]] == [*cfg.candidates("hard"), *cfg.candidates("resilient")]
+    assert record["scores"]["hard"][1]["robust"] == 1.0 and record["scores"]["hard"][0]["clean"] == 0.5
 
 
 def test_generate_then_judge_cells_are_per_seed() -> None:
@@ -241,8 +314,8 @@ def _planted(erm_growth_at_paper_level: float = 1.001) -> dict[str, np.ndarray]:
                 rates = WINNING
             if c == "clean" and m == "resilient":
                 rates = LOSING
-            arrays[llm_claims.win_key(m, c)] = _outcomes(rates, 10 * i + j)
-        arrays[llm_claims.null_key(c)] = _outcomes(NEAR_HALF, 10 * i + 9)
+            arrays[llm_legacy.win_key(m, c)] = _outcomes(rates, 10 * i + j)
+        arrays[llm_legacy.null_key(c)] = _outcomes(NEAR_HALF, 10 * i + 9)
     return arrays
 
 
@@ -311,14 +384,16 @@ def test_committed_result_is_rejudged_from_its_counts() -> None:
     ratio_of = dict(zip(grid["levels"], grid["targets"], strict=True))
     for x, rate in zip(hard["x"], hard["mean"], strict=True):
         name = llm_claims.condition_name("gaussian", x, ratio_of.get(x))
-        assert arrays[llm_claims.win_key("hard", name)].mean() == pytest.approx(rate)
+        assert arrays[llm_legacy.win_key("hard", name)].mean() == pytest.approx(rate)
     assert arrays["win/hard/gaussian-x3"].shape == (1, 1, 200)
     rows = judge(llm_claims.CLAIMS, arrays)
     assert {r.verdict for r in rows if r.name != "paper-gamma-1.5"} == {ONE_SEED}
     assert {r.verdict for r in rows if r.name == "paper-gamma-1.5"} == {UNTESTABLE}
     # the old null control (ERM re-seeded, another data order) is read as the null control's cells
     reseeded = results["methods"]["erm-reseed"]["curves"]["win_rate@gaussian"]
-    assert arrays["null/gaussian-x3"].mean() == pytest.approx(reseeded["mean"][reseeded["x"].index(0.8516)])
+    assert arrays[f"win/{llm_claims.NULL}/gaussian-x3"].mean() == pytest.approx(
+        reseeded["mean"][reseeded["x"].index(0.8516)]
+    )
     assert {r.method for r in rows if r.name == "null-control"} == {llm_claims.NULL}
     assert results["config"]["seed"] == 0 and "seeds" not in results["config"]  # a config of before the seeds
     primary = next(r for r in rows if r.role == "primary")
@@ -326,7 +401,7 @@ def test_committed_result_is_rejudged_from_its_counts() -> None:
     # the committed results.json holds exactly these rows
     assert results["claims"] == [r.to_dict() for r in rows]
     # a run with more than one seed or draw cannot be rebuilt from counts: pending
-    assert llm_claims.arrays_from_counts({**results, "protocol": {**results["protocol"], "draws": 2}}) == {}
+    assert llm_legacy.arrays_from_counts({**results, "protocol": {**results["protocol"], "draws": 2}}) == {}
 
 
 def test_committed_full_run_is_judged_from_its_saved_cells() -> None:
@@ -458,13 +533,24 @@ def test_pipeline_runs_resumes_and_rebuilds_its_report(tiny_llama_dir, tmp_path)
     assert all("slacks" in t for t in results["methods"]["resilient"]["train"])
     assert results["methods"]["erm-neftune"]["train"][0]["noisy_training"][0] == "neftune"
     # the claims: cells [seed, draw, example], judged by the engine with the seed as the unit
-    cells = np.load(path / "arrays" / "claims.npz")
-    assert cells["win/hard/clean"].shape == (2, 1, 6) and cells["win/hard/gaussian-x1.01"].shape == (2, 2, 6)
-    assert cells["null/clean"].shape == (2, 1, 6) and cells["erm_ratio/gaussian-x1.01"].shape == (2,)
-    assert cells["win/hard/clean"].mean() == pytest.approx(hard["curves"]["win_rate@gaussian"]["mean"][0])
+    cells = CellStore.load(path)
+    assert cells.design.arms == ("erm", "hard", "resilient", "erm-neftune", llm_claims.NULL)
+    assert (
+        cells.design.seeds == (0, 1)
+        and cells.design.examples == 6
+        and "gaussian-x1.01" in cells.design.conditions
+    )
+    assert cells.get("win", "hard", "clean").shape == (2, 1, 6)
+    assert cells.get("win", "hard", "gaussian-x1.01").shape == (2, 2, 6)
+    assert cells.get("win", llm_claims.NULL, "clean").shape == (2, 1, 6)
+    assert cells.get("perplexity_ratio", "erm", "gaussian-x1.01").shape == (2,)
+    assert cells.get("win", "hard", "clean").mean() == pytest.approx(
+        hard["curves"]["win_rate@gaussian"]["mean"][0]
+    )
+    assert np.all(cells.get("win", "erm", "gaussian-x1.01") == 0.5)  # ERM against itself: a tie on every cell
     rows = {(c["name"], c["method"], c["at"].split(",")[0]): c for c in results["claims"]}
-    assert rows[("noisy-win", "", "")]["verdict"] == PENDING  # this grid has no x3 level
-    judged = [c for c in results["claims"] if c["verdict"] not in (PENDING,)]
+    assert rows[("noisy-win", "", "")]["verdict"] == NOT_IN_RUN  # this grid has no x3 level
+    judged = [c for c in results["claims"] if c["verdict"] not in (PENDING, NOT_IN_RUN)]
     assert judged and all(c["seeds"] == 2 for c in judged)
     assert all(c["verdict"] != ONE_SEED and " 2 seed(s) x " in c["reason"] for c in judged)
     # the null control: ERM on seed 0 against ERM on seed 1 and back; with two seeds they are complements

@@ -10,7 +10,9 @@ The study, top to bottom:
 
 * :mod:`.config`: the config and presets.
 * :mod:`.run`, with :mod:`.jobs` (every step a job of one :class:`~descentlab.train.jobs.JobRunner`, cached
-  in ``jobs/``, so an interrupted run resumes):
+  in ``jobs/``, so an interrupted run resumes, submitted in dependency and priority order by
+  :class:`~.graph.JobGraph`), :mod:`.selection` (the choice between candidates) and :mod:`.protocol` (the
+  protocol record, built from the config):
 
   1. Data. Austen: training windows of ``seq_len`` tokens from the four training novels; a validation set
      (the Austen validation split) for every choice below; held-out examples from Persuasion, a novel never

@@ -5,17 +5,25 @@ The paper fine-tuned Llama 3.1 8B with and without the layer-wise descent constr
 head to head on AlpacaEval: a 50 % win rate of the constrained model at γ = 0 and 69.93 % at γ = 1.5 (its
 LLM fine-tuning results). Its noise formula is not public.
 
-Cells. The run saves ``arrays/claims.npz``:
+Cells. The run saves a :class:`~descentlab.study.cells.CellStore` (``arrays/cells.npz`` with its design
+record ``arrays/design.json``), keyed ``metric/arm/condition``:
 
-* ``win/<method>/<condition>``: ``[seeds, draws, examples]``, the judged outcome of ``<method>`` trained
-  from evaluation seed s against ERM trained from the same seed s, on each held-out example and noise draw:
-  1 (lower NLL of the reference continuation), 0, or 1/2 for a tie. A claim compares it with 1/2, so
-  ``a − b`` is the win rate minus 50 %, and the engine's seed-level interval
-  (:func:`~descentlab.report.stats.paired_interval`) takes the seed as the unit of replication.
-* ``null/<condition>``: ``[seeds, draws, examples]``, ERM on seed s_i against ERM on the next evaluation
-  seed s_{i+1 mod S} (a cyclic shift: every ERM seed once on each side). It needs two seeds or more.
-* ``level/<condition>``: the noise level of the condition (``[1]``).
-* ``erm_ratio/<condition>``: ERM's held-out perplexity there over its clean perplexity (``[seeds]``).
+* ``win/<arm>/<condition>``: ``[seeds, draws, examples]``, the judged outcome of ``<arm>`` trained from
+  evaluation seed s against ERM trained from the same seed s, on each held-out example and noise draw:
+  1 (lower NLL of the reference continuation), 0, or 1/2 for a tie. ERM's own (``win/erm/…``) is 1/2 on
+  every cell (a fine-tune against itself ties), so a claim compares ``win/<arm>`` with ``win/erm``
+  (:meth:`~descentlab.study.cells.CellStore.compare`): ``a − b`` is the win rate minus 50 %, and the
+  engine's seed-level interval (:func:`~descentlab.report.stats.paired_interval`) takes the seed as the
+  unit of replication.
+* ``win/erm (another seed)/<condition>``: the null control, ERM on seed s_i against ERM on the next
+  evaluation seed s_{i+1 mod S} (a cyclic shift: every ERM seed once on each side). It needs two seeds or
+  more.
+* ``level/erm/<condition>``: the noise level of the condition (``[seeds]``, one value).
+* ``perplexity_ratio/erm/<condition>``: ERM's held-out perplexity there over its clean perplexity
+  (``[seeds]``).
+
+Runs saved before the store (``arrays/claims.npz``, or only win / tie / loss counts) are read by
+:mod:`.legacy`; the passages' chapters (``arrays/clusters.npz``, :mod:`.clusters`) join either.
 
 The null control. Two ERM fine-tunes from different seeds differ consistently over the examples, so a win
 rate judged over examples alone calls a mere re-seed an effect (the committed one-seed run's re-seeded ERM
@@ -61,8 +69,6 @@ the paper's size.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -73,14 +79,13 @@ import numpy as np
 from descentlab.experiments.llm_robustness.clusters import CLUSTER_FILE, CLUSTER_KEY
 from descentlab.io import load_arrays
 from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
-
-CLAIM_ARRAYS = "arrays/claims.npz"
+from descentlab.study.cells import CELLS_FILE, CellStore, cell_key
 
 BASELINE, POSITIVE = "erm", "erm-neftune"
 NULL = "erm (another seed)"  # the null control's arm: ERM on the next evaluation seed
-LEGACY_NULL = "erm-reseed"  # the null control of runs saved before the seeds: ERM with another data order
 CONSTRAINED = ("hard", "resilient")
 PRIMARY_METHOD, PRIMARY_CONDITION = "hard", "gaussian-x3"
+WIN, LEVEL, PERPLEXITY_RATIO = "win", "level", "perplexity_ratio"  # the store's metrics
 
 PAPER_WIN_RATE = {0.0: 0.50, 1.5: 0.6993}  # Llama 3.1 8B, AlpacaEval, constrained vs unconstrained
 PAPER_KIND = "neftune"  # the scale the paper's γ = 1.5 is read on here (its own scale is not public)
@@ -100,14 +105,6 @@ WIN_METRIC = "head-to-head win rate against ERM − 1/2 (likelihood judge, ties 
 SOURCE = "experimental results, LLM fine-tuning (Llama 3.1 8B, AlpacaEval, head to head)"
 
 
-def win_key(method: str, condition: str) -> str:
-    return f"win/{method}/{condition}"
-
-
-def null_key(condition: str) -> str:
-    return f"null/{condition}"
-
-
 def condition_name(kind: str, level: float, ratio: float | None = None) -> str:
     """``clean`` at level 0, ``<kind>-x<ratio>`` for a level found from ERM's growth, else ``<kind>@<level>``."""
     if level == 0:
@@ -124,9 +121,28 @@ def _derived(condition: str) -> tuple[str, float] | None:
         return None
 
 
-def _label(arrays: Mapping[str, np.ndarray], condition: str) -> str:
+def _store(arrays: Mapping[str, Any]) -> CellStore:
+    """The cell store the claims read: ``arrays`` itself, or an old run's arrays read by :mod:`.legacy`;
+    a run that saved nothing has every claim pending."""
+    if isinstance(arrays, CellStore):
+        return arrays
+    if not arrays:
+        raise MissingArrays(CELLS_FILE)
+    from descentlab.experiments.llm_robustness.legacy import store_from_arrays
+
+    return store_from_arrays(arrays)
+
+
+def _optional(store: CellStore, metric: str, condition: str) -> np.ndarray | None:
+    """ERM's ``metric`` at ``condition`` when the run saved it, else None."""
+    key = cell_key(metric, BASELINE, condition)
+    # not store.get(key, None): CellStore.get takes (metric, arm, condition)
+    return store[key] if key in store else None  # noqa: SIM401
+
+
+def _label(store: CellStore, condition: str) -> str:
     """The row's ``at``: the condition in words, with its level when the run saved it."""
-    level = arrays.get(f"level/{condition}")
+    level = _optional(store, LEVEL, condition)
     lv = "" if level is None else f"{float(np.ravel(level)[0]):.4g}"
     derived = _derived(condition)
     if condition == "clean":
@@ -138,94 +154,89 @@ def _label(arrays: Mapping[str, np.ndarray], condition: str) -> str:
     return f"{kind} at the fixed level {level_text}"
 
 
-def _win(arrays: Mapping[str, np.ndarray], method: str, condition: str) -> np.ndarray:
-    key = win_key(method, condition)
-    if key not in arrays:
-        raise MissingArrays(key)
-    return np.asarray(arrays[key], dtype=np.float64)
+def _against_erm(store: CellStore, arm: str, condition: str) -> Cells:
+    """``arm``'s outcomes against ERM of the same seed, beside ERM's own (1/2 on every cell), with the
+    passages' chapters when the run has them."""
+    cells = store.compare(WIN, arm, BASELINE, condition, label=_label(store, condition))
+    return replace(cells, clusters=_clusters(store, cells.a))
 
 
-def _against_half(
-    arrays: Mapping[str, np.ndarray], method: str, condition: str, untestable: str | None = None
-) -> Cells:
-    p = _win(arrays, method, condition)
-    return Cells(
-        p, np.full_like(p, 0.5), method, BASELINE, _label(arrays, condition), untestable, _clusters(arrays, p)
-    )
-
-
-def _clusters(arrays: Mapping[str, np.ndarray], cells: np.ndarray) -> np.ndarray | None:
+def _clusters(store: CellStore, cells: np.ndarray) -> np.ndarray | None:
     """The chapter of each held-out passage (:mod:`.clusters`) when the run has them for these cells."""
-    chapters = arrays.get(CLUSTER_KEY)
+    chapters = store[CLUSTER_KEY] if CLUSTER_KEY in store else None  # noqa: SIM401 (a flat key, not a cell)
     if chapters is None or chapters.shape != cells.shape[-1:]:
         return None
     return chapters
 
 
-def _noisy_conditions(arrays: Mapping[str, np.ndarray], method: str, prefix: str | None = None) -> list[str]:
-    """The ``<kind>-x<r>`` conditions the run judged ``method`` at (under ``prefix``), by kind then ratio."""
-    prefix = prefix or f"win/{method}/"
-    found = [k[len(prefix) :] for k in arrays if k.startswith(prefix)]
+def _noisy_conditions(store: CellStore, arm: str) -> list[str]:
+    """The ``<kind>-x<r>`` conditions the run judged ``arm`` at, by kind then ratio."""
+    prefix = f"{WIN}/{arm}/"
+    found = [k[len(prefix) :] for k in store if k.startswith(prefix)]
     noisy = sorted((d, c) for c in found if (d := _derived(c)) is not None)
     if not noisy:
         raise MissingArrays(f"{prefix}<kind>-x<ratio>")
     return [c for _, c in noisy]
 
 
-def _present(arrays: Mapping[str, np.ndarray], methods: tuple[str, ...], condition: str) -> list[str]:
-    """The methods the run judged at ``condition`` (a preset may run only some); none raises."""
-    found = [m for m in methods if win_key(m, condition) in arrays]
+def _present(store: CellStore, arms: tuple[str, ...], condition: str) -> list[str]:
+    """The ``arms`` the run judged at ``condition`` (a preset may run only some): NotInRun when it trained
+    none of them, MissingArrays when it saved none."""
+    trained = [m for m in arms if m in store.design.arms]
+    if not trained:
+        raise NotInRun(f"the run trained no {' or '.join(arms)} arm")
+    found = [m for m in trained if cell_key(WIN, m, condition) in store]
     if not found:
-        raise MissingArrays(win_key(methods[0], condition))
+        raise MissingArrays(cell_key(WIN, trained[0], condition))
     return found
 
 
-def primary_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
-    yield _against_half(arrays, PRIMARY_METHOD, PRIMARY_CONDITION)
+def primary_cells(arrays: Mapping[str, Any]) -> Iterator[Cells]:
+    yield _against_erm(_store(arrays), PRIMARY_METHOD, PRIMARY_CONDITION)
 
 
-def noisy_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
+def noisy_cells(arrays: Mapping[str, Any]) -> Iterator[Cells]:
     """Every constrained method at every ERM-derived level, the primary comparison excepted."""
-    for method in _present(arrays, CONSTRAINED, "clean"):
-        for condition in _noisy_conditions(arrays, method):
+    store = _store(arrays)
+    for method in _present(store, CONSTRAINED, "clean"):
+        for condition in _noisy_conditions(store, method):
             if (method, condition) != (PRIMARY_METHOD, PRIMARY_CONDITION):
-                yield _against_half(arrays, method, condition)
+                yield _against_erm(store, method, condition)
 
 
-def clean_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
-    for method in _present(arrays, CONSTRAINED, "clean"):
-        yield _against_half(arrays, method, "clean")
+def clean_cells(arrays: Mapping[str, Any]) -> Iterator[Cells]:
+    store = _store(arrays)
+    for method in _present(store, CONSTRAINED, "clean"):
+        yield _against_erm(store, method, "clean")
 
 
-def paper_level_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
+def paper_level_cells(arrays: Mapping[str, Any]) -> Iterator[Cells]:
     """The constrained methods at NEFTune's α = 1.5 (untestable here: :data:`PAPER_REASON`); the row keeps
     the interval measured there, and ERM's perplexity growth at that level in its ``at``."""
-    growth = arrays.get(f"erm_ratio/{PAPER_CONDITION}")
-    for method in _present(arrays, CONSTRAINED, PAPER_CONDITION):
-        c = _against_half(arrays, method, PAPER_CONDITION)
+    store = _store(arrays)
+    growth = _optional(store, PERPLEXITY_RATIO, PAPER_CONDITION)
+    for method in _present(store, CONSTRAINED, PAPER_CONDITION):
+        c = _against_erm(store, method, PAPER_CONDITION)
         if growth is not None:
             c = replace(c, at=f"{c.at}, ERM perplexity ×{float(np.mean(growth)):.4f} there")
         yield c
 
 
-def positive_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
-    trained = any(k.startswith(f"win/{POSITIVE}/") for k in arrays)
-    if not trained and any(k.startswith("win/") for k in arrays):  # other arms judged, no NEFTune one
+def positive_cells(arrays: Mapping[str, Any]) -> Iterator[Cells]:
+    store = _store(arrays)
+    if POSITIVE not in store.design.arms:
         raise NotInRun(f"the run trained no {POSITIVE} arm")
-    for condition in _noisy_conditions(arrays, POSITIVE):
-        yield _against_half(arrays, POSITIVE, condition)
+    for condition in _noisy_conditions(store, POSITIVE):
+        yield _against_erm(store, POSITIVE, condition)
 
 
-def null_cells(arrays: Mapping[str, np.ndarray]) -> Iterator[Cells]:
+def null_cells(arrays: Mapping[str, Any]) -> Iterator[Cells]:
     """ERM on seed s_i against ERM on seed s_{i+1 mod S}, clean and at every ERM-derived level."""
-    for condition in ["clean", *_noisy_conditions(arrays, NULL, prefix="null/")]:
-        key = null_key(condition)
-        if key not in arrays:
-            raise MissingArrays(key)
-        p = np.asarray(arrays[key], dtype=np.float64)
-        yield Cells(
-            p, np.full_like(p, 0.5), NULL, BASELINE, _label(arrays, condition), None, _clusters(arrays, p)
-        )
+    store = _store(arrays)
+    if NULL not in store.design.arms:
+        raise NotInRun("the null control needs two evaluation seeds or more")
+    for condition in ["clean", *_noisy_conditions(store, NULL)]:
+        yield _against_erm(store, NULL, condition)
 
 
 CLAIMS: list[ClaimSpec] = [
@@ -296,68 +307,25 @@ CLAIMS: list[ClaimSpec] = [
 ]
 
 
-def claim_arrays(run_dir: Path) -> dict[str, np.ndarray]:
-    """The arrays the cells read: ``arrays/claims.npz`` with the passages' chapters (``arrays/clusters.npz``,
-    when the run has it), or, for a run saved before ``claims.npz`` existed, the ones
-    :func:`arrays_from_counts` rebuilds from its ``results.json`` ({} when neither is there)."""
+def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
+    """The cells the claims read: the run's :class:`~descentlab.study.cells.CellStore`, or an older run's
+    arrays read by :func:`.legacy.legacy_store`, with the passages' chapters (``arrays/clusters.npz``) when
+    the run has them; {} when the run saved none."""
+    from descentlab.experiments.llm_robustness.legacy import legacy_store
+
     run_dir = Path(run_dir)
-    path = run_dir / CLAIM_ARRAYS
-    if path.is_file():
-        clusters = run_dir / CLUSTER_FILE
-        return {**load_arrays(path), **(load_arrays(clusters) if clusters.is_file() else {})}
-    results = run_dir / "results.json"
-    return arrays_from_counts(json.loads(results.read_text())) if results.is_file() else {}
-
-
-def arrays_from_counts(results: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """The claim arrays of a one-seed, one-draw run whose ``results.json`` kept the win / tie / loss counts
-    of each head-to-head curve but not the per-example outcomes.
-
-    Each ``win/<method>/<condition>`` is rebuilt as ``[1, 1, examples]``: its losses, ties and wins in that
-    order. The order of the examples is lost, and nothing here needs it: every claim compares the outcomes
-    with the constant 1/2, so its interval depends on how many 0, 1/2 and 1 there are, not on which
-    example holds which. With more than one seed or draw the counts pool cells that the interval must keep
-    apart, so nothing is rebuilt ({}: every claim is pending a re-run).
-
-    Those runs had one training seed (config key ``seed``) and a null control of their own, ERM re-seeded
-    (``erm-reseed``, another data order) against ERM: its outcomes become ``null/<condition>``.
-    """
-    protocol = results.get("protocol", {})
-    if len(protocol.get("seeds", [])) != 1 or int(protocol.get("draws", 0)) != 1:
+    store = CellStore.load(run_dir) or legacy_store(run_dir)
+    if store is None:
         return {}
-    baseline = results.get("config", {}).get("baseline", BASELINE)
-    methods = results.get("methods", {})
-    grid = results.get("grid", {}).get("kinds", {})
-    base_curves = methods.get(baseline, {}).get("curves", {})
-    out: dict[str, np.ndarray] = {}
-    for method, block in methods.items():
-        for name, curve in block.get("curves", {}).items():
-            if not name.startswith("win_rate@") or not {"wins", "ties", "losses"} <= set(curve):
-                continue
-            kind = name.partition("@")[2]
-            found = grid.get(kind, {})
-            ratios = dict(zip(found.get("levels", []), found.get("targets", []), strict=True))
-            ppl = base_curves.get(f"perplexity@{kind}", {})
-            for i, x in enumerate(curve["x"]):
-                condition = condition_name(kind, float(x), ratios.get(x))
-                p = [0.0] * curve["losses"][i] + [0.5] * curve["ties"][i] + [1.0] * curve["wins"][i]
-                key = null_key(condition) if method == LEGACY_NULL else win_key(method, condition)
-                out.setdefault(key, np.asarray(p)[None, None, :])
-                out[f"level/{condition}"] = np.asarray([float(x)])
-                if ppl and x in ppl.get("x", []) and ppl["x"][0] == 0:
-                    growth = ppl["mean"][ppl["x"].index(x)] / ppl["mean"][0]
-                    if math.isfinite(growth):
-                        out[f"erm_ratio/{condition}"] = np.asarray([growth])
-    return out
+    clusters = run_dir / CLUSTER_FILE
+    return CellStore(store.design, {**store, **load_arrays(clusters)}) if clusters.is_file() else store
 
 
 __all__ = [
     "CLAIMS",
+    "NULL",
     "PAPER_KIND",
     "PAPER_WIN_RATE",
-    "arrays_from_counts",
     "claim_arrays",
     "condition_name",
-    "null_key",
-    "win_key",
 ]

@@ -12,7 +12,7 @@ carries the interval of :func:`~descentlab.report.stats.paired_interval` over th
 examples]``, with the seed as the unit of replication (with one seed it counts examples only, so it
 describes that pair of fine-tunes, not the method). The baseline's own curves compare ERM on seed s_i with
 ERM on the next seed s_{i+1 mod S}: the null control. The claims (:mod:`.claims`) are judged from the
-outcomes saved by :func:`claim_cells`.
+outcomes :func:`claim_store` puts in the run's cell store.
 """
 
 from __future__ import annotations
@@ -22,10 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from descentlab.experiments.llm_robustness.claims import condition_name, null_key, win_key
+from descentlab.experiments.llm_robustness.claims import (
+    LEVEL,
+    NULL,
+    PERPLEXITY_RATIO,
+    WIN,
+    condition_name,
+)
 from descentlab.experiments.llm_robustness.tables import tables
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import paired_interval
+from descentlab.study.cells import CellStore, Design
 
 
 def noise_key(kind: str, level: float, draw: int) -> str:
@@ -122,29 +129,41 @@ def conditions(
     return out
 
 
-def claim_cells(
+def claim_store(
     evaluations: Mapping[str, Sequence[Mapping[str, Any]]],
     *,
     baseline: str,
     conds: Mapping[str, tuple[str, float]],
+    seeds: Sequence[int],
     draws: int,
     tol: float = 1e-6,
-) -> dict[str, np.ndarray]:
-    """The arrays :mod:`.claims` reads; ``evaluations[m][s]``: method m on evaluation seed s (the same
-    seeds, in the same order, for every method). The null control's ``null/<condition>`` needs two seeds."""
+) -> CellStore:
+    """The cell store :mod:`.claims` reads; ``evaluations[m][s]``: method m on evaluation seed s (the same
+    seeds, in the same order, for every method). Every arm's outcomes against ``baseline`` of the same seed
+    (the baseline's own: 1/2, a tie on every cell), the null control (:data:`~.claims.NULL`, two seeds or
+    more), and the baseline's level and perplexity growth at every condition."""
     base = evaluations[baseline]
+    null = [NULL] if len(base) > 1 else []
+    design = Design(
+        arms=(*evaluations, *null), conditions=tuple(conds), seeds=tuple(seeds), examples=_examples(base)
+    )
+    store = CellStore(design)
     kind0 = next(iter(conds.values()))[0]
     clean = seed_perplexity(base, kind0, 0.0, draws)
-    out: dict[str, np.ndarray] = {}
     for name, (kind, x) in conds.items():
-        out[f"level/{name}"] = np.asarray([x])
-        out[f"erm_ratio/{name}"] = seed_perplexity(base, kind, x, draws) / clean
+        store.put(LEVEL, baseline, name, np.full(len(base), float(x)))
+        store.put(PERPLEXITY_RATIO, baseline, name, seed_perplexity(base, kind, x, draws) / clean)
         for m, evs in evaluations.items():
-            if m != baseline:
-                out[win_key(m, name)] = seed_outcomes(evs, base, kind, x, draws=draws, tol=tol)
-        if len(base) > 1:
-            out[null_key(name)] = seed_outcomes(base, shifted(base), kind, x, draws=draws, tol=tol)
-    return out
+            store.put(WIN, m, name, seed_outcomes(evs, base, kind, x, draws=draws, tol=tol))
+        if null:
+            store.put(WIN, NULL, name, seed_outcomes(base, shifted(base), kind, x, draws=draws, tol=tol))
+    return store
+
+
+def _examples(evs: Sequence[Mapping[str, Any]]) -> int | None:
+    """The number of held-out examples of an evaluation (the length of its per-example NLLs)."""
+    nll = next(iter(evs[0].get("nll", {}).values()), None)
+    return None if nll is None else len(nll)
 
 
 def _mean_profiles(evs: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
@@ -211,7 +230,7 @@ def summarise(
 
     ``evaluations[m]`` and ``facts[m]`` hold one entry per evaluation seed, in the order of ``seeds``. The
     baseline's own win-rate curves are the null control (ERM against ERM on the next seed; two seeds or
-    more). The claims are not here: the runner judges them from :func:`claim_cells`' arrays.
+    more). The claims are not here: the runner judges them from :func:`claim_store`'s cells.
     """
     base = evaluations[baseline]
     methods: dict[str, Any] = {}
@@ -275,13 +294,13 @@ def summarise(
         "Levels: gaussian in units of sigma_E; neftune is NEFTune's alpha (noise alpha / sqrt(n d)). They come "
         "from ERM's fine-tune on the tuning seed (validation only), as every other choice.",
         "Per-example NLLs of every method, seed and condition are in jobs/eval-<method>-seed<s>.json; the "
-        "judged outcomes the claims read are in arrays/claims.npz.",
+        "judged outcomes the claims read are in arrays/cells.npz (design record: arrays/design.json).",
     ]
     return body
 
 
 __all__ = [
-    "claim_cells",
+    "claim_store",
     "conditions",
     "head_to_head",
     "noise_key",
