@@ -1,18 +1,15 @@
-"""Tune on a tuning seed, evaluate on fresh seeds: the grid-search protocol of the experiments that choose every
-setting on validation.
+"""The checks and choice rules of the tuning protocol: a tuning seed that is never an evaluation seed, equal
+tuning budgets for compared methods, and the rules that pick a constrained candidate on validation.
 
-Per group (e.g. an (architecture, method) pair), every candidate runs with the tuning seed, which is never an
-evaluation seed; the one of lowest ``score`` (first in candidate order on ties) then runs with every
-evaluation seed. No tuning run is reported as an evaluation run: a tuning run's validation score picked its
+The planner that tunes then replicates is :func:`descentlab.study.tuning.tune_then_replicate`; it uses these
+checks. No tuning run is reported as an evaluation run: a tuning run's validation score picked its
 candidate, so its test numbers would be a draw selected for its luck. Every compared method gets the same
-number of candidates (:func:`check_equal_budgets`). Jobs are submitted as early as their inputs allow, so a
-pool of workers stays busy.
+number of candidates (:func:`check_equal_budgets`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence, Sized
-from concurrent.futures import Future
+from collections.abc import Hashable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -28,7 +25,6 @@ __all__ = [
     "choose_candidate",
     "lr_alpha_grid",
     "settings_diff",
-    "tune_and_replicate",
     "with_reference",
 ]
 
@@ -66,64 +62,6 @@ def check_equal_budgets(grids: Mapping[Hashable, Sized]) -> int:
             "of candidates"
         )
     return next(iter(counts.values()), 0)
-
-
-def tune_and_replicate(
-    groups: Mapping[G, Sequence[Any]],
-    seeds: Sequence[int],
-    submit: Callable[[G, int, Any, int], Future],
-    score: Callable[[Any], Any],
-    then: Callable[[G, int, list[Any]], None] | None = None,
-    *,
-    tune_seed: int,
-) -> tuple[dict[G, list[Any]], dict[G, int], dict[G, list[Any]]]:
-    """Run the grid of every group with ``tune_seed``, then its best candidate with every seed of ``seeds``.
-
-    With ``r_g(c, s)`` the result of candidate ``c`` of group ``g`` trained from seed ``s`` and ``t`` the
-    tuning seed, the chosen candidate is ``c*_g = argmin_c score(r_g(c, t))`` (the first on ties) and the
-    reported results are ``r_g(c*_g, s)`` for ``s`` in ``seeds``; no ``r_g(c, t)`` is among them. A group
-    with a single candidate has nothing to choose: it runs on ``seeds`` only (no tuning run).
-
-    Args:
-        groups: group -> its candidates (e.g. override specs), in grid order.
-        seeds: the evaluation seeds; every one is reported.
-        submit: ``(group, candidate index, candidate, seed) -> Future`` of the job's result.
-        score: sort key of a tuning-seed result (lowest wins).
-        then: called as ``then(group, chosen index, per-seed results)`` once a group's seeds are done,
-            before the next group is waited for (to submit jobs that depend on them).
-        tune_seed: the seed every candidate of a group with more than one is trained from.
-
-    Returns:
-        ``grid[group]`` (the tuning-seed result of every candidate; empty for a single candidate),
-        ``chosen[group]`` (an index) and ``per_seed[group]`` (the chosen candidate's result for every
-        evaluation seed, in the order of ``seeds``).
-
-    Raises:
-        ConfigError: no evaluation seed, a group without candidates, or ``tune_seed`` among the seeds.
-    """
-    if not seeds:
-        raise ConfigError("tune_and_replicate needs at least one evaluation seed")
-    if empty := [g for g, cands in groups.items() if not cands]:
-        raise ConfigError(f"group {empty[0]!r} has no candidate")
-    check_tune_seed(tune_seed, seeds)
-    tuned = [g for g, cands in groups.items() if len(cands) > 1]
-    pending = {(g, i): submit(g, i, c, tune_seed) for g in tuned for i, c in enumerate(groups[g])}
-    evaluation: dict[tuple[G, int], Future] = {}
-    for g, cands in groups.items():  # nothing to choose: evaluated at once, before any grid is waited for
-        if len(cands) == 1:
-            evaluation |= {(g, s): submit(g, 0, cands[0], s) for s in seeds}
-    grid: dict[G, list[Any]] = {g: [] for g in groups}
-    chosen: dict[G, int] = dict.fromkeys(groups, 0)
-    for g in tuned:
-        grid[g] = [pending[g, i].result() for i in range(len(groups[g]))]
-        chosen[g] = min(range(len(groups[g])), key=lambda i, g=g: score(grid[g][i]))
-        evaluation |= {(g, s): submit(g, chosen[g], groups[g][chosen[g]], s) for s in seeds}
-    per_seed: dict[G, list[Any]] = {}
-    for g in groups:
-        per_seed[g] = [evaluation[g, s].result() for s in seeds]
-        if then is not None:
-            then(g, chosen[g], per_seed[g])
-    return grid, chosen, per_seed
 
 
 def lr_alpha_grid(method: MethodConfig, lrs: Sequence[float], alphas: Sequence[float]) -> list[MethodConfig]:
