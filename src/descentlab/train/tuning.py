@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any
 
 from descentlab.errors import ConfigError
 from descentlab.train.recipe import MethodConfig
@@ -27,8 +27,6 @@ __all__ = [
     "settings_diff",
     "with_reference",
 ]
-
-G = TypeVar("G", bound=Hashable)
 
 
 def check_tune_seed(tune_seed: int, *evaluation_seeds: Sequence[int]) -> None:
