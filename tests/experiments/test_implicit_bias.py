@@ -172,19 +172,23 @@ def test_run_writes_tables_and_figure_data(tiny_run):
     )
     assert len(res["scales"]["per_seed"]["3"]["ham"]["l1_margin_ratio"]) == 2
     assert res["methods"]["horst (scales)"]["curves"]["scales_l1_margin"]["x"] == [0.0, 3.0]
-    # the claims engine's rows, judged from arrays/claims.npz: every declared claim, two seeds each
-    arrays = load_arrays(path / "arrays" / "claims.npz")
+    # the claims engine's rows, judged from the cell store (arrays/cells.npz): every declared claim, two seeds
+    store = ib_claims.claim_arrays(path)
+    assert not (path / "arrays" / "claims.npz").exists() and store.design.seeds == (0, 1)
+    assert store.design.conditions == ("0", "3") and store.design.extra["theorem"]["steps"] == vf.log_grid(
+        60, 5
+    )
     claims = {(c["name"], c["at"]): c for c in res["claims"]}
     assert {k[0] for k in claims} == {s.name for s in ib_claims.CLAIMS}
     assert [c["name"] for c in res["claims"] if c["role"] == "primary"] == ["theorem-lp4-mirror"]
     primary = claims["theorem-lp4-mirror", "end of the decaying-step run"]
     assert primary["role"] == "primary" and primary["seeds"] == 2
-    assert primary["estimate"] == pytest.approx(arrays["theorem_ratio__lp4+mirror_after"][:, -1].mean())
+    assert primary["estimate"] == pytest.approx(store.get("theorem_ratio", "lp4+mirror_after")[:, -1].mean())
     assert primary["estimate"] == pytest.approx(
         res["methods"]["lp4+mirror_after (theorem)"]["metrics"]["l1_margin_ratio"]
     )
     for m in ibc.THEOREM_METHODS:
-        assert arrays[f"theorem_ratio__{m}"].shape == (2, len(vf.log_grid(60, 5)))
+        assert store.get("theorem_ratio", m).shape == (2, len(vf.log_grid(60, 5)))
     for name in ("theorem-sign-mirror", "theorem-sign-mirror-rising"):  # p = inf: outside the theorem's scope
         row = next(c for c in res["claims"] if c["name"] == name)
         assert row["role"] == "exploratory" and row["verdict"] in EXPLORATORY_WORDS.values()

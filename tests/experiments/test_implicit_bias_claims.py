@@ -1,5 +1,6 @@
-"""implicit-bias's claims on synthetic per-seed values with a known answer, judged by the engine; and the
-committed earlier run re-judged from the per-seed values its results.json recorded."""
+"""implicit-bias's claims on synthetic per-seed values with a known answer, judged by the engine from a cell
+store (built by the legacy reader from the flat names the committed runs saved); and the committed run
+re-judged from its saved arrays."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import numpy as np
 import pytest
 
 from descentlab.experiments.implicit_bias import claims as ib
+from descentlab.experiments.implicit_bias.legacy import LEGACY_ARRAYS, store_from_flat
 from descentlab.io import load_arrays
 from descentlab.report.claims import EXPLORATORY_WORDS, NOT_IN_RUN, ONE_SEED, PENDING, judge
+from descentlab.study.cells import CellStore
 
 COMMITTED = Path(__file__).parents[2] / "docs" / "results" / "implicit-bias"
 
@@ -49,7 +52,7 @@ def _arrays(
 
 
 def _rows(arrays: dict[str, np.ndarray]) -> dict[tuple[str, str], object]:
-    return {(r.name, r.at): r for r in judge(ib.CLAIMS, arrays)}
+    return {(r.name, r.at): r for r in judge(ib.CLAIMS, store_from_flat(arrays))}
 
 
 def test_planted_effects_are_reproduced() -> None:
@@ -104,6 +107,8 @@ def test_missing_runs_are_pending_diverged_seeds_count_and_one_seed_is_a_smoke_r
     rows = _rows(arrays)
     assert rows["theorem-lp4-mirror", ""].verdict == PENDING
     assert rows["horst-l1-vs-adam", ""].verdict == "reproduced"
+    # a run that saved no cells at all: every row pending, none not-in-run
+    assert {r.verdict for r in judge(ib.CLAIMS, {})} == {PENDING}
     # a theorem run without the finite-p objects (the run before they existed): not in this run, named
     arrays = {k: v for k, v in _arrays().items() if not k.startswith("theorem_ratio__lp")}
     rows = _rows(arrays)
@@ -124,12 +129,17 @@ def test_missing_runs_are_pending_diverged_seeds_count_and_one_seed_is_a_smoke_r
 
 
 def test_saved_arrays_give_one_primary_row(tmp_path: Path) -> None:
-    """The run's ``claims.npz`` as written and read back: exactly one primary row, on the p = 4 object."""
-    from descentlab.io import save_arrays
-
+    """The run's cell store as written and read back: exactly one primary row, on the p = 4 object; the
+    store keys cells ``metric/method[/decades]`` with the theorem's steps in the design record."""
     arrays = _arrays(seeds=5)
-    path = save_arrays(tmp_path / ib.CLAIM_ARRAYS, **arrays)
-    rows = judge(ib.CLAIMS, load_arrays(path))
+    store_from_flat(arrays).save(tmp_path)
+    store = ib.claim_arrays(tmp_path)
+    assert isinstance(store, CellStore) and store.design.extra["theorem"]["steps"][-1] == 100000
+    assert (
+        store.get("scales_l1_margin_ratio", "ham", 2.0).tolist()
+        == arrays["scales_l1_margin_ratio__ham"][2].tolist()
+    )
+    rows = judge(ib.CLAIMS, store)
     (primary,) = [r for r in rows if r.role == "primary"]
     assert (primary.name, primary.at, primary.seeds) == ("theorem-lp4-mirror", ib.END, 5)
     assert primary.estimate == pytest.approx(arrays["theorem_ratio__lp4+mirror_after"][:, -1].mean())
@@ -153,7 +163,7 @@ def test_the_committed_run_is_judged_from_its_saved_arrays() -> None:
     """The committed full run (20 evaluation seeds) saved ``arrays/claims.npz``; it must agree with what its
     results.json reports, and the committed rows are the engine's judgement of it."""
     results = json.loads((COMMITTED / "results.json").read_text())
-    arrays = load_arrays(COMMITTED / ib.CLAIM_ARRAYS)
+    arrays = load_arrays(COMMITTED / LEGACY_ARRAYS)
     assert arrays["cls_l1_margin_ratio__horst"].shape == (20,)
     for metric in ("cls_l1_margin_ratio", "cls_nnz", "reg_l1_ratio"):
         for m in ("horst", "adam"):
@@ -163,7 +173,7 @@ def test_the_committed_run_is_judged_from_its_saved_arrays() -> None:
     for i, k in enumerate(("0", "1", "2", "3", "4")):
         for m, per in results["scales"]["per_seed"][k].items():
             assert arrays[f"scales_l1_margin_ratio__{m}"][i].tolist() == pytest.approx(per["l1_margin_ratio"])
-    rows = _rows(arrays)
+    rows = {(r.name, r.at): r for r in judge(ib.CLAIMS, ib.claim_arrays(COMMITTED))}  # legacy.py's reader
     assert rows["theorem-sign-mirror", ib.END].seeds == 20
     committed = {(c["name"], c["at"]): c for c in results["claims"]}
     for key, row in rows.items():
@@ -184,3 +194,20 @@ def test_the_committed_run_is_judged_from_its_saved_arrays() -> None:
             assert row.role == "exploratory" and row.verdict == EXPLORATORY_WORDS[before["verdict"]], key
             assert row.estimate == pytest.approx(before["estimate"]), key
     assert set(committed) <= set(rows)
+
+
+def test_the_earlier_run_rejudges_to_its_committed_rows() -> None:
+    """``earlier/`` (a theorem run with two objects, no cell store) re-judged through ``legacy.py``: the same
+    rows, the finite-p objects it lacked still "not in this run" with the same reason."""
+    earlier = COMMITTED / "earlier"
+    committed = json.loads((earlier / "results.json").read_text())["claims"]
+    rows = [r.to_dict() for r in judge(ib.CLAIMS, ib.claim_arrays(earlier))]
+    assert [(r["name"], r["at"], r["verdict"]) for r in rows] == [
+        (c["name"], c["at"], c["verdict"]) for c in committed
+    ]
+    for row, before in zip(rows, committed, strict=True):
+        assert row["reason"] == before["reason"], row["name"]
+        if before["estimate"] is None:  # not in this run
+            assert row["estimate"] is None, row["name"]
+        else:
+            assert row["estimate"] == pytest.approx(before["estimate"], rel=1e-9), row["name"]

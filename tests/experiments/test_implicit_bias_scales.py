@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from descentlab.data import synthetic as syn
+from descentlab.errors import ConfigError
 from descentlab.experiments.implicit_bias.config import ImplicitBiasConfig
 from descentlab.experiments.implicit_bias.run import fit_classification, make_optimizer
 
@@ -86,3 +87,20 @@ def test_ham_exponent_follows_the_gradient_scale_and_horst_does_not():
     torch.testing.assert_close(out["ham"], (1 - 1e-2) * torch.exp(-1e-4 * scales), rtol=1e-6, atol=0)
     horst_log = torch.log(out["horst"] / (1 - 1e-2))
     torch.testing.assert_close(horst_log, torch.full((3,), -1e-2, dtype=torch.float64), rtol=1e-5, atol=0)
+
+
+def test_the_alpha_search_is_one_toolkit_round_at_equal_budgets() -> None:
+    """run.scales_plan: one round over every (tuned method, spread) arm, each trying its method's grid on the
+    validation set (named by the first validation seed); HORST's and HAM's grids must be the same size."""
+    from descentlab.experiments.implicit_bias.run import scale_arm, scales_plan
+
+    cfg = ImplicitBiasConfig()
+    plan = scales_plan(cfg)
+    (rnd,) = plan.rounds
+    assert rnd.arms == tuple(scale_arm(m, k) for k in cfg.scales.decades for m in ("horst", "ham"))
+    assert plan.tune_seed == cfg.scales.validation_seeds[0] and plan.tune_seed not in plan.seeds
+    assert rnd.candidates("ham@3", {}) == cfg.scales.ham_alphas
+    assert rnd.candidates("horst@3", {}) == cfg.scales.horst_alphas
+    cfg.scales.ham_alphas = cfg.scales.ham_alphas[:-1]
+    with pytest.raises(ConfigError, match="unequal tuning budgets"):
+        scales_plan(cfg)

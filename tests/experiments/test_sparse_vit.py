@@ -417,3 +417,28 @@ def test_the_paper_like_arm_prunes_the_block_linears_only(tmp_path) -> None:
     )
     every = load_file(str(next((path / "checkpoints").glob("horst-s90*seed0/step-*/model.safetensors"))))
     assert int((blocks["classifier.weight"] == 0).sum()) == 0 < int((every["classifier.weight"] == 0).sum())
+
+
+def test_the_tuning_plan_is_the_toolkits_rounds_from_the_config() -> None:
+    """run.tuning_plan: one round over the methods with a choice (a one-candidate method starts at it and
+    trains no tuning run); with lr_from, that method's lr x α first, then the others' α at its chosen lr;
+    the dense reference outside ``methods`` is an untuned arm; without tuning, no round."""
+    from descentlab.config import resolve_config
+    from descentlab.experiments.sparse_vit.config import SparseViTConfig
+    from descentlab.experiments.sparse_vit.run import tuning_plan
+
+    def plan(*overrides: str):
+        base = [o for o in MICRO if not o.startswith("tune_lr_by")]
+        return tuning_plan(resolve_config(SparseViTConfig, overrides=base + list(overrides)))
+
+    start, tp = plan("tune_lr_by={adamw: [0.003, 0.001]}")
+    assert [r.arms for r in tp.rounds] == [("adamw", "horst", "ham")] and tp.tune_seed == 7
+    grid = tp.rounds[0].candidates("ham", start)
+    assert [(m.optimizer.lr, m.optimizer.alpha) for m in grid] == [(0.003, 200.0), (0.003, 1000.0)]
+    start, tp = plan("tune_lr=[0.003]", "tune_alpha={horst: [1.0], ham: [200.0]}")
+    assert tp.rounds == [] and (start["ham"].optimizer.lr, start["ham"].optimizer.alpha) == (0.003, 200.0)
+    start, tp = plan("methods=[horst,ham]", "lr_from=horst")
+    assert [r.arms for r in tp.rounds] == [("horst",), ("ham",)] and "adamw" in start  # the dense reference
+    chosen = {**start, "horst": tp.rounds[0].candidates("horst", start)[-1]}
+    assert {m.optimizer.lr for m in tp.rounds[1].candidates("ham", chosen)} == {chosen["horst"].optimizer.lr}
+    assert not plan("tune=false")[1].rounds

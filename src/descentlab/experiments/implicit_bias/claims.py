@@ -2,19 +2,21 @@ r"""implicit-bias's claims: Theorem 4.7 on its own objects, then HORST's L1 bias
 
 Cells are seeds: each seed draws its own problem, and every method runs on it from w = 0, so the per-seed
 values of two methods are paired; each cell is one number per seed (``[seeds]``), an exact function of the
-run (the references are closed forms: pinv, linprog). The run saves them in ``arrays/claims.npz``:
+run (the references are closed forms: pinv, linprog). The run saves them in a cell store
+(``arrays/cells.npz`` + ``arrays/design.json``, :mod:`descentlab.study.cells`), keyed ``metric/method[/decades]``:
 
-* ``theorem_steps`` ``[P]`` and ``theorem_ratio__<m>`` ``[seeds, P]``: Theorem 4.7's run, the normalised L1
-  margin over the optimal one (linprog) at P log-spaced steps, for m = ``ngd+mirror_after`` (p = 2),
-  ``lp3+mirror_after``, ``lp4+mirror_after``, ``lp8+mirror_after`` (p = 3, 4, 8) and ``sign+mirror_after``
-  (p = ∞), decaying step;
-* ``cls_l1_margin_ratio__<m>``, ``cls_nnz__<m>``, ``reg_l1_ratio__<m>`` ``[seeds]``: the main problems
+* ``theorem_ratio/<m>`` ``[seeds, P]``: Theorem 4.7's run, the normalised L1 margin over the optimal one
+  (linprog) at the P log-spaced steps of the design's ``extra["theorem"]["steps"]``, for m =
+  ``ngd+mirror_after`` (p = 2), ``lp3+mirror_after``, ``lp4+mirror_after``, ``lp8+mirror_after`` (p = 3, 4,
+  8) and ``sign+mirror_after`` (p = ∞), decaying step;
+* ``cls_l1_margin_ratio/<m>``, ``cls_nnz/<m>``, ``reg_l1_ratio/<m>`` ``[seeds]``: the main problems
   (constant step), every method run;
-* ``scales_decades`` ``[K]`` and ``scales_l1_margin_ratio__<m>`` ``[K, seeds]``: the heterogeneous-scale study,
-  HORST and HAM each at the alpha chosen on validation seeds.
+* ``scales_l1_margin_ratio/<m>/<k>`` ``[seeds]``: the heterogeneous-scale study at k decades (the design's
+  conditions), HORST and HAM each at the alpha chosen on validation seeds.
 
-A run without ``arrays/claims.npz`` has every row pending; one that lacks Theorem 4.7's run has those rows
-pending; one whose theorem run left out an object has that object's row "not in this run".
+Runs saved before the store (one flat ``arrays/claims.npz``) are read by ``legacy.py``. A run without
+either has every row pending; one that lacks Theorem 4.7's run has those rows pending; one whose theorem
+run left out an object (``extra["theorem"]["methods"]``) has that object's row "not in this run".
 
 The paper's statement, in its own scope. The HORST paper (Jacobs, Jain, Burkholz, arXiv 2605.21104),
 Theorem 4.7: steepest descent with respect to an L_p norm, p >= 2, composed with the hyperbolic mirror map
@@ -62,13 +64,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from descentlab.experiments.implicit_bias.legacy import LEGACY_ARRAYS, legacy_store
 from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays, NotInRun
 from descentlab.report.stats import sd_upper_bound
+from descentlab.study.cells import CELLS_FILE, CellStore
 
-CLAIM_ARRAYS = "arrays/claims.npz"
+SCALES_RATIO = "scales_l1_margin_ratio"
 TAU = 0.9  # "approaches the optimal L1 margin": the fraction fixed before the earlier run
 SIGN_MIRROR, NGD_MIRROR = "sign+mirror_after", "ngd+mirror_after"
 PRIMARY_P = 4  # chosen a priori: the middle of the finite p > 2 the project had no operator for
@@ -82,52 +88,56 @@ RATIO = "normalised L1 margin / optimal L1 margin (linprog)"
 END = "end of the decaying-step run"
 
 
-def _get(arrays: Mapping[str, np.ndarray], key: str, *, per_seed: bool = True) -> np.ndarray:
-    """``arrays[key]`` as float64. A one-seed run's cells pass through, and the engine labels them "one
-    seed: a smoke run, not judged"; a non-finite value (a run that overflowed) passes through too, and the
-    engine counts it against the method that diverged. ``per_seed`` is kept for the callers' readability."""
-    del per_seed
-    if key not in arrays:
-        raise MissingArrays(key)
-    return np.asarray(arrays[key], dtype=np.float64)
+def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
+    """The run's cell store; a run made before the store is read by :func:`legacy.legacy_store`; {} when
+    the run saved neither (every row pending)."""
+    return CellStore.load(run_dir) or legacy_store(run_dir) or {}
 
 
-def reaches(method: str, key: str, at: str = "") -> CellFunction:
-    """Cells of "``method``'s L1 margin ratio is at least τ" (a sized claim): its per-seed ratio against 0.
-    ``key`` names a ``[seeds]`` array, or ``theorem_ratio__<m>`` whose last recorded step is taken."""
+def _store(arrays: Mapping[str, Any]) -> CellStore:
+    if not isinstance(arrays, CellStore):
+        raise MissingArrays(f"{CELLS_FILE} (or the older {LEGACY_ARRAYS})")
+    return arrays
 
-    def cells(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
-        value = _get(arrays, key)
-        final = value[:, -1] if value.ndim == 2 else value
+
+def reaches(method: str, metric: str, at: str = "") -> CellFunction:
+    """Cells of "``method``'s L1 margin ratio is at least τ" (a sized claim): its per-seed ``metric``
+    (``[seeds]``) against 0. A non-finite value (a run that overflowed) passes through, and the engine
+    counts it against the method that diverged; a one-seed run is labelled a smoke run, not judged."""
+
+    def cells(arrays: Mapping[str, Any]) -> list[Cells]:
+        final = np.asarray(_store(arrays).get(metric, method), dtype=np.float64)
         return [Cells(final, np.zeros_like(final), method, "0", at)]
 
     return cells
 
 
-def _theorem_path(arrays: Mapping[str, np.ndarray], method: str) -> str:
-    """The key of ``method``'s theorem path; pending without a theorem run, "not in this run" when the run
-    had a theorem run without ``method`` (a config's ``theorem.methods`` left it out)."""
-    key = f"theorem_ratio__{method}"
-    if key not in arrays and "theorem_steps" in arrays:
-        ran = sorted(k.split("__", 1)[1] for k in arrays if k.startswith("theorem_ratio__"))
-        raise NotInRun(f"the theorem run had no {method} object (it ran {', '.join(ran) or 'none'})")
-    return key
+def theorem_path(store: CellStore, method: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps [P], ratio [seeds, P])`` of ``method``'s theorem run; pending without a theorem run, "not
+    in this run" when the theorem run left ``method`` out (a config's ``theorem.methods``)."""
+    theorem = store.design.extra.get("theorem")
+    if not theorem:
+        raise MissingArrays("the theorem run (theorem.methods was empty, or the run stopped before it)")
+    if method not in theorem["methods"]:
+        ran = ", ".join(sorted(theorem["methods"])) or "none"
+        raise NotInRun(f"the theorem run had no {method} object (it ran {ran})")
+    steps = np.asarray(theorem["steps"], dtype=np.float64)
+    return steps, np.asarray(store.get("theorem_ratio", method), dtype=np.float64)
 
 
 def theorem_reaches(method: str, at: str = END) -> CellFunction:
-    """:func:`reaches` on ``method``'s theorem path (its ratio at the last recorded step)."""
+    """Cells of "``method``'s theorem path ends at least τ": its ratio at the last recorded step against 0."""
 
-    def cells(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
-        return reaches(method, _theorem_path(arrays, method), at)(arrays)
+    def cells(arrays: Mapping[str, Any]) -> list[Cells]:
+        final = theorem_path(_store(arrays), method)[1][:, -1]
+        return [Cells(final, np.zeros_like(final), method, "0", at)]
 
     return cells
 
 
-def sign_mirror_rising(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
+def sign_mirror_rising(arrays: Mapping[str, Any]) -> list[Cells]:
     """sign + mirror's ratio at the last step against the recorded step nearest a tenth of the run."""
-    key = _theorem_path(arrays, SIGN_MIRROR)
-    steps = _get(arrays, "theorem_steps", per_seed=False)
-    ratio = _get(arrays, key)
+    steps, ratio = theorem_path(_store(arrays), SIGN_MIRROR)
     tenth = int(np.argmin(np.abs(np.log(steps) - np.log(steps[-1] / 10))))
     end, mid = f"step {int(steps[-1])}", f"step {int(steps[tenth])}"
     return [Cells(ratio[:, -1], ratio[:, tenth], f"{SIGN_MIRROR} at {end}", f"at {mid}")]
@@ -136,8 +146,8 @@ def sign_mirror_rising(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
 def paired(metric: str, a: str, b: str) -> CellFunction:
     """Cells of ``a − b`` on the main problems' per-seed ``metric``."""
 
-    def cells(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
-        return [Cells(_get(arrays, f"{metric}__{a}"), _get(arrays, f"{metric}__{b}"), a, b)]
+    def cells(arrays: Mapping[str, Any]) -> list[Cells]:
+        return [_store(arrays).compare(metric, a, b)]
 
     return cells
 
@@ -147,17 +157,21 @@ def scales(where: str, against: str | None) -> CellFunction:
     claim when None) at the equal-scale problem (``"equal"``: 0 decades), every spread > 0 (``"spread"``)
     or every spread (``"all"``)."""
 
-    def cells(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
-        decades = _get(arrays, "scales_decades", per_seed=False)
-        horst = _get(arrays, "scales_l1_margin_ratio__horst")
-        other = _get(arrays, f"scales_l1_margin_ratio__{against}") if against else np.zeros_like(horst)
+    def cells(arrays: Mapping[str, Any]) -> list[Cells]:
+        store = _store(arrays)
+        decades = np.asarray(store.conditions(numeric=True))
         keep = {"equal": decades == 0, "spread": decades > 0, "all": decades >= 0}[where]
         if not keep.any():
             raise MissingArrays(f"the scale study at {where} scales (decades {decades.tolist()})")
-        return [
-            Cells(horst[i], other[i], "horst", against or "0", f"{decades[i]:g} decades")
-            for i in np.flatnonzero(keep)
-        ]
+        out = []
+        for kappa in decades[keep]:
+            at = f"{kappa:g} decades"
+            if against is not None:
+                out.append(store.compare(SCALES_RATIO, "horst", against, kappa, label=at))
+            else:
+                horst = np.asarray(store.get(SCALES_RATIO, "horst", kappa), dtype=np.float64)
+                out.append(Cells(horst, np.zeros_like(horst), "horst", "0", at))
+        return out
 
     return cells
 
@@ -224,7 +238,7 @@ CLAIMS: list[ClaimSpec] = [
         name="horst-l1-direction",
         description="HORST (Adam + mirror step, constant step) reaches at least τ = 0.9 of the optimal L1 "
         "margin; Adam is not an L_p steepest descent, so this is HORST's row, not the theorem's",
-        cells=reaches("horst", "cls_l1_margin_ratio__horst"),
+        cells=reaches("horst", "cls_l1_margin_ratio"),
         metric=RATIO,
         kind="sized",
         size=TAU,

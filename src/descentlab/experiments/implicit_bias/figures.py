@@ -1,8 +1,9 @@
 """Figures of implicit-bias: Theorem 4.7's margin against the step, weight trajectories, L1-margin paths,
 sorted final weight magnitudes, and the heterogeneous-scale study.
 
-Theorem 4.7's figure is drawn from ``claims.npz`` (``theorem_steps`` and one ``[seeds, steps]`` path of the
-L1 margin over the optimum per method: mean ± std over every seed); the others from the first seed's arrays
+Theorem 4.7's figure is drawn from the claims' cells (``claims.claim_arrays``: the design's theorem steps and
+one ``theorem_ratio/<method>`` ``[seeds, steps]`` path of the L1 margin over the optimum per method: mean ±
+std over every seed); the others from the first seed's arrays
 the run saved under ``arrays/``: ``trajectories.npz`` (``steps`` and one
 ``[steps, d]`` regression iterate history per method), ``margins.npz`` (``steps`` and one normalised-L1-margin
 path per method), ``final-weights.npz`` (the final classification weights per method), and for the
@@ -20,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from descentlab.experiments.implicit_bias.claims import claim_arrays
 from descentlab.io import load_arrays
 from descentlab.report.figures import new_figure, save_figure
+from descentlab.study.cells import CellStore
 
 # the geometries whose every coordinate is worth a panel (the others add nothing a reader needs here)
 TRAJECTORY_PANELS = ("gd", "sign", "coordinate", "hyperbolic_md", "adam", "horst")
@@ -67,10 +70,17 @@ def plot_margins(steps: np.ndarray, paths: Mapping[str, np.ndarray], path: Path)
     return save_figure(fig, path, dpi=110)
 
 
-def plot_theorem(data: Mapping[str, np.ndarray], path: Path) -> Path | None:
+def theorem_paths(store: Mapping[str, Any]) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+    """``(steps, method -> [seeds, steps] ratios)`` of the theorem run in the claims' cells ((None, {})
+    without one)."""
+    theorem = store.design.extra.get("theorem") if isinstance(store, CellStore) else None
+    if not theorem:
+        return None, {}
+    return np.asarray(theorem["steps"]), {m: store.get("theorem_ratio", m) for m in theorem["methods"]}
+
+
+def plot_theorem(steps: np.ndarray | None, paths: Mapping[str, np.ndarray], path: Path) -> Path | None:
     """Theorem 4.7's run: L1 margin / optimal against the step, mean ± std over seeds, one line per method."""
-    steps = data.get("theorem_steps")
-    paths = {k.split("__", 1)[1]: v for k, v in data.items() if k.startswith("theorem_ratio__")}
     if steps is None or not paths:
         return None
     fig, ax = new_figure(figsize=(7, 4.2))
@@ -158,9 +168,10 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     """The three figures, redrawn from the arrays in ``run_dir / "arrays"`` (those that exist)."""
     arrays, folder = Path(run_dir) / "arrays", Path(run_dir) / "figures"
     drawn = []
+    if plot_theorem(*theorem_paths(claim_arrays(run_dir)), folder / "theorem-margins.png") is not None:
+        caption = "Theorem 4.7's objects at a decaying step: L1 margin relative to the linprog optimum against the step."
+        drawn.append({"path": "figures/theorem-margins.png", "caption": caption})
     for source, name, draw, caption in (
-        ("claims", "theorem-margins", plot_theorem,
-         "Theorem 4.7's objects at a decaying step: L1 margin relative to the linprog optimum against the step."),
         ("trajectories", "regression-trajectories", _stepped(plot_trajectories),
          "Weight trajectories on under-determined regression."),
         ("margins", "classification-margins", _stepped(plot_margins),
@@ -184,6 +195,12 @@ def _stepped(plot: Any) -> Any:
 
 
 __all__ = [
-    "figures", "plot_margins", "plot_scale_margins", "plot_scale_weights", "plot_theorem", "plot_trajectories",
+    "figures",
+    "plot_margins",
+    "plot_scale_margins",
+    "plot_scale_weights",
+    "plot_theorem",
+    "plot_trajectories",
     "plot_weights",
+    "theorem_paths",
 ]  # fmt: skip

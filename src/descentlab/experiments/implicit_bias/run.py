@@ -34,14 +34,20 @@ seeds before the evaluation seeds run, from grids of the same size. At 0 decades
 only through |gamma_j|. Controls of the mechanism: normalised GD + mirror (keeps relative gradient sizes),
 sign + mirror (does not).
 
-Every method is a real optimizer from :mod:`descentlab.optim` (``vector_fit.py``). The run saves the
-per-seed values the claims read (``arrays/claims.npz``, see ``claims.py``) and the figure data
-(``figures.py``) under ``arrays/``.
+Every method is a real optimizer from :mod:`descentlab.optim` (``vector_fit.py``). The scale study's alpha
+choice is the toolkit's plan (:func:`~descentlab.study.tuning.tune_then_replicate`): one search round
+over every (tuned method, spread) arm on the validation set, then the pick on every evaluation seed. The
+run saves the per-seed values the claims read in a cell store (``arrays/cells.npz`` + ``arrays/design.json``,
+see ``claims.py``) and the figure data (``figures.py``) under ``arrays/``.
 """
 
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import lru_cache, partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,13 +70,18 @@ from descentlab.data.synthetic import (
     upper_half,
 )
 from descentlab.errors import NumericalError
-from descentlab.experiments.implicit_bias.claims import CLAIM_ARRAYS
+from descentlab.experiments.implicit_bias.claims import SCALES_RATIO
 from descentlab.experiments.implicit_bias.config import ImplicitBiasConfig
 from descentlab.experiments.implicit_bias.tables import main_tables, scales_results
 from descentlab.experiments.implicit_bias.vector_fit import log_grid, make_geometry, regression_lr, train
 from descentlab.report.results import Curve, MethodResult, Results
 from descentlab.report.stats import column_mean_std, mean_std
+from descentlab.study.cells import CellStore, Design
+from descentlab.study.tuning import Round, TuningConfig, tune_then_replicate
 from descentlab.train.rundir import RunDir
+
+TRAJECTORY_POINTS = 60  # recorded steps of the first seed's figure data (trajectories, margin paths)
+CLAIM_METRICS = ("cls_l1_margin_ratio", "cls_nnz", "reg_l1_ratio")  # the main problems' cells (claims.py)
 
 # ---- methods ------------------------------------------------------------------------------------------
 
@@ -87,9 +98,6 @@ def make_optimizer(
     )
 
 
-# ---- heterogeneous scales -----------------------------------------------------------------------------
-
-
 def fit_classification(
     name: str, z: Tensor, cfg: ImplicitBiasConfig, steps: int, lr: float, alpha: float | None
 ) -> Tensor | None:
@@ -97,8 +105,8 @@ def fit_classification(
     try:
         w, _ = train(
             torch.zeros(z.shape[1], dtype=torch.float64),
-            lambda v: classification_grad(v, z),
-            lambda p: make_optimizer(name, p, lr, cfg, regression=False, alpha=alpha),
+            partial(classification_grad, z=z),
+            partial(make_optimizer, name, lr=lr, cfg=cfg, regression=False, alpha=alpha),
             steps,
             [],
         )
@@ -107,67 +115,151 @@ def fit_classification(
     return w
 
 
-def choose_alphas(cfg: ImplicitBiasConfig) -> tuple[dict[float, dict[str, float]], dict]:
-    """Per spread, HORST's and HAM's alpha with the highest mean L1 margin ratio on the validation seeds.
+# ---- the main problems: regression and classification from w = 0 -------------------------------------
 
-    Returns:
-        ``(chosen, scores)``: spread -> method -> alpha, and spread -> method -> alpha -> mean ratio
-        (-inf when a validation run overflowed).
+
+@dataclass
+class MainRun:
+    """The main problems' results.
+
+    Attributes:
+        per: method -> metric -> per-seed values (``*_curve``: one recorded path per seed).
+        trajectories: the first seed's regression iterates per method, ``[recorded steps, d]``.
+        final_cls: the first seed's final classification weights per method.
+        margin_paths: the first seed's L1 margin / optimal at :func:`figure_grids`' margin steps.
     """
-    sc = cfg.scales
-    chosen: dict[float, dict[str, float]] = {}
-    scores: dict[float, dict[str, dict[float, float]]] = {}
-    for kappa in sc.decades:
-        problems = [make_heterogeneous_classification(sc.n, sc.d, sc.support, s, kappa)[0]
-                    for s in sc.validation_seeds]  # fmt: skip
-        best = [optimal_margins(z)["l1"] for z in problems]
-        chosen[kappa], scores[kappa] = {}, {}
-        for name, grid in (("horst", sc.horst_alphas), ("ham", sc.ham_alphas)):
-            if name not in sc.methods:
-                continue
-            grid_scores = {}
-            for alpha in grid:
-                ws = [fit_classification(name, z, cfg, sc.steps, sc.lr, alpha) for z in problems]
-                ratios = [-math.inf if w is None else normalized_margin(w, z, 1) / b
-                          for w, z, b in zip(ws, problems, best, strict=True)]  # fmt: skip
-                grid_scores[alpha] = float(np.mean(ratios))
-            scores[kappa][name] = grid_scores
-            chosen[kappa][name] = max(grid_scores, key=lambda a, g=grid_scores: g[a])
-    return chosen, scores
+
+    per: dict[str, dict[str, list]]
+    trajectories: dict[str, Tensor] = field(default_factory=dict)
+    final_cls: dict[str, Tensor] = field(default_factory=dict)
+    margin_paths: dict[str, list[float]] = field(default_factory=dict)
 
 
-def run_scales(cfg: ImplicitBiasConfig, run: RunDir, chosen: dict[float, dict[str, float]]) -> tuple:
-    """Every scale method on every (spread, evaluation seed); a run that overflows records nan.
+def curve_grids(cfg: ImplicitBiasConfig) -> tuple[list[int], list[int]]:
+    """The steps of the regression and classification curves (every seed)."""
+    return log_grid(cfg.regression.steps, cfg.curve_points), log_grid(
+        cfg.classification.steps, cfg.curve_points
+    )
 
-    Returns:
-        ``(per, lp_share, weights)``: spread -> method -> metric -> per-seed values; spread -> the LP
-        separator's L1 share on the large-scale half per seed; the first seed's final weights (and scales,
-        LP separator) at the largest spread.
-    """
-    sc = cfg.scales
-    per = {k: {m: {} for m in sc.methods} for k in sc.decades}
-    lp_share: dict[float, list[float]] = {k: [] for k in sc.decades}
-    weights: dict[str, Tensor] = {}
-    for kappa in sc.decades:
-        for seed in cfg.seeds:
-            z, s = make_heterogeneous_classification(sc.n, sc.d, sc.support, seed, kappa)
-            best, large, lp = optimal_margins(z), upper_half(sc.d, seed), l1_max_margin_separator(z)
-            lp_share[kappa].append(l1_share(lp, large))
-            keep = kappa == max(sc.decades) and seed == cfg.seeds[0]
-            if keep:
-                weights.update({"scales": s, "LP optimum (L1)": lp})
-            for name in sc.methods:
-                w = fit_classification(name, z, cfg, sc.steps, sc.lr, chosen[kappa].get(name))
-                if keep and w is not None:
-                    weights[name] = w
-                rec = per[kappa][name]
-                for key, val in separator_metrics(w, z, best, large, cfg.nnz_rel_tol).items():
-                    rec.setdefault(key, []).append(val)
-                run.log(decades=kappa, seed=seed, method=name, **{k: v[-1] for k, v in rec.items()})
-    return per, lp_share, weights
+
+def figure_grids(cfg: ImplicitBiasConfig) -> tuple[list[int], list[int]]:
+    """The steps the first seed's figure data records: regression iterates, classification margins."""
+    reg = sorted(set(curve_grids(cfg)[0]) | set(log_grid(cfg.regression.steps, TRAJECTORY_POINTS)))
+    return reg, log_grid(cfg.classification.steps, TRAJECTORY_POINTS)
+
+
+def fit_regression(
+    name: str, x: Tensor, y: Tensor, cfg: ImplicitBiasConfig
+) -> tuple[dict, dict[int, Tensor]]:
+    """``name`` on the under-determined least squares from w = 0: its norms against the exact minima, and
+    its iterates at the recorded steps."""
+    rc, ref = cfg.regression, regression_references(x, y)
+    lr = rc.lr if rc.lr is not None else regression_lr(name, x)
+    record = figure_grids(cfg)[0]
+    w, snaps = train(
+        torch.zeros(rc.d, dtype=torch.float64),
+        partial(regression_grad, x=x, y=y),
+        partial(make_optimizer, name, lr=lr, cfg=cfg, regression=True),
+        rc.steps,
+        record,
+    )
+    metrics = {
+        "reg_l2_ratio": float(w.norm()) / ref["l2"],
+        "reg_l1_ratio": float(w.abs().sum()) / ref["l1"],
+        "reg_linf_ratio": float(w.abs().max()) / ref["linf"],
+        "reg_dist_pinv": float((w - ref["w_l2"]).abs().max()),
+        "reg_residual": float((x @ w - y).abs().max()),
+        "reg_nnz": count_nonzeros(w, cfg.nnz_rel_tol),
+        "reg_l1_curve": [float(snaps[k].abs().sum()) / ref["l1"] for k in curve_grids(cfg)[0]],
+    }
+    return metrics, snaps
+
+
+def fit_main_classification(
+    name: str, z: Tensor, cfg: ImplicitBiasConfig
+) -> tuple[dict, Tensor, list[float]]:
+    """``name`` on the separable classification from w = 0 (constant step): its margins over the optima,
+    its final weights and its L1 margin path at the figure's steps."""
+    cc, best = cfg.classification, optimal_margins(z)
+    cls_grid, margin_grid = curve_grids(cfg)[1], figure_grids(cfg)[1]
+    w, snaps = train(
+        torch.zeros(cc.d, dtype=torch.float64),
+        partial(classification_grad, z=z),
+        partial(make_optimizer, name, lr=cc.lr, cfg=cfg, regression=False),
+        cc.steps,
+        sorted(set(cls_grid) | set(margin_grid)),
+    )
+    metrics = {
+        "cls_l1_margin_ratio": normalized_margin(w, z, 1) / best["l1"],
+        "cls_linf_margin_ratio": normalized_margin(w, z, math.inf) / best["linf"],
+        "cls_nnz": count_nonzeros(w, cfg.nnz_rel_tol),
+        "cls_margin_curve": [normalized_margin(snaps[k], z, 1) / best["l1"] for k in cls_grid],
+    }
+    return metrics, w, [normalized_margin(snaps[k], z, 1) / best["l1"] for k in margin_grid]
+
+
+def run_main(cfg: ImplicitBiasConfig, run: RunDir) -> MainRun:
+    """Every method on both main problems from every evaluation seed."""
+    rc, cc = cfg.regression, cfg.classification
+    out = MainRun({m: {} for m in cfg.methods})
+    for seed in cfg.seeds:
+        x, y = make_regression(rc.n, rc.d, rc.support, seed)
+        z = make_classification(cc.n, cc.d, cc.support, seed)
+        for name in cfg.methods:
+            reg, snaps = fit_regression(name, x, y, cfg)
+            cls, w, margins = fit_main_classification(name, z, cfg)
+            if seed == cfg.seeds[0]:
+                out.trajectories[name] = torch.stack([snaps[k] for k in sorted(snaps)])
+                out.final_cls[name], out.margin_paths[name] = w, margins
+            for key, val in (reg | cls).items():
+                out.per[name].setdefault(key, []).append(val)
+            run.log(
+                seed=seed, method=name, **{k: v for k, v in (reg | cls).items() if not k.endswith("curve")}
+            )
+    return out
+
+
+def main_methods(cfg: ImplicitBiasConfig, per: dict[str, dict[str, list]]) -> dict[str, MethodResult]:
+    """Per method: the mean of every metric over seeds and its two curves (mean ± std over seeds)."""
+    (reg_grid, cls_grid), methods = curve_grids(cfg), {}
+    for name, rec in per.items():
+        metrics = {k: mean_std(v, impl="numpy")[0] for k, v in rec.items() if not k.endswith("curve")}
+        curves = {}
+        for key, grid, metric in (
+            ("reg_l1_curve", reg_grid, "||w||_1 / min L1 (regression)"),
+            ("cls_margin_curve", cls_grid, "L1 margin / optimal (classification)"),
+        ):
+            mean, std = column_mean_std(rec[key], impl="numpy")
+            curves[key.replace("_curve", "")] = Curve("step", grid, metric, mean, std)
+        methods[name] = MethodResult(metrics=metrics, curves=curves)
+    return methods
 
 
 # ---- Theorem 4.7's own objects -------------------------------------------------------------------------
+
+
+def theorem_path(name: str, z: Tensor, cfg: ImplicitBiasConfig, grid: list[int]) -> list[float]:
+    """``name``'s L1 margin over the optimal one at the steps ``grid`` of its decaying-step run on ``z``
+    (nan throughout when the run overflowed)."""
+    th = cfg.theorem
+    try:
+        _, snaps = train(
+            torch.zeros(z.shape[1], dtype=torch.float64),
+            partial(classification_grad, z=z),
+            partial(make_optimizer, name, lr=th.lr, cfg=cfg, regression=False, alpha=th.alpha),
+            th.steps,
+            grid,
+            lr_at=partial(decaying_lr, th.lr),
+        )
+    except NumericalError:
+        return [math.nan] * len(grid)
+    best = optimal_margins(z)["l1"]
+    return [normalized_margin(snaps[k], z, 1) / best for k in grid]
+
+
+def decaying_lr(lr: float, k: int) -> float:
+    """Theorem 4.7's step ``lr / sqrt(k)``."""
+    return lr / math.sqrt(k)
 
 
 def run_theorem(cfg: ImplicitBiasConfig, run: RunDir) -> tuple[list[int], dict[str, np.ndarray]]:
@@ -183,175 +275,253 @@ def run_theorem(cfg: ImplicitBiasConfig, run: RunDir) -> tuple[list[int], dict[s
     paths: dict[str, list[list[float]]] = {m: [] for m in th.methods}
     for seed in cfg.seeds:
         z = make_classification(cc.n, cc.d, cc.support, seed)
-        best = optimal_margins(z)["l1"]
         for name in th.methods:
-            try:
-                _, snaps = train(
-                    torch.zeros(cc.d, dtype=torch.float64),
-                    lambda v, z=z: classification_grad(v, z),
-                    lambda p, name=name: make_optimizer(
-                        name, p, th.lr, cfg, regression=False, alpha=th.alpha
-                    ),
-                    th.steps,
-                    grid,
-                    lr_at=lambda k: th.lr / math.sqrt(k),
-                )
-                path = [normalized_margin(snaps[k], z, 1) / best for k in grid]
-            except NumericalError:
-                path = [math.nan] * len(grid)
-            paths[name].append(path)
-            run.log(seed=seed, method=f"theorem/{name}", l1_margin_ratio=path[-1])
+            paths[name].append(theorem_path(name, z, cfg, grid))
+            run.log(seed=seed, method=f"theorem/{name}", l1_margin_ratio=paths[name][-1][-1])
     return grid, {m: np.asarray(v, dtype=np.float64) for m, v in paths.items()}
+
+
+def theorem_methods(grid: list[int], paths: dict[str, np.ndarray]) -> dict[str, MethodResult]:
+    """One ``"<method> (theorem)"`` result per object: its end ratio and its path (mean ± std over seeds)."""
+    methods = {}
+    for name, path in paths.items():
+        mean, std = column_mean_std(path, impl="numpy")
+        curve = Curve("step", grid, "L1 margin / optimal (decaying step)", mean, std)
+        methods[f"{name} (theorem)"] = MethodResult(
+            metrics={"l1_margin_ratio": mean[-1]}, curves={"theorem_margin": curve}
+        )
+    return methods
+
+
+# ---- heterogeneous scales: alpha tuned on the validation seeds, then every evaluation seed -------------
+
+TUNED_ON_SCALES = ("horst", "ham")  # the methods whose alpha the scale study chooses per spread
+
+
+@dataclass
+class ScalesRun:
+    """The scale study's results.
+
+    Attributes:
+        per: spread -> method -> metric -> per-seed values (nan where a run overflowed).
+        chosen: spread -> tuned method -> its alpha.
+        scores: spread -> tuned method -> alpha -> mean validation L1 margin ratio (-inf: overflowed).
+        lp_share: spread -> the LP separator's L1 share on the large-scale half, per seed.
+        weights: the first seed's scales, LP separator and final weights at the largest spread.
+    """
+
+    per: dict[float, dict[str, dict[str, list[float]]]]
+    chosen: dict[float, dict[str, float]]
+    scores: dict[float, dict[str, dict[float, float]]]
+    lp_share: dict[float, list[float]]
+    weights: dict[str, Tensor]
+
+
+def scale_arm(method: str, kappa: float) -> str:
+    """The tuning plan's arm of ``method`` at a spread of ``kappa`` decades."""
+    return f"{method}@{kappa:g}"
+
+
+@lru_cache(maxsize=64)
+def scale_problem(
+    n: int, d: int, support: int, seed: int, kappa: float
+) -> tuple[Tensor, Tensor, dict, Tensor]:
+    """``(z, scales, optimal margins, large-scale half)`` of one heterogeneous problem (cached: every
+    method of a seed trains on the same one, and linprog is the costly part)."""
+    z, s = make_heterogeneous_classification(n, d, support, seed, kappa)
+    return z, s, optimal_margins(z), upper_half(d, seed)
+
+
+def alpha_candidates(cfg: ImplicitBiasConfig, arm: str, chosen: dict) -> list[float]:
+    """The alphas a tuned arm tries: its method's grid."""
+    method = arm.split("@", 1)[0]
+    return list(cfg.scales.horst_alphas if method == "horst" else cfg.scales.ham_alphas)
+
+
+def scales_plan(cfg: ImplicitBiasConfig) -> TuningConfig:
+    """One round over every tuned (method, spread) arm; HORST and HAM compared at equal budgets.
+
+    The plan's tuning seed is the first validation seed: it names the validation set, and a tuning job
+    scores an alpha by its mean over every seed of ``scales.validation_seeds`` (:func:`validation_score`).
+    """
+    sc = cfg.scales
+    tuned = [m for m in TUNED_ON_SCALES if m in sc.methods]
+    arms = tuple(scale_arm(m, k) for k in sc.decades for m in tuned)
+    budgets = {scale_arm(m, k): len(alpha_candidates(cfg, scale_arm(m, k), {})) for k in sc.decades
+               for m in tuned} if len(tuned) > 1 else {}  # fmt: skip
+    rounds = [Round(arms, partial(alpha_candidates, cfg))] if arms else []
+    return TuningConfig(cfg.seeds, sc.validation_seeds[0], rounds, budgets)
+
+
+def validation_score(cfg: ImplicitBiasConfig, method: str, kappa: float, alpha: float) -> float:
+    """The mean L1 margin ratio of ``method`` at ``alpha`` over the validation seeds (-inf if one overflows)."""
+    sc, ratios = cfg.scales, []
+    for seed in sc.validation_seeds:
+        z, _, best, _ = scale_problem(sc.n, sc.d, sc.support, seed, kappa)
+        w = fit_classification(method, z, cfg, sc.steps, sc.lr, alpha)
+        ratios.append(-math.inf if w is None else normalized_margin(w, z, 1) / best["l1"])
+    return float(np.mean(ratios))
+
+
+def evaluate_scale(
+    cfg: ImplicitBiasConfig, run: RunDir, method: str, kappa: float, alpha: float | None, seed: int
+) -> tuple[dict[str, float], Tensor | None]:
+    """``method`` on one evaluation problem: its :func:`separator_metrics` and final weights."""
+    sc = cfg.scales
+    z, _, best, large = scale_problem(sc.n, sc.d, sc.support, seed, kappa)
+    w = fit_classification(method, z, cfg, sc.steps, sc.lr, alpha)
+    metrics = separator_metrics(w, z, best, large, cfg.nnz_rel_tol)
+    run.log(decades=kappa, seed=seed, method=method, **metrics)
+    return metrics, w
+
+
+def submit_scale(cfg: ImplicitBiasConfig, run: RunDir, arm: str, alpha: float | None, seed: int) -> Future:
+    """One job of the plan, run now: a validation score on the tuning seed, else an evaluation run."""
+    method, kappa = arm.split("@", 1)[0], float(arm.split("@", 1)[1])
+    done: Future = Future()
+    if seed == cfg.scales.validation_seeds[0] and seed not in cfg.seeds:
+        done.set_result(validation_score(cfg, method, kappa, alpha))
+    else:
+        done.set_result(evaluate_scale(cfg, run, method, kappa, alpha, seed))
+    return done
+
+
+def highest_score(arm: str, scores: list[float]) -> int:
+    """The first alpha with the highest mean validation ratio."""
+    return max(range(len(scores)), key=scores.__getitem__)
+
+
+def run_scales(cfg: ImplicitBiasConfig, run: RunDir) -> ScalesRun:
+    """Alpha per spread on the validation seeds, then every method on every (spread, evaluation seed)."""
+    sc = cfg.scales
+    start = {scale_arm(m, k): None for k in sc.decades for m in sc.methods}
+    tuned = tune_then_replicate(start, scales_plan(cfg), partial(submit_scale, cfg, run), highest_score)
+    out = ScalesRun({k: {} for k in sc.decades}, {k: {} for k in sc.decades}, {k: {} for k in sc.decades},
+                    {}, {})  # fmt: skip
+    for kappa in sc.decades:
+        out.lp_share[kappa] = []
+        for seed in cfg.seeds:
+            z, _, _, large = scale_problem(sc.n, sc.d, sc.support, seed, kappa)
+            out.lp_share[kappa].append(l1_share(l1_max_margin_separator(z), large))
+        for method in sc.methods:
+            arm = scale_arm(method, kappa)
+            if arm in tuned.picks:
+                out.chosen[kappa][method] = tuned.chosen[arm]
+                out.scores[kappa][method] = dict(zip(tuned.tried[arm], tuned.results[arm], strict=True))
+            runs = tuned.per_seed[arm]
+            out.per[kappa][method] = {key: [m[key] for m, _ in runs] for key in runs[0][0]}
+    out.weights = scale_weights(cfg, tuned.per_seed)
+    return out
+
+
+def scale_weights(cfg: ImplicitBiasConfig, per_seed: dict[str, list]) -> dict[str, Tensor]:
+    """The figure's data: the first seed's column scales, LP separator and final weights at the largest spread."""
+    sc, kappa = cfg.scales, max(cfg.scales.decades)
+    z, s, _, _ = scale_problem(sc.n, sc.d, sc.support, cfg.seeds[0], kappa)
+    weights = {"scales": s, "LP optimum (L1)": l1_max_margin_separator(z)}
+    for method in sc.methods:
+        if (w := per_seed[scale_arm(method, kappa)][0][1]) is not None:
+            weights[method] = w
+    return weights
+
+
+# ---- saving -------------------------------------------------------------------------------------------
+
+
+def cell_store(
+    cfg: ImplicitBiasConfig, main: MainRun, theorem: tuple | None, scales: ScalesRun | None
+) -> CellStore:
+    """The claims' cells (``claims.py``) under the design record of ``cfg``."""
+    arms = tuple(dict.fromkeys([*cfg.methods, *cfg.theorem.methods, *cfg.scales.methods]))
+    extra = {}
+    if theorem is not None:
+        extra["theorem"] = {"steps": [float(k) for k in theorem[0]], "methods": list(theorem[1])}
+    decades = cfg.scales.decades if scales is not None else ()
+    store = CellStore(Design(arms, decades, cfg.seeds, 1, extra))
+    for name, rec in main.per.items():
+        for metric in CLAIM_METRICS:
+            store.put(metric, name, None, np.asarray(rec[metric], dtype=np.float64))
+    for name, path in (theorem[1] if theorem is not None else {}).items():
+        store.put("theorem_ratio", name, None, path)
+    for kappa, methods in (scales.per if scales is not None else {}).items():
+        for name, rec in methods.items():
+            store.put(SCALES_RATIO, name, kappa, np.asarray(rec["l1_margin_ratio"], dtype=np.float64))
+    return store
+
+
+def save_figure_data(cfg: ImplicitBiasConfig, run: RunDir, main: MainRun, scales: ScalesRun | None) -> None:
+    """The first seed's arrays ``figures.py`` draws (and the scale study's margins and weights)."""
+    record, margin_grid = figure_grids(cfg)
+    run.save_arrays("arrays/trajectories.npz", steps=np.asarray(record), **_numpy(main.trajectories))
+    run.save_arrays("arrays/margins.npz", steps=np.asarray(margin_grid), **_numpy(main.margin_paths))
+    run.save_arrays("arrays/final-weights.npz", **_numpy(main.final_cls))
+    if scales is not None:
+        sc = cfg.scales
+        ratios = {m: [scales.per[k][m]["l1_margin_ratio"] for k in sc.decades] for m in sc.methods}
+        run.save_arrays("arrays/scales-margins.npz", decades=np.asarray(sc.decades), **_numpy(ratios))
+        run.save_arrays("arrays/scales-weights.npz", **_numpy(scales.weights))
+
+
+def protocol(cfg: ImplicitBiasConfig) -> dict[str, Any]:
+    """The protocol block of ``results.json``, from the config."""
+    rc, cc, sc, th = cfg.regression, cfg.classification, cfg.scales, cfg.theorem
+    return {
+        "regression": f"n={rc.n}, d={rc.d}, {rc.support}-sparse planted solution, squared loss, w0 = 0, "
+        f"{rc.steps} steps; 'sign' = L_inf steepest descent scaled by ||g||_1",
+        "classification": f"n={cc.n}, d={cc.d}, labels of a {cc.support}-sparse teacher, exponential loss "
+        f"(gradient of its log), w0 = 0, {cc.steps} steps, lr={cc.lr}",
+        "references": "pinv (min L2); scipy linprog/HiGHS (min L1 / L_inf interpolants, optimal margins)",
+        "seeds": list(cfg.seeds),
+        "dtype": "float64",
+        "horst_alpha": cfg.horst_alpha,
+        "ham_alpha": cfg.ham_alpha,
+        "gamma": cfg.gamma,
+        "nnz": f"|w_i| > {cfg.nnz_rel_tol} max|w|",
+        "scales": f"the classification problem (n={sc.n}, d={sc.d}, {sc.support}-sparse teacher) with "
+        f"column j scaled by 10^(kappa (r_j - 1/2)), kappa in {list(sc.decades)} decades; {sc.steps} steps, "
+        f"lr={sc.lr}; HORST alpha from {list(sc.horst_alphas)} and HAM alpha from {list(sc.ham_alphas)}, "
+        f"chosen per spread on validation seeds {list(sc.validation_seeds)}; controls at horst_alpha",
+        "theorem": f"Theorem 4.7's objects {list(th.methods)} (mirror step alpha={th.alpha}, clamp 5) on the "
+        f"classification problem, decaying step lr_k = {th.lr} / sqrt(k), {th.steps} steps",
+        "claims": "the claims engine over per-seed values (arrays/cells.npz), seeds the unit of "
+        "replication; primary: L4 steepest descent + mirror reaches >= 0.9 of the optimal L1 margin "
+        "(Theorem 4.7 at finite p; p = inf is exploratory)",
+    }
+
+
+NOTES = [
+    "Every number is a mean over seeds (± std across seeds when there is more than one seed).",
+    "Heterogeneous scales: 'L1 share' is the fraction of ||w||_1 on the d/2 columns of largest scale "
+    "(the same columns at every spread); the LP row is the linprog L1-optimal separator's.",
+]
 
 
 # ---- the experiment -----------------------------------------------------------------------------------
 
 
 def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
-    rc, cc = cfg.regression, cfg.classification
-    reg_grid, cls_grid = log_grid(rc.steps, cfg.curve_points), log_grid(cc.steps, cfg.curve_points)
-    traj_grid, margin_grid = log_grid(rc.steps, 60), log_grid(cc.steps, 60)
-    per: dict[str, dict[str, list]] = {m: {} for m in cfg.methods}
-    trajectories: dict[str, Tensor] = {}  # first seed: [recorded steps, d] regression iterates
-    final_cls: dict[str, Tensor] = {}
-    margin_paths: dict[str, list[float]] = {}
-
-    for seed in cfg.seeds:
-        x, y = make_regression(rc.n, rc.d, rc.support, seed)
-        ref = regression_references(x, y)
-        z = make_classification(cc.n, cc.d, cc.support, seed)
-        opt_margin = optimal_margins(z)
-        for name in cfg.methods:
-            rec = per[name]
-            # regression from w = 0
-            lr = rc.lr if rc.lr is not None else regression_lr(name, x)
-            w, snaps = train(
-                torch.zeros(rc.d, dtype=torch.float64),
-                lambda v, x=x, y=y: regression_grad(v, x, y),
-                lambda p, name=name, lr=lr: make_optimizer(name, p, lr, cfg, regression=True),
-                rc.steps,
-                sorted(set(reg_grid) | set(traj_grid)),
-            )
-            if seed == cfg.seeds[0]:
-                trajectories[name] = torch.stack([snaps[k] for k in sorted(snaps)])
-            for key, val in (
-                ("reg_l2_ratio", float(w.norm()) / ref["l2"]),
-                ("reg_l1_ratio", float(w.abs().sum()) / ref["l1"]),
-                ("reg_linf_ratio", float(w.abs().max()) / ref["linf"]),
-                ("reg_dist_pinv", float((w - ref["w_l2"]).abs().max())),
-                ("reg_residual", float((x @ w - y).abs().max())),
-                ("reg_nnz", count_nonzeros(w, cfg.nnz_rel_tol)),
-            ):
-                rec.setdefault(key, []).append(val)
-            rec.setdefault("reg_l1_curve", []).append(
-                [float(snaps[k].abs().sum()) / ref["l1"] for k in reg_grid]
-            )
-            # classification from w = 0
-            w, snaps = train(
-                torch.zeros(cc.d, dtype=torch.float64),
-                lambda v, z=z: classification_grad(v, z),
-                lambda p, name=name: make_optimizer(name, p, cc.lr, cfg, regression=False),
-                cc.steps,
-                sorted(set(cls_grid) | set(margin_grid)),
-            )
-            if seed == cfg.seeds[0]:
-                final_cls[name] = w
-                margin_paths[name] = [
-                    normalized_margin(snaps[k], z, 1) / opt_margin["l1"] for k in margin_grid
-                ]
-            for key, val in (
-                ("cls_l1_margin_ratio", normalized_margin(w, z, 1) / opt_margin["l1"]),
-                ("cls_linf_margin_ratio", normalized_margin(w, z, math.inf) / opt_margin["linf"]),
-                ("cls_nnz", count_nonzeros(w, cfg.nnz_rel_tol)),
-            ):
-                rec.setdefault(key, []).append(val)
-            rec.setdefault("cls_margin_curve", []).append(
-                [normalized_margin(snaps[k], z, 1) / opt_margin["l1"] for k in cls_grid]
-            )
-            run.log(seed=seed, method=name, **{k: v[-1] for k, v in rec.items() if not k.endswith("curve")})
-
-    methods = {}
-    for name, rec in per.items():
-        metrics = {k: mean_std(v, impl="numpy")[0] for k, v in rec.items() if not k.endswith("curve")}
-        curves = {}
-        for key, grid, metric in (
-            ("reg_l1_curve", reg_grid, "||w||_1 / min L1 (regression)"),
-            ("cls_margin_curve", cls_grid, "L1 margin / optimal (classification)"),
-        ):
-            mean, std = column_mean_std(rec[key], impl="numpy")
-            curves[key.replace("_curve", "")] = Curve("step", grid, metric, mean, std)
-        methods[name] = MethodResult(metrics=metrics, curves=curves)
-
-    tables = main_tables(per, cfg.methods)
-    # the per-seed values every claim reads (claims.py)
-    claim_arrays: dict[str, np.ndarray] = {
-        f"{key}__{name}": np.asarray(rec[key], dtype=np.float64)
-        for name, rec in per.items()
-        for key in ("cls_l1_margin_ratio", "cls_nnz", "reg_l1_ratio")
-    }
-    th = cfg.theorem
-    if th.methods:
-        theorem_grid, theorem_paths = run_theorem(cfg, run)
-        claim_arrays["theorem_steps"] = np.asarray(theorem_grid, dtype=np.float64)
-        for name, path in theorem_paths.items():
-            claim_arrays[f"theorem_ratio__{name}"] = path
-            mean, std = column_mean_std(path, impl="numpy")
-            curve = Curve("step", theorem_grid, "L1 margin / optimal (decaying step)", mean, std)
-            methods[f"{name} (theorem)"] = MethodResult(
-                metrics={"l1_margin_ratio": mean[-1]}, curves={"theorem_margin": curve}
-            )
-    sc, scale_per, extra = cfg.scales, {}, {}
-    if sc.methods:
-        chosen, scores = choose_alphas(cfg)
-        scale_per, lp_share, weights = run_scales(cfg, run, chosen)
-        scale_tables, scale_methods, extra["scales"] = scales_results(scale_per, chosen, scores, lp_share)
+    main = run_main(cfg, run)
+    methods = main_methods(cfg, main.per)
+    tables = main_tables(main.per, cfg.methods)
+    theorem = run_theorem(cfg, run) if cfg.theorem.methods else None
+    if theorem is not None:
+        methods.update(theorem_methods(*theorem))
+    scales, extra = (run_scales(cfg, run) if cfg.scales.methods else None), {}
+    if scales is not None:
+        scale_tables, scale_methods, extra["scales"] = scales_results(
+            scales.per, scales.chosen, scales.scores, scales.lp_share
+        )
         tables += scale_tables
         methods.update(scale_methods)
-        ratios = {m: [scale_per[k][m]["l1_margin_ratio"] for k in sc.decades] for m in sc.methods}
-        run.save_arrays("arrays/scales-margins.npz", decades=np.asarray(sc.decades), **_numpy(ratios))
-        run.save_arrays("arrays/scales-weights.npz", **_numpy(weights))
-        claim_arrays["scales_decades"] = np.asarray(sc.decades, dtype=np.float64)
-        claim_arrays.update(
-            {f"scales_l1_margin_ratio__{m}": np.asarray(r, dtype=np.float64) for m, r in ratios.items()}
-        )
-    run.save_arrays(CLAIM_ARRAYS, **claim_arrays)
-    # figure data of the first seed, drawn by figures.py
-    record = sorted(set(reg_grid) | set(traj_grid))
-    run.save_arrays("arrays/trajectories.npz", steps=np.asarray(record), **_numpy(trajectories))
-    run.save_arrays("arrays/margins.npz", steps=np.asarray(margin_grid), **_numpy(margin_paths))
-    run.save_arrays("arrays/final-weights.npz", **_numpy(final_cls))
+    cell_store(cfg, main, theorem, scales).save(run.path, writer=run.writer)
+    save_figure_data(cfg, run, main, scales)
     return Results(
         experiment="implicit-bias",
         config=config_to_dict(cfg),
-        protocol={
-            "regression": f"n={rc.n}, d={rc.d}, {rc.support}-sparse planted solution, squared loss, w0 = 0, "
-            f"{rc.steps} steps; 'sign' = L_inf steepest descent scaled by ||g||_1",
-            "classification": f"n={cc.n}, d={cc.d}, labels of a {cc.support}-sparse teacher, exponential loss "
-            f"(gradient of its log), w0 = 0, {cc.steps} steps, lr={cc.lr}",
-            "references": "pinv (min L2); scipy linprog/HiGHS (min L1 / L_inf interpolants, optimal margins)",
-            "seeds": list(cfg.seeds),
-            "dtype": "float64",
-            "horst_alpha": cfg.horst_alpha,
-            "ham_alpha": cfg.ham_alpha,
-            "gamma": cfg.gamma,
-            "nnz": f"|w_i| > {cfg.nnz_rel_tol} max|w|",
-            "scales": f"the classification problem (n={sc.n}, d={sc.d}, {sc.support}-sparse teacher) with "
-            f"column j scaled by 10^(kappa (r_j - 1/2)), kappa in {list(sc.decades)} decades; {sc.steps} steps, "
-            f"lr={sc.lr}; HORST alpha from {list(sc.horst_alphas)} and HAM alpha from {list(sc.ham_alphas)}, "
-            f"chosen per spread on validation seeds {list(sc.validation_seeds)}; controls at horst_alpha",
-            "theorem": f"Theorem 4.7's objects {list(th.methods)} (mirror step alpha={th.alpha}, clamp 5) on the "
-            f"classification problem, decaying step lr_k = {th.lr} / sqrt(k), {th.steps} steps",
-            "claims": "the claims engine over per-seed values (arrays/claims.npz), seeds the unit of "
-            "replication; primary: L4 steepest descent + mirror reaches >= 0.9 of the optimal L1 margin "
-            "(Theorem 4.7 at finite p; p = inf is exploratory)",
-        },
+        protocol=protocol(cfg),
         methods=methods,
         tables=tables,
-        notes=[
-            "Every number is a mean over seeds (± std across seeds when there is more than one seed).",
-            "Heterogeneous scales: 'L1 share' is the fraction of ||w||_1 on the d/2 columns of largest scale "
-            "(the same columns at every spread); the LP row is the linprog L1-optimal separator's.",
-        ],
+        notes=list(NOTES),
         extra=extra,
     ).to_dict()
 

@@ -11,9 +11,13 @@ import numpy as np
 
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import column_mean_std, mean_std
+from descentlab.study.tables import Table
 
 
 def _cell(values: Sequence[float], digits: int = 3) -> str:
+    """``mean ± sd`` (sample sd) of the finite values to ``digits`` significant digits, naming how many seeds
+    diverged; the toolkit's formatters print fixed decimals, and these tables mix ratios near 1 with
+    residuals near 1e-12, so they keep significant digits."""
     finite = [v for v in values if np.isfinite(v)]
     if not finite:
         return "diverged"
@@ -25,24 +29,23 @@ def _cell(values: Sequence[float], digits: int = 3) -> str:
 def main_tables(per: Mapping[str, Mapping[str, Sequence[float]]], methods: Sequence[str]) -> list[dict]:
     """The regression and classification tables: mean ± std over seeds of every method's metrics."""
 
-    def c(m: str, key: str, digits: int = 3) -> str:
-        return _cell(per[m][key], digits)
-
-    return [
-        {
-            "title": "Regression (from w = 0): norms of the interpolant found, relative to the exact minima",
-            "columns": ["method", "||w||2 / pinv", "||w||1 / min L1", "||w||inf / min Linf", "max residual",
-                        "max |w - pinv|", "non-zeros"],
-            "rows": [[m, c(m, "reg_l2_ratio", 4), c(m, "reg_l1_ratio", 4), c(m, "reg_linf_ratio", 4),
-                      c(m, "reg_residual", 2), c(m, "reg_dist_pinv", 2), c(m, "reg_nnz")] for m in methods],
-        },
-        {
-            "title": "Separable classification: normalised margins relative to the optimal margins (linprog)",
-            "columns": ["method", "L1 margin / optimal", "Linf margin / optimal", "non-zeros"],
-            "rows": [[m, c(m, "cls_l1_margin_ratio", 4), c(m, "cls_linf_margin_ratio", 4), c(m, "cls_nnz")]
-                     for m in methods],
-        },
-    ]  # fmt: skip
+    regression = Table(
+        "Regression (from w = 0): norms of the interpolant found, relative to the exact minima",
+        ["method", "||w||2 / pinv", "||w||1 / min L1", "||w||inf / min Linf", "max residual", "max |w - pinv|",
+         "non-zeros"],
+    )  # fmt: skip
+    classification = Table(
+        "Separable classification: normalised margins relative to the optimal margins (linprog)",
+        ["method", "L1 margin / optimal", "Linf margin / optimal", "non-zeros"],
+    )
+    for m in methods:
+        rec = per[m]
+        regression.add(m, _cell(rec["reg_l2_ratio"], 4), _cell(rec["reg_l1_ratio"], 4),
+                       _cell(rec["reg_linf_ratio"], 4), _cell(rec["reg_residual"], 2),
+                       _cell(rec["reg_dist_pinv"], 2), _cell(rec["reg_nnz"]))  # fmt: skip
+        classification.add(m, _cell(rec["cls_l1_margin_ratio"], 4), _cell(rec["cls_linf_margin_ratio"], 4),
+                           _cell(rec["cls_nnz"]))  # fmt: skip
+    return [regression.to_dict(), classification.to_dict()]
 
 
 def scales_results(
@@ -78,36 +81,32 @@ def scales_tables(
     lp_share: Mapping[float, Sequence[float]],
 ) -> list[dict[str, Any]]:
     """Per spread: every method's L1 / L_inf margin ratio, non-zeros and L1 share on the large-scale half."""
-    rows = []
+    table = Table(
+        "Heterogeneous column scales: margins relative to the linprog optima, mean ± std over seeds (alpha "
+        "chosen on the validation seeds)",
+        ["decades", "method", "alpha", "L1 margin / optimal", "Linf margin / optimal", "non-zeros",
+         "L1 share, upper half of scales"],
+    )  # fmt: skip
     for kappa, methods in scales.items():
         for name, rec in methods.items():
             alpha = chosen.get(kappa, {}).get(name)
-            rows.append([f"{kappa:g}", name, "—" if alpha is None else f"{alpha:g}",
-                         _cell(rec["l1_margin_ratio"], 4), _cell(rec["linf_margin_ratio"], 4),
-                         _cell(rec["nnz"]), _cell(rec["large_share"])])  # fmt: skip
-        rows.append([f"{kappa:g}", "LP optimum (L1)", "—", "1", "—", "—", _cell(lp_share[kappa])])
-    return [
-        {
-            "title": "Heterogeneous column scales: margins relative to the linprog optima, mean ± std over "
-            "seeds (alpha chosen on the validation seeds)",
-            "columns": ["decades", "method", "alpha", "L1 margin / optimal", "Linf margin / optimal",
-                        "non-zeros", "L1 share, upper half of scales"],
-            "rows": rows,
-        }
-    ]  # fmt: skip
+            table.add(f"{kappa:g}", name, "—" if alpha is None else f"{alpha:g}",
+                      _cell(rec["l1_margin_ratio"], 4), _cell(rec["linf_margin_ratio"], 4),
+                      _cell(rec["nnz"]), _cell(rec["large_share"]))  # fmt: skip
+        table.add(f"{kappa:g}", "LP optimum (L1)", "—", "1", "—", "—", _cell(lp_share[kappa]))
+    return [table.to_dict()]
 
 
 def alpha_table(validation: Mapping[float, Mapping[str, Mapping[float, float]]]) -> dict[str, Any]:
     """The validation grid: mean L1 margin ratio over the validation seeds of every (method, alpha)."""
-    rows = []
+    table = Table(
+        "Validation seeds: mean L1 margin / optimal for each alpha (the highest is chosen)",
+        ["decades", "method", "grid"],
+    )
     for kappa, methods in validation.items():
         for name, grid in methods.items():
             cells = [
                 f"α={a:g}: " + ("diverged" if not np.isfinite(m) else f"{m:.3f}") for a, m in grid.items()
             ]
-            rows.append([f"{kappa:g}", name, "; ".join(cells)])
-    return {
-        "title": "Validation seeds: mean L1 margin / optimal for each alpha (the highest is chosen)",
-        "columns": ["decades", "method", "grid"],
-        "rows": rows,
-    }
+            table.add(f"{kappa:g}", name, "; ".join(cells))
+    return table.to_dict()

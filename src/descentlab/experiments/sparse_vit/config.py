@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from descentlab.errors import ConfigError
-from descentlab.experiments.sparse_vit.timm_setup import TimmSetup
 from descentlab.models.vit import ViTSpec
 from descentlab.optim.config import OptimizerConfig
 from descentlab.sparsity import ACDCConfig
@@ -15,6 +14,59 @@ from descentlab.train.tuning import check_equal_budgets, check_tune_seed
 
 NAME = "sparse-vit"
 PAPER_LIKE = ("adamw", "horst")  # the methods of the paper-like arm
+
+
+@dataclass
+class TimmSetup:
+    """The timm model and data pipeline of sparse-vit (all unused while ``model`` is None).
+
+    Attributes:
+        model: a timm model name (``deit_small_patch16_224``, ``deit_base_patch16_224``, ...); None: the small
+            ``transformers`` ViT of ``vit`` on the tensors of ``dataset``.
+        img_size: input resolution (crop size) of training and evaluation.
+        depth, embed_dim, num_heads, patch_size: overrides of the model's own sizes (None: the model's); a
+            small model of the same architecture, e.g. for a CPU check.
+        drop_path: stochastic depth rate (DeiT: 0.1).
+        activation_checkpointing: recompute each block in the backward pass (less memory, ~30 % more time).
+        auto_augment: timm's RandAugment policy string (DeiT: ``rand-m9-mstd0.5-inc1``); None: off.
+        re_prob: random-erasing probability (DeiT: 0.25).
+        scale_min: the smallest area fraction of the random resized crop (timm / DeiT: 0.08).
+        mixup, cutmix: Mixup / CutMix alphas (DeiT: 0.8, 1.0; 0: off).
+        label_smoothing: label smoothing of the soft targets (DeiT: 0.1).
+        eval_crop_pct: centre-crop fraction of evaluation (resize to ``img_size / eval_crop_pct``, crop).
+        eval_batch_size: images per evaluation batch.
+    """
+
+    model: str | None = None
+    img_size: int = 224
+    depth: int | None = None
+    embed_dim: int | None = None
+    num_heads: int | None = None
+    patch_size: int | None = None
+    drop_path: float = 0.1
+    activation_checkpointing: bool = False
+    auto_augment: str | None = "rand-m9-mstd0.5-inc1"
+    re_prob: float = 0.25
+    scale_min: float = 0.08
+    mixup: float = 0.8
+    cutmix: float = 1.0
+    label_smoothing: float = 0.1
+    eval_crop_pct: float = 0.875
+    eval_batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        sizes = {k: getattr(self, k) for k in ("img_size", "depth", "embed_dim", "num_heads", "patch_size")}
+        if any(v is not None and v < 1 for v in sizes.values()) or self.eval_batch_size < 1:
+            raise ConfigError(f"timm sizes and eval_batch_size must be >= 1, got {sizes}")
+        fractions = {k: getattr(self, k) for k in ("drop_path", "re_prob", "label_smoothing")}
+        if any(not 0.0 <= v < 1.0 for v in fractions.values()):
+            raise ConfigError(
+                f"timm.drop_path, re_prob and label_smoothing must lie in [0, 1), got {fractions}"
+            )
+        if not 0.0 < self.scale_min <= 1.0 or not 0.0 < self.eval_crop_pct <= 1.0:
+            raise ConfigError("timm.scale_min and timm.eval_crop_pct must lie in (0, 1]")
+        if self.mixup < 0 or self.cutmix < 0:
+            raise ConfigError(f"timm.mixup and timm.cutmix must be >= 0, got {self.mixup}, {self.cutmix}")
 
 
 @dataclass
@@ -45,7 +97,7 @@ class SparseViTConfig:
             seed; no seeds: no such arm (its claim is then pending).
         workers, threads: (spawned) job processes, and torch threads in each (0: torch's default).
         timm: a timm model (DeiT) on the image folder ``dataset`` through timm's data pipeline, in place of
-            the small ViT of ``vit`` (:class:`~descentlab.experiments.sparse_vit.timm_setup.TimmSetup`; the
+            the small ViT of ``vit`` (:class:`TimmSetup`, run by ``timm_setup.py``; the
             ``paper`` preset). ``timm.model`` null: the small ViT.
     """
 

@@ -18,8 +18,10 @@ settings with AC/DC over the block Linears only. The run saves the claims' cells
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -33,97 +35,140 @@ from descentlab.experiments.sparse_vit.tables import DENSE_SUFFIX, method_blocks
 from descentlab.experiments.sparse_vit.timm_setup import describe_model
 from descentlab.io import load_arrays
 from descentlab.report.results import Results
+from descentlab.study.tuning import Round, TuningConfig, lr_alpha_grid, tune_then_replicate
 from descentlab.train.jobs import JobRunner
 from descentlab.train.recipe import MethodConfig
 from descentlab.train.rundir import RunDir
-from descentlab.train.tuning import lr_alpha_grid
 
 _PRUNED = {"blocks": "block Linears", "all": "patch projection, block Linears and head"}
+DENSE = "dense"  # the key of the dense reference run among an evaluation job's levels
+
+
+def submit_job(
+    jobs: JobRunner,
+    cfg: SparseViTConfig,
+    run: RunDir,
+    label: str,
+    method: MethodConfig,
+    sparsity: float | None,
+    seed: int,
+    prune: str | None = None,
+) -> Future:
+    """Queue one run of ``method`` at ``sparsity`` (None: dense) from ``seed`` (``prune``: the paper-like
+    arm's prunable set) under its tag ``<label>[-<prune>]-s<level>-lr<lr>[-a<α>]-seed<seed>``."""
+    acdc = None if sparsity is None else replace(method.acdc, sparsity=sparsity)
+    if prune is not None and acdc is not None:
+        acdc = replace(acdc, prune=prune)
+    lr, alpha = method.optimizer.lr, method.optimizer.alpha
+    tag = (
+        f"{label}{'' if prune is None else f'-{prune}'}"
+        f"-s{'dense' if sparsity is None else f'{100 * sparsity:g}'}-lr{lr:g}"
+        f"{'' if alpha is None else f'-a{alpha:g}'}-seed{seed}"
+    )
+    # the runs the histograms show: the first evaluation seed's
+    capture = prune is None and seed == cfg.seeds[0] and sparsity in (None, cfg.claim_sparsity)
+    return jobs.submit(tag, cfg, run, replace(method, acdc=acdc), seed, tag, capture)
+
+
+class Gathered:
+    """One future of ``{key: result}`` that completes once every one of ``futures`` has (or the first fails)."""
+
+    def __init__(self, futures: Mapping[Any, Future]) -> None:
+        self.future: Future = Future()
+        self.futures, self.left = dict(futures), set(futures)
+        for k, f in self.futures.items():
+            f.add_done_callback(partial(self.finished, k))
+        if not self.futures:
+            self.future.set_result({})
+
+    def finished(self, key: Any, future: Future) -> None:
+        if self.future.done():
+            return
+        if (error := future.exception()) is not None:
+            self.future.set_exception(error)
+            return
+        self.left.discard(key)
+        if not self.left:
+            self.future.set_result({k: f.result() for k, f in self.futures.items()})
+
+
+def submit_arm(
+    jobs: JobRunner, cfg: SparseViTConfig, run: RunDir, label: str, method: MethodConfig, seed: int
+) -> Future:
+    """The planner's job: on the tuning seed, one validation run at ``tune_sparsity``; on an evaluation seed,
+    the method at every sparsity (a compared method) and dense (the reference), gathered per level."""
+    if seed == cfg.tune_seed:
+        return submit_job(jobs, cfg, run, label, method, cfg.tune_sparsity, seed)
+    levels: list[float | None] = list(cfg.sparsities) if label in cfg.methods else []
+    runs = {s: submit_job(jobs, cfg, run, label, method, s, seed) for s in levels}
+    if label == cfg.dense:
+        runs[DENSE] = submit_job(jobs, cfg, run, label, method, None, seed)
+    return Gathered(runs).future
+
+
+def candidates(cfg: SparseViTConfig, shared_lr: bool, arm: str, chosen: Mapping[str, MethodConfig]) -> list:
+    """``arm``'s (lr, α) candidates from its own config: its lrs (``tuning_lrs``), or with ``shared_lr`` the
+    lr ``lr_from`` chose, crossed with its ``tune_alpha``."""
+    lrs = [chosen[cfg.lr_from].optimizer.lr] if shared_lr else cfg.tuning_lrs(arm)
+    return lr_alpha_grid(cfg.compared([arm])[arm], lrs, cfg.tune_alpha.get(arm, []))
+
+
+def tuning_plan(cfg: SparseViTConfig) -> tuple[dict[str, MethodConfig], TuningConfig]:
+    """The start settings and the search rounds on the validation split (none without ``tune``).
+
+    A method with one candidate has nothing to choose: it starts at that candidate and runs no tuning run.
+    With ``lr_from``, that method's lr x α first, then every other method's α at the lr it chose (there a
+    method with one α still trains its one candidate on the tuning seed, since its lr is known only then).
+    """
+    start = cfg.compared()
+    if cfg.dense is not None and cfg.dense not in start:  # a reference outside ``methods``: untuned
+        start |= cfg.compared([cfg.dense])
+    if not cfg.tune:
+        return start, TuningConfig(cfg.seeds, cfg.tune_seed)
+    own = [k for k in cfg.methods if cfg.lr_from is None or k == cfg.lr_from]
+    for k in own:
+        if len(grid := candidates(cfg, False, k, start)) == 1:
+            start[k] = grid[0]
+    rounds = [
+        Round(
+            tuple(k for k in own if len(candidates(cfg, False, k, start)) > 1),
+            partial(candidates, cfg, False),
+        )
+    ]
+    if cfg.lr_from is not None:
+        rounds.append(
+            Round(tuple(k for k in cfg.methods if k != cfg.lr_from), partial(candidates, cfg, True))
+        )
+    return start, TuningConfig(cfg.seeds, cfg.tune_seed, [r for r in rounds if r.arms])
+
+
+def best_validation(arm: str, results: Sequence[Mapping[str, Any]]) -> int:
+    """The candidate with the highest validation accuracy (the first of equals)."""
+    return max(range(len(results)), key=lambda i: results[i]["val"])
 
 
 def run(cfg: SparseViTConfig, run: RunDir) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dataset_name = load_data(cfg)
-    methods, first_seed = cfg.compared(), cfg.seeds[0]
     threads = cfg.threads or torch.get_num_threads()
     pool = {"workers": cfg.workers, "initializer": load_data, "initargs": (cfg,), "threads": threads}
+    start, plan = tuning_plan(cfg)
     with JobRunner(train_job, cache_dir=run.path / "jobs", **pool) as jobs:
-
-        def submit(
-            label: str, method: MethodConfig, sparsity: float | None, seed: int, prune: str | None = None
-        ) -> Future:
-            acdc = None if sparsity is None else replace(method.acdc, sparsity=sparsity)
-            if prune is not None and acdc is not None:  # the paper-like arm: another prunable set
-                acdc = replace(acdc, prune=prune)
-            lr, alpha = method.optimizer.lr, method.optimizer.alpha
-            tag = (
-                f"{label}{'' if prune is None else f'-{prune}'}"
-                f"-s{'dense' if sparsity is None else f'{100 * sparsity:g}'}-lr{lr:g}"
-                f"{'' if alpha is None else f'-a{alpha:g}'}-seed{seed}"
-            )
-            # the runs the histograms show: the first evaluation seed's
-            capture = prune is None and seed == first_seed and sparsity in (None, cfg.claim_sparsity)
-            return jobs.submit(tag, cfg, run, replace(method, acdc=acdc), seed, tag, capture)
-
-        # 1. lr and α on the validation split only, at the tuning sparsity, with the tuning seed (never an
-        # evaluation seed); with lr_from, that method's lr first, then the others' α at its lr. A method with
-        # one candidate has nothing to choose: it takes it without a tuning run
-        chosen, grids, picks = dict(methods), {}, {}
-        if cfg.dense is not None and cfg.dense not in chosen:  # a reference outside ``methods``: untuned
-            chosen |= cfg.compared([cfg.dense])
-
-        def trials(labels: list[str], lrs: list[float] | None) -> dict[str, tuple[list, list[Future]]]:
-            grid = {
-                k: lr_alpha_grid(
-                    methods[k], cfg.tuning_lrs(k) if lrs is None else lrs, cfg.tune_alpha.get(k, [])
-                )
-                for k in labels
-            }
-            for k in [k for k, g in grid.items() if len(g) == 1]:
-                chosen[k] = grid.pop(k)[0]
-            return {
-                k: (g, [submit(k, m, cfg.tune_sparsity, cfg.tune_seed) for m in g]) for k, g in grid.items()
-            }
-
-        def pick(pending: dict[str, tuple[list, list[Future]]]) -> None:
-            for label, (grid, futures) in pending.items():
-                grids[label] = scores = [f.result() for f in futures]
-                picks[label] = max(range(len(grid)), key=lambda i, s=scores: s[i]["val"])  # first of equals
-                chosen[label] = grid[picks[label]]
-
-        later = trials(list(methods), None) if cfg.tune and cfg.lr_from is None else {}
-        if cfg.tune and cfg.lr_from is not None:
-            pick(trials([cfg.lr_from], None))
-            later = trials([k for k in methods if k != cfg.lr_from], [chosen[cfg.lr_from].optimizer.lr])
-
-        # 2. every (method, sparsity, seed) with the chosen settings, plus the dense reference; the jobs whose
-        # settings are known already are queued before the remaining grids are waited for
-        def finals(labels: list[str]) -> dict[tuple[str, float, int], Future]:
-            cells = [(k, s, seed) for seed in cfg.seeds for k in labels for s in cfg.sparsities]
-            return {(k, s, seed): submit(k, chosen[k], s, seed) for k, s, seed in cells}
-
-        def dense_runs() -> list[Future]:
-            return [submit(cfg.dense, chosen[cfg.dense], None, s) for s in cfg.seeds] if cfg.dense else []
-
-        def paper_like_runs() -> dict[str, list[Future]]:
-            at, seeds = cfg.paper_like_sparsity, cfg.paper_like_seeds
-            return {k: [submit(k, chosen[k], at, s, prune="blocks") for s in seeds] for k in PAPER_LIKE}
-
-        futures = finals([k for k in methods if k not in later])
-        dense_futures = dense_runs() if cfg.dense not in later else []
-        pick(later)
-        futures |= finals(list(later))
-        dense_futures = dense_futures or dense_runs()
-        paper_futures = paper_like_runs() if cfg.paper_like_seeds else {}
-        sparse = {
-            k: {s: [futures[k, s, seed].result() for seed in cfg.seeds] for s in cfg.sparsities}
-            for k in methods
-        }
-        dense = {cfg.dense: [f.result() for f in dense_futures]} if cfg.dense else {}
+        # lr and α on the validation split at the tuning sparsity and seed, then every chosen setting at every
+        # (sparsity, evaluation seed), with the dense reference
+        tuned = tune_then_replicate(start, plan, partial(submit_arm, jobs, cfg, run), best_validation)
+        paper_futures = {  # with paper_like_seeds: AdamW and HORST at their choices, AC/DC on the block Linears
+            k: [submit_job(jobs, cfg, run, k, tuned.chosen[k], cfg.paper_like_sparsity, s, "blocks")
+                for s in cfg.paper_like_seeds]
+            for k in (PAPER_LIKE if cfg.paper_like_seeds else ())
+        }  # fmt: skip
         paper = {k: [f.result() for f in fs] for k, fs in paper_futures.items()}
+    sparse = {k: {s: [r[s] for r in tuned.per_seed[k]] for s in cfg.sparsities} for k in cfg.methods}
+    dense = {cfg.dense: [r[DENSE] for r in tuned.per_seed[cfg.dense]]} if cfg.dense else {}
     save_claim_arrays(cfg, run, sparse, dense, paper)
-    return _results(cfg, run, dataset_name, sparse, dense, grids, picks, paper)
+    grids = {k: tuned.results[k] for k in tuned.picks}  # the tuned methods' validation runs
+    return _results(cfg, run, dataset_name, sparse, dense, grids, tuned.picks, paper)
 
 
 def save_claim_arrays(
