@@ -47,3 +47,21 @@ def pytest_terminal_summary(terminalreporter) -> None:
             f"disk: lowest free space on the temporary folder's disk during the run "
             f"{_lowest_free_disk[0] / 2**30:.2f} GiB (now {_free_bytes() / 2**30:.2f} GiB)"
         )
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer, from its safetensors cache or its GGUF asset; skips when the asset is missing."""
+    from transformers import AutoTokenizer
+
+    from descentlab.data import asset_path, cache_dir
+    from descentlab.data.models import smollm2_cache_ready
+    from descentlab.errors import AssetMissingError
+
+    try:
+        gguf = asset_path("smollm2_gguf")
+    except AssetMissingError as e:
+        pytest.skip(f"the SmolLM2 tokenizer is needed: {e}")
+    if smollm2_cache_ready():
+        return AutoTokenizer.from_pretrained(cache_dir() / "smollm2", local_files_only=True)
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)

@@ -142,6 +142,17 @@ def tiny_vit(
     return ViTForImageClassification(ViTConfig(**{**fields, **config}))
 
 
+def lm_rows(n: int, *, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """``n`` rows for a tiny causal LM (a Trainer dataset): 10 random token ids in [1, 97), an all-ones mask,
+    and the ids as labels, drawn from a generator seeded by ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        ids = torch.randint(1, 97, (10,), generator=g)
+        rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()})
+    return rows
+
+
 def classification_rows(
     n: int, *, seed: int = 0, label: Callable[[torch.Tensor], Any] | None = None
 ) -> list[dict[str, torch.Tensor]]:

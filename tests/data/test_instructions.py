@@ -19,23 +19,12 @@ from descentlab.data.instructions import (
     load_alpaca_json,
     split_examples,
 )
-from descentlab.errors import AssetMissingError, ConfigError, DataError
+from descentlab.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from descentlab.data import asset_path, cache_dir
-    from descentlab.data.models import smollm2_cache_ready
-
-    try:
-        gguf = asset_path("smollm2_gguf")
-    except AssetMissingError as e:
-        pytest.skip(f"the SmolLM2 tokenizer is needed: {e}")
-    if smollm2_cache_ready():
-        return AutoTokenizer.from_pretrained(cache_dir() / "smollm2", local_files_only=True)
-    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+def tokenizer(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 RECORDS = [

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from descentlab.data.causal_lm import CausalLMDataConfig
-from descentlab.errors import AssetMissingError, ConfigError
+from descentlab.errors import ConfigError
 from descentlab.experiments.llm_robustness import claims as llm_claims
 from descentlab.experiments.llm_robustness.clusters import (
     CLUSTER_KEY,
@@ -23,19 +23,8 @@ COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "results" / "llm-robu
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from descentlab.data import asset_path, cache_dir
-    from descentlab.data.models import smollm2_cache_ready
-
-    try:
-        gguf = asset_path("smollm2_gguf")
-    except AssetMissingError as e:
-        pytest.skip(f"the SmolLM2 tokenizer is needed: {e}")
-    if smollm2_cache_ready():
-        return AutoTokenizer.from_pretrained(cache_dir() / "smollm2", local_files_only=True)
-    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+def tokenizer(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 def test_chapter_headings_are_found_in_order() -> None:

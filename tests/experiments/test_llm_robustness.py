@@ -14,7 +14,7 @@ import torch
 
 from descentlab.config import resolve_config
 from descentlab.data.causal_lm import CausalLMDataConfig, prepare_causal_lm_data
-from descentlab.errors import AssetMissingError, ConfigError
+from descentlab.errors import ConfigError
 from descentlab.experiments.llm_robustness import claims as llm_claims
 from descentlab.experiments.llm_robustness import config as exp
 from descentlab.experiments.llm_robustness import jobs as lm_finetune
@@ -412,22 +412,11 @@ def test_committed_full_run_is_judged_from_its_saved_cells() -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_llama_dir(tmp_path_factory):
+def tiny_llama_dir(tmp_path_factory, smollm2_tokenizer):
     """A 2-layer Llama with SmolLM2's tokenizer, saved as a local model folder."""
-    from transformers import AutoTokenizer
-
-    from descentlab.data import asset_path, cache_dir
-    from descentlab.data.models import smollm2_cache_ready
     from tiny_models import tiny_llama
 
-    try:
-        gguf = asset_path("smollm2_gguf")
-    except AssetMissingError as e:
-        pytest.skip(f"the SmolLM2 tokenizer is needed: {e}")
-    if smollm2_cache_ready():
-        tok = AutoTokenizer.from_pretrained(cache_dir() / "smollm2", local_files_only=True)
-    else:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    tok = smollm2_tokenizer
     model = tiny_llama(
         layers=2,
         hidden=32,

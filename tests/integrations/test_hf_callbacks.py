@@ -20,18 +20,9 @@ from descentlab.integrations.hf import (
     primal_dual_optimizer,
 )
 from descentlab.readout import CausalLMReadout
-from tiny_models import tiny_llama
+from tiny_models import lm_rows, tiny_llama
 
 STEPS, BATCH = 3, 8
-
-
-def _rows(n: int = STEPS * BATCH) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for _ in range(n):
-        ids = torch.randint(1, 97, (10,), generator=g)
-        rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()})
-    return rows
 
 
 def _args(tmp_path, name: str, accum: int = 1, **kw) -> TrainingArguments:
@@ -65,7 +56,7 @@ def test_callback_on_a_plain_trainer_equals_descent_trainer(tmp_path, accum) -> 
     DescentTrainer(
         model=ref_model,
         args=_args(tmp_path, "ref"),
-        train_dataset=_rows(),
+        train_dataset=lm_rows(STEPS * BATCH),
         constraint=ref_c,
         readout=readout,
         optimizer_cls_and_kwargs=(torch.optim.SGD, {"lr": 0.5}),
@@ -75,7 +66,7 @@ def test_callback_on_a_plain_trainer_equals_descent_trainer(tmp_path, accum) -> 
     trainer = Trainer(
         model=model,
         args=_args(tmp_path, f"cb{accum}", accum=accum),
-        train_dataset=_rows(),
+        train_dataset=lm_rows(STEPS * BATCH),
         callbacks=[ConstraintCallback(constraint, readout=readout)],
         optimizer_cls_and_kwargs=primal_dual_optimizer(constraint, torch.optim.SGD, lr=0.5),
     )
@@ -94,7 +85,7 @@ def test_callback_refuses_an_optimizer_without_the_duals(tmp_path) -> None:
     trainer = Trainer(
         model=tiny_llama(layers=2),
         args=_args(tmp_path, "bad"),
-        train_dataset=_rows(),
+        train_dataset=lm_rows(STEPS * BATCH),
         callbacks=[ConstraintCallback(_constraint())],
     )
     with pytest.raises(dl.errors.ConfigError, match="primal_dual_optimizer"):

@@ -21,18 +21,9 @@ from descentlab.integrations.hf import (
     primal_dual_optimizer,
 )
 from descentlab.readout import CausalLMReadout
-from tiny_models import tiny_llama
+from tiny_models import lm_rows, tiny_llama
 
 STEPS, BATCH, LAYERS = 3, 4, 2
-
-
-def _rows(n: int = STEPS * BATCH) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for _ in range(n):
-        ids = torch.randint(1, 97, (10,), generator=g)
-        rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()})
-    return rows
 
 
 def _args(tmp_path) -> TrainingArguments:
@@ -87,7 +78,7 @@ def _train_set(tmp_path, reorder: bool) -> tuple[Trainer, dl.ConstraintSet, Lamb
     trainer = Trainer(
         model=model,
         args=_args(tmp_path),
-        train_dataset=_rows(),
+        train_dataset=lm_rows(STEPS * BATCH),
         callbacks=[reporter, ConstraintCallback(cs, values=values), record],
         optimizer_cls_and_kwargs=primal_dual_optimizer(cs, torch.optim.SGD, lr=0.1),
     )
@@ -130,7 +121,7 @@ def test_layerwise_descent_logs_say_when_the_readout_sampled(tmp_path, sampled) 
     trainer = Trainer(
         model=tiny_llama(layers=LAYERS),
         args=_args(tmp_path),
-        train_dataset=_rows(),
+        train_dataset=lm_rows(STEPS * BATCH),
         callbacks=[ConstraintCallback(constraint, readout=readout), acdc, record],
         optimizer_cls_and_kwargs=primal_dual_optimizer(constraint, torch.optim.SGD, lr=0.1),
     )

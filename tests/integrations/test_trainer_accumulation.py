@@ -20,19 +20,10 @@ from transformers import TrainingArguments
 import descentlab as dl
 from descentlab.integrations.hf import DescentTrainer
 from descentlab.readout import CausalLMReadout
-from tiny_models import classification_rows, tiny_bert, tiny_llama
+from tiny_models import classification_rows, lm_rows, tiny_bert, tiny_llama
 
 STEPS = 3
 BATCH = 8
-
-
-def _lm_rows(n: int = STEPS * BATCH) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for _ in range(n):
-        ids = torch.randint(1, 97, (10,), generator=g)
-        rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()})
-    return rows
 
 
 def _cls_rows(n: int = STEPS * BATCH) -> list[dict[str, torch.Tensor]]:
@@ -41,7 +32,9 @@ def _cls_rows(n: int = STEPS * BATCH) -> list[dict[str, torch.Tensor]]:
 
 def _train(tmp_path, family: str, constrained: bool, accum: int) -> tuple[torch.nn.Module, DescentTrainer]:
     model, rows = (
-        (tiny_llama(layers=2), _lm_rows()) if family == "llama" else (tiny_bert(layers=2), _cls_rows())
+        (tiny_llama(layers=2), lm_rows(STEPS * BATCH))
+        if family == "llama"
+        else (tiny_bert(layers=2), _cls_rows())
     )
     args = TrainingArguments(
         output_dir=str(tmp_path / f"{family}-{constrained}-{accum}"),
