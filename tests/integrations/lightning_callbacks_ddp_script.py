@@ -18,6 +18,9 @@ from torch import nn
 import descentlab as dl
 from descentlab.sparsity import Selection
 
+sys.path.insert(0, str(Path(__file__).parent))
+from lightning_ddp_script import RankSampler  # rank r reads examples r, r + 2, ...: the one-process batches
+
 BATCH = 4  # per rank; the global batch is 2 * BATCH
 STEPS = 8
 CAP = -0.2  # the rate of positive predictions <= 0.3 (the fit pushes it up)
@@ -80,22 +83,6 @@ def one_process() -> tuple[nn.Module, list[torch.Tensor], dict[str, torch.Tensor
         controller.step()
         lambdas.append(torch.cat(list(cs.multipliers.values())).clone())
     return model, lambdas, controller.masks
-
-
-class RankSampler(torch.utils.data.Sampler):
-    """Rank r reads examples r, r+2, ...: batch k of the two ranks together is batch k of one process with
-    batch size 2 * BATCH (Lightning's own distributed sampler shuffles)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __iter__(self):
-        import torch.distributed as dist
-
-        return iter(range(dist.get_rank(), self.n, dist.get_world_size()))
-
-    def __len__(self) -> int:
-        return self.n // 2
 
 
 def main(out: Path) -> None:
