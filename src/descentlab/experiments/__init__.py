@@ -3,12 +3,16 @@
 A study is one folder, ``experiments/<study>/``, read top to bottom::
 
     config.py    CONFIG (a dataclass of component configs, offline defaults) and PRESETS (quick, full, paper)
-    run.py       run(cfg, run: RunDir) -> dict | Results: data -> for each method: recipe -> fit -> evaluate
-                 -> arrays saved in the run directory
+    jobs.py      the (arm, seed) job a worker runs: train and evaluate into arrays
+    run.py       run(cfg, run: RunDir) -> dict | Results: plan the jobs, save the cells, summarise
     claims.py    CLAIMS: list[ClaimSpec] (one primary endpoint) and their cell functions; optionally
-                 claim_arrays(run_dir) -> the arrays the cells read (default: arrays/claims.npz)
-    figures.py   figures(results, run_dir) -> [{"path", "caption"}], drawn from saved arrays only
-    jobs.py      where needed: the (method, seed) job a worker runs
+                 claim_arrays(run_dir) -> the arrays the cells read (default: arrays/claims.npz), and
+                 FIDELITY, what the presets change against the paper
+    report.py    tables and figures(results, run_dir) -> [{"path", "caption"}], drawn from saved arrays only
+    legacy.py    where needed: readers for the arrays of runs committed before the study's current layout
+
+A part is looked up in its file of this layout first; ``figures.py`` and ``fidelity.py`` are still read
+where a study keeps them as files of their own.
 
 ``run`` returns ``{"protocol": ..., "methods": {...}}`` plus optional ``tables``, ``figures``, ``notes``;
 the runner adds ``experiment``, the resolved ``config`` and the judged ``claims``. A config error is raised
@@ -61,13 +65,21 @@ class Experiment:
     module: ModuleType  # the study's package (a folder), or a one-file study's module
 
     def part(self, part: str) -> ModuleType | None:
-        """The study's ``part`` module (config, run, claims, figures, jobs); None when it has none."""
+        """The study's ``part`` module (config, jobs, run, claims, report); None when it has none."""
         if not hasattr(self.module, "__path__"):  # one-file study
             return self.module
         full = f"{self.module.__name__}.{part}"
         if importlib.util.find_spec(full) is None:
             return None
         return importlib.import_module(full)
+
+    def declared(self, name: str, *parts: str) -> Any:
+        """The attribute ``name`` of the first of ``parts`` that defines it (None when none does)."""
+        for part in parts:
+            module = self.part(part)
+            if module is not None and hasattr(module, name):
+                return getattr(module, name)
+        return None
 
     def _required(self, part: str) -> ModuleType:
         module = self.part(part)
@@ -120,8 +132,7 @@ class Experiment:
 
     def figures(self, results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
         """The study's own figures (``figures.figures``), drawn from saved data; [] when it has none."""
-        module = self.part("figures")
-        draw = getattr(module, "figures", None) if module is not None else None
+        draw = self.declared("figures", "report", "figures")
         if draw is None:
             return []
         (Path(run_dir) / "figures").mkdir(exist_ok=True)

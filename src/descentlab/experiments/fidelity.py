@@ -1,6 +1,6 @@
 """The "Deviations from the paper" and "Not tested here" sections of every result page, generated.
 
-Each study declares its deviations and untested claims once, in ``experiments/<study>/fidelity.py``
+Each study declares its deviations and untested claims once, in ``experiments/<study>/claims.py``
 (``FIDELITY``, a :class:`~descentlab.report.fidelity.Fidelity`); this module resolves the study's presets
 (``full``, and ``paper`` where the study has one), renders the section with
 :func:`descentlab.report.fidelity.render` and writes it into ``docs/results/<study>.md`` between the
@@ -27,8 +27,7 @@ COLUMNS = ("full", "paper")
 
 def declarations(name: str) -> Fidelity | None:
     """The study's ``FIDELITY`` (None when it declares none, e.g. the smoke study)."""
-    module = get(name).part("fidelity")  # a one-file study: its own module, which declares none
-    return getattr(module, "FIDELITY", None) if module is not None else None
+    return get(name).declared("FIDELITY", "claims", "fidelity")  # a one-file study declares none
 
 
 def preset_configs(name: str) -> dict[str, object]:
