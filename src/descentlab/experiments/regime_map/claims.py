@@ -1,0 +1,276 @@
+"""regime-map's claims, declared before the full run, and the trend contrasts they are judged on.
+
+Cells. ``n_M[s, k, b]`` is the mean test NLL (log-perplexity) of block b under optimizer M's GPT-2 of width
+k and seed s, pruned one-shot to sparsity p; ``a_M[s, k, e]`` is review e's accuracy under encoder M of
+depth k and seed s, under Gaussian embedding noise (mean over γ >= 1). The same seeds and the same test
+blocks / reviews are used at every size, so a seed's differences across sizes are paired with each other.
+
+The trend. With x_k the size's log10 parameter count (HORST) or log2 depth (constrained), the per-seed
+least-squares slope of the difference ``d_s(k) = n_H[s, k] − n_A[s, k]`` is a fixed linear contrast,
+
+    β_s = Σ_k w_k d_s(k),   w_k = (x_k − x̄) / Σ_j (x_j − x̄)²,
+
+so ``Σ_k w_k n_H`` against ``Σ_k w_k n_A`` is an ordinary pair of ``[seeds, blocks]`` cells, and the engine's
+seed-level :func:`~descentlab.report.stats.paired_interval` is the interval of the slope (per decade of
+parameters, per doubling of depth). The fitted difference at x₀ has the contrast
+``c_k = 1/K + (x₀ − x̄) w_k``; the report gives it at the paper's size as a prediction (never a verdict).
+
+Declared before the full run (the commit that added this file precedes the run's; the page shows both).
+* Primary: the HORST trend at 90 %: ``β < 0`` (HORST's advantage after pruning grows with size), smallest
+  effect of interest 0.05 log-ppl per decade (a 5 % perplexity ratio per 10x parameters: over the two
+  decades to GPT-2 small, 0.1, the size of the 90 % effect measured at 1 M parameters).
+* Power (pilot: sparse-lm's committed full-a30 run, seeds 200-207, the same settings at width 128): the
+  per-seed sd of the 90 % difference was 0.134 log-ppl. With three sizes at x ≈ 5.07, 5.52, 6.03,
+  Σ(x − x̄)² ≈ 0.46, so a seed's slope has sd ≈ 0.134 / √0.46 ≈ 0.20 (if the spread is the same at every
+  size) and 8 seeds detect ≈ 2.365 · 0.20 / √8 · 2.80 / 1.96 ≈ 0.24 per decade: the primary can show a
+  steep trend but cannot refute a slope of 0.05; it needs ≈ 8 · (0.24 / 0.05)² ≈ 180 seeds for that, so
+  the verdict it can reach here is "reproduced" or "underpowered here". The per-cell rows (the
+  HORST − AdamW difference at every width and sparsity, SESOI 0.05) are what this run can decide.
+* Constrained: the slope of constrained − ERM noisy accuracy per doubling of depth, ``β > 0`` (the
+  constraint helps more in deeper encoders), SESOI 0.01 per doubling; per-depth rows, SESOI 0.01. No
+  pilot at these depths: the committed text-robustness full run (6 layers) had a per-seed sd of 0.0147
+  for its primary difference, so 8 seeds give an MDE ≈ 0.018 per depth and ≈ 0.03 per doubling.
+* Control: AdamW at the widest size pruned to 95 % against its dense model (the pruning must hurt).
+
+Scope. The paper claims HORST's advantage after pruning at one size (GPT-2 small); it states no trend.
+The slope rows are this study's own hypotheses, judged unadjusted as exploratory evidence, except the
+declared primary; no row here refutes the paper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from descentlab.experiments.regime_map.config import condition
+from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
+from descentlab.study.cells import CellStore
+
+PPL_SESOI = 0.05
+PAPER_MAX_SPARSITY = 0.9  # the paper prunes GPT-2 small to 50-90 %
+ACC_SESOI = 0.01
+NO_TREND = "the paper reports its pruning comparison at one size (GPT-2 small) and states no trend with size"
+PAPER = "no number given: after pruning, HORST's perplexity is significantly below AdamW's and HAM's"
+SOURCE = "HORST paper, GPT-2 small on SlimPajama-6B, one-shot layer-wise magnitude pruning"
+NO_DEPTH = (
+    "the constrained-learning paper states its robustness claim for full-depth encoders (RoBERTa) and no "
+    "trend with depth"
+)
+Arrays = Mapping[str, Any]
+
+
+def trend_weights(x: Sequence[float]) -> np.ndarray:
+    """``w_k = (x_k − x̄) / Σ_j (x_j − x̄)²``: ``Σ_k w_k y_k`` is the least-squares slope of y on x."""
+    x = np.asarray(x, dtype=np.float64)
+    centred = x - x.mean()
+    ss = float(centred @ centred)
+    if not ss > 0:
+        raise ValueError(f"a slope needs at least two distinct x, got {x.tolist()}")
+    return centred / ss
+
+
+def prediction_weights(x: Sequence[float], x0: float) -> np.ndarray:
+    """``c_k = 1/K + (x₀ − x̄) w_k``: ``Σ_k c_k y_k`` is the least-squares line's value at ``x₀``."""
+    x = np.asarray(x, dtype=np.float64)
+    return 1.0 / len(x) + (x0 - x.mean()) * trend_weights(x)
+
+
+def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
+    """The map's cell store ({} before the run saved it: every claim pends)."""
+    return CellStore.load(run_dir) or {}
+
+
+def _store(arrays: Arrays) -> CellStore:
+    if not isinstance(arrays, CellStore):
+        raise MissingArrays("the cell store (arrays/cells.npz and arrays/design.json)")
+    return arrays
+
+
+def horst_x(store: CellStore) -> tuple[list[str], np.ndarray]:
+    """The HORST sizes and their log10 parameter counts."""
+    sizes, params = store.design.extra.get("sizes", []), store.design.extra.get("params", {})
+    if not sizes or "adamw" not in store.design.arms:
+        raise NotInRun("the run swept no HORST sizes")
+    if set(sizes) - set(params):
+        raise MissingArrays("the parameter count of every size (design record extra.params)")
+    sizes = sorted(sizes, key=lambda s: params[s])
+    return sizes, np.log10([params[s] for s in sizes])
+
+
+def depth_x(store: CellStore) -> tuple[list[int], np.ndarray]:
+    """The encoder depths and their log2."""
+    depths = store.design.extra.get("depths", [])
+    if not depths or "erm" not in store.design.arms:
+        raise NotInRun("the run swept no encoder depths")
+    return depths, np.log2(depths)
+
+
+def horst_gap(store: CellStore, size: str, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(n_H, n_A)`` at one width and sparsity, ``[seeds, blocks]``."""
+    at = condition("horst", size, p)
+    return (np.asarray(store.get("nll", "horst", at), np.float64),
+            np.asarray(store.get("nll", "adamw", at), np.float64))  # fmt: skip
+
+
+def contrast(store: CellStore, weights: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(Σ_k w_k n_H[k], Σ_k w_k n_A[k])`` at sparsity ``p`` over the HORST sizes."""
+    sizes, _ = horst_x(store)
+    pairs = [horst_gap(store, s, p) for s in sizes]
+    return (sum(w * h for w, (h, _) in zip(weights, pairs, strict=True)),
+            sum(w * a for w, (_, a) in zip(weights, pairs, strict=True)))  # fmt: skip
+
+
+def _levels(store: CellStore) -> list[float]:
+    return [float(p) for p in store.design.extra.get("sparsities", [])]
+
+
+def horst_slope_primary(arrays: Arrays) -> Iterator[Cells]:
+    """The slope of HORST − AdamW at the primary sparsity, per decade of parameters."""
+    store = _store(arrays)
+    yield from _slope(store, float(store.design.extra["primary_sparsity"]))
+
+
+def horst_slopes(arrays: Arrays) -> Iterator[Cells]:
+    """The same slope at every other sparsity."""
+    store = _store(arrays)
+    primary = float(store.design.extra["primary_sparsity"])
+    for p in _levels(store):
+        if p != primary:
+            yield from _slope(store, p)
+
+
+def _slope(store: CellStore, p: float) -> Iterator[Cells]:
+    _, x = horst_x(store)
+    a, b = contrast(store, trend_weights(x), p)
+    yield Cells(a, b, "horst", "adamw", f"slope per decade of parameters, sparsity {100 * p:g} %")
+
+
+def horst_cells(arrays: Arrays) -> Iterator[Cells]:
+    """HORST against AdamW at every width and at the sparsities of the paper's range (up to 90 %)."""
+    yield from _horst_cells(_store(arrays), lambda p: p <= PAPER_MAX_SPARSITY)
+
+
+def horst_cells_beyond(arrays: Arrays) -> Iterator[Cells]:
+    """HORST against AdamW at every width, beyond the paper's range of sparsities."""
+    yield from _horst_cells(_store(arrays), lambda p: p > PAPER_MAX_SPARSITY)
+
+
+def _horst_cells(store: CellStore, keep: Callable[[float], bool]) -> Iterator[Cells]:
+    sizes, _ = horst_x(store)
+    for size in sizes:
+        for p in filter(keep, _levels(store)):
+            h, a = horst_gap(store, size, p)
+            yield Cells(
+                h,
+                a,
+                "horst",
+                "adamw",
+                f"{size} ({store.design.extra['params'][size]:,} params), {100 * p:g} %",
+            )
+
+
+def constrained_slope(arrays: Arrays) -> Iterator[Cells]:
+    """The slope of constrained − ERM noisy accuracy per doubling of depth."""
+    store = _store(arrays)
+    depths, x = depth_x(store)
+    w = trend_weights(x)
+    cells = [store.compare("noisy", "constrained", "erm", condition("constrained", d)) for d in depths]
+    a = sum(wk * np.asarray(c.a, np.float64) for wk, c in zip(w, cells, strict=True))
+    b = sum(wk * np.asarray(c.b, np.float64) for wk, c in zip(w, cells, strict=True))
+    yield Cells(a, b, "constrained", "erm", "slope per doubling of depth, gaussian γ >= 1")
+
+
+def constrained_cells(arrays: Arrays) -> Iterator[Cells]:
+    """Constrained against ERM at every depth (noisy accuracy)."""
+    store = _store(arrays)
+    depths, _ = depth_x(store)
+    for d in depths:
+        yield store.compare(
+            "noisy", "constrained", "erm", condition("constrained", d), label=f"{d} layers, γ >= 1"
+        )
+
+
+def control(arrays: Arrays) -> Iterator[Cells]:
+    """AdamW at the widest size, pruned to the highest level, against its dense model."""
+    store = _store(arrays)
+    sizes, _ = horst_x(store)
+    top = max(_levels(store))
+    at_top = condition("horst", sizes[-1], top)
+    dense = condition("horst", sizes[-1], 0.0)
+    yield Cells(store.get("nll", "adamw", at_top), store.get("nll", "adamw", dense),
+                f"adamw at {100 * top:g} %", "adamw dense", sizes[-1])  # fmt: skip
+
+
+CLAIMS = [
+    ClaimSpec(
+        name="horst-trend",
+        description="HORST's advantage over AdamW after one-shot pruning to 90 % grows with model size (the "
+        "slope of HORST − AdamW log-ppl on log10 parameters is negative)",
+        cells=horst_slope_primary,
+        metric="test log-ppl per decade of parameters",
+        direction="less",
+        sesoi=PPL_SESOI,
+        primary=True,
+        paper="no trend given: the paper measures one size",
+        source=SOURCE,
+    ),
+    ClaimSpec(
+        name="horst-trend-other-levels",
+        description="the same slope at the other sparsities",
+        cells=horst_slopes,
+        metric="test log-ppl per decade of parameters",
+        direction="less",
+        sesoi=PPL_SESOI,
+        exploratory=NO_TREND,
+    ),
+    ClaimSpec(
+        name="horst-adamw",
+        description="after one-shot pruning, HORST's perplexity is below AdamW's, at every width and sparsity",
+        cells=horst_cells,
+        metric="test log-ppl",
+        direction="less",
+        sesoi=PPL_SESOI,
+        paper=PAPER,
+        source=SOURCE,
+    ),
+    ClaimSpec(
+        name="horst-adamw-beyond",
+        description="HORST's perplexity is below AdamW's beyond 90 % sparsity, at every width",
+        cells=horst_cells_beyond,
+        metric="test log-ppl",
+        direction="less",
+        sesoi=PPL_SESOI,
+        exploratory="the paper prunes GPT-2 small to 50-90 % sparsity",
+    ),
+    ClaimSpec(
+        name="constrained-trend",
+        description="the constrained encoder's accuracy gain under embedding noise over ERM grows with depth",
+        cells=constrained_slope,
+        metric="test accuracy per doubling of depth",
+        direction="greater",
+        sesoi=ACC_SESOI,
+        exploratory=NO_DEPTH,
+    ),
+    ClaimSpec(
+        name="constrained-erm",
+        description="the constrained encoder is more accurate than ERM under Gaussian embedding noise, at "
+        "every depth (the first k layers of the pretrained MiniLM)",
+        cells=constrained_cells,
+        metric="test accuracy",
+        direction="greater",
+        sesoi=ACC_SESOI,
+        exploratory=NO_DEPTH,
+    ),
+    ClaimSpec(
+        name="control",
+        description="one-shot pruning to the highest level hurts AdamW's widest model",
+        cells=control,
+        metric="test log-ppl",
+        direction="greater",
+        sesoi=PPL_SESOI,
+        control=True,
+    ),
+]
