@@ -69,7 +69,7 @@ class RegimeMapConfig:
     primary_sparsity: float = 0.9
     constrained_preset: str = "quick"
     constrained_base: list[str] = field(default_factory=lambda: list(CONSTRAINED_BASE))
-    constrained_depths: list[int] = field(default_factory=lambda: [2, 4, 6])
+    constrained_depths: list[int] = field(default_factory=lambda: [1, 2, 4])
     paper_params: int = PAPER_PARAMS
 
     def __post_init__(self) -> None:
