@@ -69,11 +69,15 @@ def test_robustness_does_not_load_data() -> None:
 
 
 def _studies() -> set[str]:
-    """Study names: folders under experiments/ and one-file studies (``smoke``)."""
+    """Study module names: the registry's folders and one-file studies (``smoke``); the other modules of
+    experiments/ (the runner, the page generators) are shared code every study may be read by."""
+    from descentlab.experiments import REGISTRY
+
     root = SRC / "experiments"
     folders = {p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
-    files = {p.stem for p in root.glob("*.py") if p.stem != "__init__" and not p.stem.startswith("_")}
-    return folders | files
+    registered = {module.rsplit(".", 1)[1] for module in REGISTRY.values()}
+    assert folders <= registered, f"study folders outside the registry: {sorted(folders - registered)}"
+    return registered
 
 
 def _study_of(file: str) -> str | None:
@@ -130,6 +134,7 @@ def test_report_holds_only_the_generic_library() -> None:
         "curves",  # a run's training curves from its metrics.csv
         "wall_times",  # each committed run's wall time, from its provenance or its result page (descentlab list)
         "pages",  # the claims tables of the result pages, generated from each run's results.json
+        "cost",  # the stated FLOP cost model of docs/paper-scale.md (parameter counts, GPU-hour estimates)
     }
     assert {p.stem for p in (SRC / "report").glob("*.py")} - generic == set()
 

@@ -4,12 +4,21 @@ not saved), and compare handing the claims engine paired cells it judges like ha
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from descentlab.report.claims import NOT_IN_RUN, PENDING, Cells, ClaimSpec, MissingArrays, NotInRun, judge
-from descentlab.study.cells import CELLS_FILE, DESIGN_FILE, CellStore, Design, cell_key, condition_name
+from descentlab.study.cells import (
+    CELLS_FILE,
+    DESIGN_FILE,
+    CellStore,
+    Design,
+    cell_key,
+    condition_name,
+    record_design,
+)
 
 
 def _store(seeds: int = 4, examples: int = 50) -> CellStore:
@@ -112,3 +121,68 @@ def test_the_engine_reads_not_in_run_and_missing_arrays_as_different_verdicts() 
     )
     assert [r.verdict for r in rows] == [NOT_IN_RUN, PENDING]
     assert "no resilient arm" in rows[0].reason and "acc/constrained/gaussian" in rows[1].reason
+
+
+def test_a_condition_on_its_own_seeds_is_kept_checked_and_round_tripped(tmp_path) -> None:
+    # a side arm measured on fresh seeds (sparse-vit's paper-like arm): its arrays follow its own seeds
+    design = Design(("a", "b"), (0.9, "side"), (0, 1, 2), 20, condition_seeds={"side": (7, 8)})
+    assert design.seeds_at(0.9) == (0, 1, 2) and design.seeds_at("side") == (7, 8)
+    store = CellStore(design)
+    store.put("acc", "a", "side", np.ones((2, 20)))
+    store.put("acc", "b", "side", np.zeros((2, 20)))
+    store.put("acc", "a", 0.9, np.ones((3, 20)))
+    with pytest.raises(ValueError, match="not the 2 seeds"):
+        store.put("acc", "b", "side", np.zeros((3, 20)))  # the main seeds' shape is wrong here
+    with pytest.raises(ValueError, match="not the 3 seeds"):
+        store.put("acc", "b", 0.9, np.zeros((2, 20)))
+    cells = store.compare("acc", "a", "b", "side")
+    assert cells.a.shape == cells.b.shape == (2, 20)
+    store.save(tmp_path)
+    record = json.loads((tmp_path / DESIGN_FILE).read_text())
+    assert record["condition_seeds"] == {"side": [7, 8]}
+    assert CellStore.load(tmp_path).design == design
+    # a design without own seeds writes the record as before (no condition_seeds key)
+    assert "condition_seeds" not in Design(("a",), seeds=(0,)).to_dict()
+    with pytest.raises(ValueError, match="lacks"):
+        Design(("a",), (0.9,), condition_seeds={"other": (1,)})
+    # a condition designed on no seeds was not measured: the engine reads it as not in this run
+    empty = Design(("a", "b"), ("side",), (0, 1), condition_seeds={"side": ()})
+    with pytest.raises(NotInRun, match="on no seeds"):
+        CellStore(empty).get("acc", "a", "side")
+
+
+def test_the_store_saves_under_the_record_the_runner_wrote_and_refuses_another_design(tmp_path) -> None:
+    # the runner writes the config's design before the run (no examples yet, the γ grid in extra)
+    planned = Design(("constrained", "erm"), ("gaussian", 0.5, 0.0), range(4), None, {"gammas": [0, 1, 2]})
+    record_design(tmp_path, planned)
+    assert CellStore.load(tmp_path).design == planned  # before any array: every claim pends
+    store = _store()  # the same arms, conditions and seeds (other orders), 50 examples, its own γ grid
+    store.save(tmp_path)
+    saved = CellStore.load(tmp_path).design
+    assert saved == replace(store.design, extra={"gammas": [0, 1]}) and saved.examples == 50
+    merged = Design(("erm",), (), (0,), extra={"planned": True, "gammas": [9]})
+    record_design(tmp_path / "other", merged)
+    CellStore(Design(("erm",), (), (0,), 3, {"measured": 1.5})).save(tmp_path / "other")
+    assert CellStore.load(tmp_path / "other").design.extra == {
+        "planned": True,
+        "gammas": [9],
+        "measured": 1.5,
+    }
+
+    # a run that measured other arms, conditions or seeds than its record says is refused, nothing written
+    cells_before = (tmp_path / CELLS_FILE).read_bytes()
+    wrong = {
+        "arms": Design(("erm", "resilient"), (0.0, 0.5, "gaussian"), range(4), 50),
+        "conditions": Design(("erm", "constrained"), (0.0, 0.9, "gaussian"), range(4), 50),
+        "seeds": Design(("erm", "constrained"), (0.0, 0.5, "gaussian"), (1, 0, 2, 3), 50),
+        "condition_seeds": Design(
+            ("erm", "constrained"), (0.0, 0.5, "gaussian"), range(4), 50, condition_seeds={0.5: (7, 8)}
+        ),
+    }
+    for what, design in wrong.items():
+        with pytest.raises(ValueError, match=rf"the run measured {what} .* but was designed with {what} "):
+            CellStore(design).save(tmp_path)
+        with pytest.raises(ValueError, match="designed with"):
+            record_design(tmp_path, design)
+    assert (tmp_path / CELLS_FILE).read_bytes() == cells_before
+    assert CellStore.load(tmp_path).design == saved

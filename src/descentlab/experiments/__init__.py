@@ -2,7 +2,10 @@
 
 A study is one folder, ``experiments/<study>/``, read top to bottom::
 
-    config.py    CONFIG (a dataclass of component configs, offline defaults) and PRESETS (quick, full, paper)
+    config.py    CONFIG (a dataclass of component configs, offline defaults), PRESETS (quick, full, paper) and
+                 design(cfg) -> study.cells.Design: the arms, conditions and seeds a run of cfg measures;
+                 the runner writes it as arrays/design.json before the run, and the run's cell store must
+                 match it when it saves
     jobs.py      the (arm, seed) job a worker runs: train and evaluate into arrays
     run.py       run(cfg, run: RunDir) -> dict | Results: plan the jobs, save the cells, summarise
     claims.py    CLAIMS: list[ClaimSpec] (one primary endpoint) and their cell functions; optionally
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from descentlab.errors import ConfigError, DescentlabError
 
 if TYPE_CHECKING:
+    from descentlab.study.cells import Design
     from descentlab.train.rundir import RunDir
 
 REGISTRY: dict[str, str] = {
@@ -112,6 +116,11 @@ class Experiment:
 
     def run(self, cfg: Any, run: RunDir) -> Any:
         return self._required("run").run(cfg, run)
+
+    def design(self, cfg: Any) -> Design | None:
+        """The design record of a run of ``cfg``: the study's ``config.design(cfg)`` (None when it has none)."""
+        make = self.declared("design", "config")
+        return None if make is None else make(cfg)
 
     @property
     def claims(self) -> list:
@@ -245,6 +254,8 @@ def prepare(
         config_file=config_file,
     )
 
+    exp.design(cfg)  # a design the config cannot make fails here, before the run directory exists
+
     def make() -> RunDir:
         run = RunDir.create(out, name)
         as_dict = config_to_dict(cfg)
@@ -287,11 +298,15 @@ def run_experiment(
     """
     from descentlab.config import config_to_dict
     from descentlab.report.build import write_report
+    from descentlab.study.cells import record_design
     from descentlab.train.launchers import launching
     from descentlab.train.loop import TrainingInterrupted
 
     started = time.monotonic()
     exp, cfg, run = prepare(name, preset, overrides, out, resume, argv=argv, config_file=config_file)
+    design = exp.design(cfg)
+    if design is not None and run.writer:  # the record the run's cell store must match (study.cells)
+        record_design(run.path, design)
     _status(run, "running", resumed=resume is not None)
     try:
         with launching(run.launcher):  # every JobRunner of the study sends its jobs there

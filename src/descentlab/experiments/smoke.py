@@ -19,6 +19,7 @@ from descentlab.errors import ConfigError
 from descentlab.optim.config import OptimizerConfig
 from descentlab.report.results import Curve, MethodResult, Results
 from descentlab.report.stats import column_mean_std
+from descentlab.study.cells import Design
 from descentlab.train.jobs import JobRunner
 from descentlab.train.loop import TrainConfig, fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe
@@ -116,3 +117,9 @@ def run(cfg: SmokeConfig, run: RunDir) -> dict[str, Any]:
         },
         methods={"erm": MethodResult(metrics={"accuracy": mean[0]}, curves={"gaussian": curve})},
     ).to_dict()
+
+
+def design(cfg: SmokeConfig) -> Design:
+    """The design record of a run of ``cfg`` (:mod:`descentlab.study.cells`): one arm (ERM) at every pixel
+    noise level (the conditions), on ``seeds``. The run judges no claim; the record says what it measured."""
+    return Design(("erm",), tuple(cfg.noise_levels), tuple(cfg.seeds))

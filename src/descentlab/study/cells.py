@@ -7,8 +7,10 @@ number as ``f"{x:g}"``). No part may contain ``/``. Values are shaped ``[seeds, 
 in the order of the design record, so two arms' arrays at one condition are paired cell by cell.
 
 The store is saved as one ``.npz`` (:data:`CELLS_FILE`) and a design record (:data:`DESIGN_FILE`),
-written by the study's run from its config: the arms, conditions and seeds the run was designed with,
-and the number of examples. The record is what tells a claim's two failures apart:
+written from the study's config (its ``config.design(cfg)``) by the runner before the run starts, and
+completed by the run's store when it saves (:func:`record_design`: the store must name the same arms,
+conditions and seeds): the arms, conditions and seeds the run was designed with, and the number of
+examples. The record is what tells a claim's two failures apart:
 
 * :class:`~descentlab.report.claims.NotInRun`: the design has no such arm or condition (another run of
   the study judges the claim);
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,16 @@ import numpy as np
 from descentlab.io import atomic_write_text, load_arrays, save_arrays
 from descentlab.report.claims import Cells, MissingArrays, NotInRun
 
-__all__ = ["CELLS_FILE", "DESIGN_FILE", "CellStore", "Design", "cell_key", "condition_name", "stack_seeds"]
+__all__ = [
+    "CELLS_FILE",
+    "DESIGN_FILE",
+    "CellStore",
+    "Design",
+    "cell_key",
+    "condition_name",
+    "record_design",
+    "stack_seeds",
+]
 
 CELLS_FILE = "arrays/cells.npz"
 DESIGN_FILE = "arrays/design.json"
@@ -66,6 +77,8 @@ class Design:
         conditions: the conditions every arm is measured at, in key form (empty: none).
         seeds: the evaluation seeds, in the order of every array's first axis.
         examples: the number of evaluation examples per cell (None when it has no such axis).
+        condition_seeds: condition (key form) -> its own seeds, for a condition measured on other seeds
+            than ``seeds`` (a side arm run on fresh seeds): its arrays' first axis follows these instead.
     """
 
     arms: tuple[str, ...]
@@ -73,6 +86,7 @@ class Design:
     seeds: tuple[int, ...] = ()
     examples: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    condition_seeds: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arms", tuple(self.arms))
@@ -82,6 +96,14 @@ class Design:
             cell_key("m", arm)  # the same rule as the keys
         if len(set(self.arms)) != len(self.arms):
             raise ValueError(f"design arms repeat: {list(self.arms)}")
+        own = {condition_name(c): tuple(int(s) for s in v) for c, v in self.condition_seeds.items()}
+        if stray := sorted(set(own) - set(self.conditions)):
+            raise ValueError(f"condition_seeds names conditions the design lacks: {stray}")
+        object.__setattr__(self, "condition_seeds", own)
+
+    def seeds_at(self, condition: float | int | str | None = None) -> tuple[int, ...]:
+        """The seeds of the arrays at ``condition``, in order: its ``condition_seeds``, else ``seeds``."""
+        return self.condition_seeds.get(condition_name(condition), self.seeds)
 
     def require(self, arm: str, condition: float | int | str | None = None) -> None:
         """Raise :class:`NotInRun` unless the design has ``arm`` (and ``condition``, when given)."""
@@ -90,9 +112,14 @@ class Design:
         name = condition_name(condition)
         if name and name not in self.conditions:
             raise NotInRun(f"the run measured no condition {name} (it measured {', '.join(self.conditions)})")
+        if name in self.condition_seeds and not self.condition_seeds[name]:
+            raise NotInRun(f"the run measured condition {name} on no seeds")
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        """The record's JSON form (``condition_seeds`` only when a condition has its own seeds)."""
+        d = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        own = d.pop("condition_seeds")
+        return d | ({"condition_seeds": {c: list(v) for c, v in own.items()}} if own else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Design:
@@ -102,6 +129,7 @@ class Design:
             seeds=tuple(d.get("seeds", ())),
             examples=d.get("examples"),
             extra=dict(d.get("extra", {})),
+            condition_seeds=dict(d.get("condition_seeds", {})),
         )
 
 
@@ -132,10 +160,11 @@ class CellStore(Mapping[str, np.ndarray]):
         """Store ``values`` (``[seeds, ..., examples]``) for ``arm`` at ``condition`` (which the design has)."""
         self.design.require(arm, condition)
         values = np.asarray(values)
-        if self.design.seeds and values.shape[:1] != (len(self.design.seeds),):
+        seeds = self.design.seeds_at(condition)
+        if seeds and values.shape[:1] != (len(seeds),):
             raise ValueError(
                 f"{cell_key(metric, arm, condition)}: first axis {values.shape[:1]} is not the "
-                f"{len(self.design.seeds)} seeds of the design"
+                f"{len(seeds)} seeds of the design"
             )
         self._arrays[cell_key(metric, arm, condition)] = values
 
@@ -177,11 +206,15 @@ class CellStore(Mapping[str, np.ndarray]):
         return Cells(cells_a, cells_b, a, b, label if label is not None else condition_name(at))
 
     def save(self, run_dir: Path | str, *, writer: bool = True) -> Path:
-        """Write :data:`CELLS_FILE` and :data:`DESIGN_FILE` under ``run_dir`` (only when ``writer``: rank 0)."""
+        """Write :data:`CELLS_FILE` and :data:`DESIGN_FILE` under ``run_dir`` (only when ``writer``: rank 0).
+
+        The design record is merged with the one the runner wrote from the config (:func:`record_design`):
+        ValueError, and nothing written, when this store's arms, conditions or seeds differ from it."""
         run_dir = Path(run_dir)
         if writer:
+            record = record_design(run_dir, self.design, write=False)  # refuses a store off its design
             save_arrays(run_dir / CELLS_FILE, **self._arrays)
-            atomic_write_text(run_dir / DESIGN_FILE, json.dumps(self.design.to_dict(), indent=2) + "\n")
+            atomic_write_text(run_dir / DESIGN_FILE, json.dumps(record.to_dict(), indent=2) + "\n")
         return run_dir / CELLS_FILE
 
     @classmethod
@@ -202,6 +235,39 @@ class CellStore(Mapping[str, np.ndarray]):
     def conditions(self, numeric: bool = False) -> list[Any]:
         """The design's conditions (as floats with ``numeric``)."""
         return [float(c) for c in self.design.conditions] if numeric else list(self.design.conditions)
+
+
+def record_design(run_dir: Path | str, design: Design, *, write: bool = True) -> Design:
+    """Write ``design`` as the run's :data:`DESIGN_FILE`, merged with the record already there: the runner
+    writes the config's design before the run, the run's store its own when it saves. Both must name the
+    same arms and conditions (in any order) and the same seeds (in order, ``condition_seeds`` too);
+    ``extra`` is merged (``design``'s keys win) and ``examples`` is ``design``'s unless it has none. Returns
+    the merged record (written only with ``write``).
+
+    Raises:
+        ValueError: ``design`` differs from the record in arms, conditions or seeds: the run measured
+            something other than it was designed to.
+    """
+    path = Path(run_dir) / DESIGN_FILE
+    if path.is_file():
+        written = Design.from_dict(json.loads(path.read_text()))
+        same = {
+            "arms": set(design.arms) == set(written.arms),
+            "conditions": set(design.conditions) == set(written.conditions),
+            "seeds": design.seeds == written.seeds,
+            "condition_seeds": design.condition_seeds == written.condition_seeds,
+        }
+        if differ := [name for name, ok in same.items() if not ok]:
+            now, then = design.to_dict(), written.to_dict()  # condition_seeds only when a condition has them
+            raise ValueError(
+                f"{path}: the run measured {', '.join(f'{n} {now.get(n, {})}' for n in differ)}, but was "
+                f"designed with {', '.join(f'{n} {then.get(n, {})}' for n in differ)}"
+            )
+        examples = design.examples if design.examples is not None else written.examples
+        design = replace(design, examples=examples, extra={**written.extra, **design.extra})
+    if write:
+        atomic_write_text(path, json.dumps(design.to_dict(), indent=2) + "\n")
+    return design
 
 
 def stack_seeds(per_seed: Sequence[Any], dtype: Any = None) -> np.ndarray:
