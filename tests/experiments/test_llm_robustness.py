@@ -98,7 +98,7 @@ def test_constraints_come_from_the_pretrained_profile() -> None:
 
 
 def test_head_to_head_statistics() -> None:
-    from descentlab.experiments.llm_robustness.headtohead import head_to_head, outcomes
+    from descentlab.experiments.llm_robustness.run import head_to_head, outcomes
 
     n = 400
     g = torch.Generator().manual_seed(0)
@@ -124,7 +124,7 @@ def test_head_to_head_statistics() -> None:
 
 def test_seeds_pair_by_index_and_widen_the_interval() -> None:
     """Method on seed s against ERM on seed s; the interval is the seed-level one of the engine."""
-    from descentlab.experiments.llm_robustness.headtohead import head_to_head, shifted
+    from descentlab.experiments.llm_robustness.run import head_to_head, shifted
     from descentlab.report.stats import paired_interval
 
     n = 300
@@ -152,7 +152,7 @@ def test_seeds_pair_by_index_and_widen_the_interval() -> None:
 
 
 def test_job_graph_runs_by_dependency_then_priority(tmp_path) -> None:
-    from descentlab.experiments.llm_robustness.graph import JobGraph
+    from descentlab.experiments.llm_robustness.run import JobGraph
     from descentlab.train.jobs import JobRunner
 
     finished: list[str] = []
@@ -193,7 +193,7 @@ class _PlantedJobs:
     def submit(self, key: str, kind: str, *args):
         from concurrent.futures import Future
 
-        from descentlab.experiments.llm_robustness.headtohead import noise_key
+        from descentlab.robustness.lm_eval import noise_key
 
         self.submitted.append((key, args))
         g, out = self.cfg.grid, {}
@@ -221,9 +221,7 @@ class _PlantedJobs:
 
 
 def test_plan_tunes_first_and_the_choice_trains_the_chosen_candidate() -> None:
-    from descentlab.experiments.llm_robustness.graph import JobGraph
-    from descentlab.experiments.llm_robustness.run import Inputs, plan
-    from descentlab.experiments.llm_robustness.selection import selection_record
+    from descentlab.experiments.llm_robustness.run import Inputs, JobGraph, plan, selection_record
 
     cfg = resolve_config(exp.LlmRobustnessConfig, overrides=["seeds=[0,1]", "workers=1"])
     # hard: its second candidate wins under noise; resilient: its first; every clean pass is a tie
@@ -256,7 +254,8 @@ def test_plan_tunes_first_and_the_choice_trains_the_chosen_candidate() -> None:
 
 def test_generate_then_judge_cells_are_per_seed() -> None:
     """The judged arrays keep one row per evaluation seed, and the table's interval is seed-level."""
-    from descentlab.experiments.llm_robustness.judged import judged_arrays, judged_table
+    from descentlab.experiments.llm_robustness.report import judged_table
+    from descentlab.experiments.llm_robustness.run import judged_arrays
 
     wins, losses = [1.0] * 20, [0.0] * 20
     verdict = {

@@ -1,16 +1,14 @@
 """The clusters of the held-out passages: which chapter of *Persuasion* each one comes from.
 
-The claims' example axis is 80 passages drawn from one novel. Passages from one chapter share its scene,
-its speakers and its vocabulary, so their outcomes are not independent draws: an interval that treats them
-as independent under-covers (0.66 instead of 0.95 in the simulated clustered regime of the results index).
-Labelled with their chapter, :func:`~descentlab.report.stats.paired_interval` estimates the example piece
-from chapter totals instead (``clusters=``), which restores the coverage.
+Passages from one chapter share its scene, speakers and vocabulary, so their outcomes are not independent:
+an interval that treats them as independent under-covers (0.66 instead of 0.95 in the simulated clustered
+regime of the results index). Labelled with their chapter, :func:`~descentlab.report.stats.paired_interval`
+estimates the example piece from chapter totals instead (``clusters=``).
 
 The labels are a pure function of the data config and the tokenizer: the held-out windows are chosen by
-:func:`~descentlab.data.instructions.continuation_examples` from the tokenised test novel, and the same
-call on the token *positions* ``0 … N−1`` returns each window's first position, whose character offset
-falls in one chapter. A run saves them beside its claim arrays (:data:`CLUSTER_FILE`); a run saved before
-that file existed gets it from :func:`main`, recomputed from its own config.
+:func:`~descentlab.data.instructions.continuation_examples` from the tokenised test novel, and the same call
+on the token *positions* ``0 … N−1`` returns each window's first position. A run saves them beside its
+claim arrays (:data:`CLUSTER_FILE`); a run saved before that file existed gets it from :func:`main`:
 
     python -m descentlab.experiments.llm_robustness.clusters docs/results/llm-robustness
 """

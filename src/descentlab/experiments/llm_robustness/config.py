@@ -1,31 +1,30 @@
 """llm-robustness's config: the model, data, methods, noise grid and evaluation, and the presets.
 
-The study's primary endpoint (declared in :mod:`.claims` before its full run): ``hard`` − ERM head-to-head
-win rate at the gaussian level where ERM's validation perplexity grows ×3 (``grid.ratios`` must contain 3).
-
-Seeds. Every method trains once per evaluation seed (``seeds``); the claims' cells are ``[seed, draw,
-example]`` and each seed's model is compared with ERM of the same seed. Every choice made on data is made on
-the validation split with ``tune_seed``, which is never an evaluation seed: ERM's tuning run gives the noise
-levels (its validation perplexity growth) and the clean reference of every candidate; the constrained methods'
-candidates (``selection``) train there too, and the chosen one trains afresh on every evaluation seed.
+Every method trains once per evaluation seed (``seeds``) and is compared with ERM of the same seed. Every
+choice is made on validation with ``tune_seed``, never an evaluation seed (:mod:`.run` lists the steps). The
+primary endpoint (:mod:`.claims`) reads the gaussian level where ERM's perplexity grows ×3.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import re
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from descentlab.constrained.config import DescentConfig
 from descentlab.data.causal_lm import CausalLMDataConfig
 from descentlab.errors import ConfigError
-from descentlab.experiments.llm_robustness.claims import MARGIN
-from descentlab.experiments.llm_robustness.judged import GenerativeJudgeConfig
 from descentlab.optim.config import OptimizerConfig
 from descentlab.readout import CausalLMReadout
+from descentlab.robustness.judge import PAIRWISE_TEMPLATE
 from descentlab.robustness.perturb import EMBEDDING_KINDS
+from descentlab.study.cells import Design
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, with_overrides
 from descentlab.train.tuning import Selection, check_equal_budgets, check_tune_seed
+
+MARGIN = 0.05  # the claims' parity margin and smallest effect of interest, in win rate (claims.py)
+CONDITION = re.compile(r"^(clean|[a-z]+-x[0-9.]+|[a-z]+@[0-9.eE+-]+)$")  # a condition's name (claims.py)
 
 
 @dataclass
@@ -55,12 +54,7 @@ class ReadoutConfig:
     checkpoint: bool = False  # recompute chunk logits in backward (pays only when chunks are large)
 
     def build(self, layers: list[int] | None = None) -> CausalLMReadout:
-        return CausalLMReadout(
-            chunk_size=self.chunk_size,
-            sample_tokens=self.sample_tokens,
-            checkpoint=self.checkpoint,
-            layers=layers,
-        )
+        return CausalLMReadout(layers=layers, **asdict(self))
 
 
 @dataclass
@@ -105,8 +99,7 @@ class GridConfig:
             raise ConfigError(f"grid.kinds must be additive embedding kinds, got {self.kinds}")
         if not self.ratios or min(self.ratios) <= 1:
             raise ConfigError(f"grid.ratios must be factors > 1, got {self.ratios}")
-        missing = [k for k in self.kinds if k not in self.start]
-        if missing:
+        if missing := [k for k in self.kinds if k not in self.start]:
             raise ConfigError(
                 f"grid.start has no first level for {missing}; e.g. grid.start.{missing[0]}=0.5"
             )
@@ -139,13 +132,47 @@ class EvalConfig:
             raise ConfigError(f"eval.perplexity_on must be 'all' or 'reference', got {self.perplexity_on!r}")
 
 
+@dataclass
+class GenerativeJudgeConfig:
+    """Generate then judge, AlpacaEval-style: each fine-tune answers the held-out prompts (greedy, under each
+    judged condition's noise) and a judge LM compares every method's answer with the baseline's of the same
+    seed, both orders; win rates raw and length-controlled. A table, not a claim (the likelihood judge is
+    of record). Off while ``model`` is None; a judge must be stronger than the judged models."""
+
+    model: str | None = None  # the judge LM: a local folder or a Hugging Face id
+    # condition names judged, as the claims name them: clean, <kind>-x<ratio>, <kind>@<level>
+    conditions: list[str] = field(default_factory=lambda: ["clean", "gaussian-x3"])
+    examples: int | None = None  # the first this many held-out prompts (None: all)
+    max_new_tokens: int = 512
+    batch_size: int = 8  # prompts per generate call
+    judge_batch_size: int = 4  # judge sequences per forward pass
+    soft: bool = False  # the judge's verdict σ(s_1 − s_2) instead of 1[s_1 > s_2]
+    dtype: str = "bfloat16"  # the judge's weights: float32, bfloat16 or float16
+    template: str = PAIRWISE_TEMPLATE
+
+    def __post_init__(self) -> None:
+        bad = [c for c in self.conditions if not CONDITION.match(str(c))]
+        if bad or not self.conditions:
+            raise ConfigError(
+                f"generative.conditions must be condition names (clean, <kind>-x<ratio>, <kind>@<level>), "
+                f"got {bad or self.conditions}"
+            )
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"generative.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.examples is not None and self.examples < 1:
+            raise ConfigError(f"generative.examples must be >= 1 or null, got {self.examples}")
+        if min(self.max_new_tokens, self.batch_size, self.judge_batch_size) < 1:
+            raise ConfigError("generative.max_new_tokens, batch_size and judge_batch_size must be >= 1")
+        for name in ("{prompt}", "{first}", "{second}"):
+            if name not in self.template:
+                raise ConfigError(f"generative.template lacks the {name} field")
+
+
 def _base_method() -> MethodConfig:
-    # Fused AdamW is the fast CPU path; no weight decay, as in the paper's fine-tunes.
-    # α from the pretrained profile (ConstraintChoice): alpha_fraction = 0.5 asks each descending layer to
-    # keep half of the pretrained model's relative drop. η_λ = 0.01 (violations are in nats): in a 30-step
-    # pilot (2026-12-01) λ stayed below 0.02 and settled; at alpha_fraction = 1 (tight at the pretrained
-    # model) and η_λ = 0.02, λ reached 0.23 in 20 steps and the clean win rate fell to 19 %. The committed
-    # 4-step run used η_λ = 0.5 and reached 2.7 in 4 steps.
+    # Fused AdamW (the fast CPU path), no weight decay, as in the paper's fine-tunes. alpha_fraction = 0.5:
+    # each descending layer keeps half the pretrained relative drop. η_λ = 0.01: in a 30-step pilot
+    # (2026-12-01) λ stayed below 0.02 and settled; at alpha_fraction = 1 and η_λ = 0.02 it reached 0.23 in
+    # 20 steps and the clean win rate fell to 19 %.
     return MethodConfig(
         optimizer=OptimizerConfig(name="adamw", lr=5e-5, weight_decay=0.0, decay="all", fused=True),
         constraint=DescentConfig(
@@ -162,30 +189,20 @@ def _base_method() -> MethodConfig:
 SPECS = {
     "erm": "",
     "hard": "objective=constrained",
-    # resilient: the tight constraints (the pretrained model meets them with equality), relaxed by slacks
-    # of cost (a/2) u², a = 0.5: λ settles at a · (the violation left), time constant a / η_λ = 50 steps
-    # (a 40-step pilot at a = 1: λ_max 0.16, still rising; hard tight constraints at η_λ = 0.02 reached 0.23
-    # in 20 steps and cost the clean win rate)
+    # resilient: the tight constraints (met with equality by the pretrained model) relaxed by slacks of cost
+    # (a/2) u², a = 0.5: λ settles at a · u, time constant a / η_λ = 50 steps (at a = 1 still rising at 40)
     "resilient": "objective=constrained constraint.resilient=true constraint.alpha_fraction=1.0 "
     "constraint.penalty=0.5",
     "erm-neftune": "",  # ERM on NEFTune noise (see noisy_training): the positive control
-    # The null control needs no label of its own: ERM on one evaluation seed against ERM on the next
-    # (:mod:`.claims`), the spread between ERM seeds that every win rate is read against.
 }
 
 
 def _selection() -> Selection:
-    # Equal budgets: two candidates for each constrained method, each on its own knob (check_equal_budgets).
-    # In the committed one-seed run both lost clean parity (clean win rate hard 33 %, resilient 17 %, where
-    # ERM re-seeded sat at 51 %), so each method's committed setting is offered with a looser one:
-    # resilient: the slack cost a of (a/2) u² (the issue's "resilient penalty"): 0.5 (committed) or 0.05,
-    #   slack ten times cheaper, so the tight constraints relax further (λ settles at a · u);
-    # hard: alpha_fraction, the share of the pretrained relative drop each constrained layer must keep:
-    #   0.5 (committed; λ <= 0.03) or 0.25.
-    # Rule (choose_candidate): the largest validation robustness gain (mean win rate against ERM's tuning
-    # run over the gaussian levels of the grid) among candidates whose clean validation win rate against it
-    # is >= 50 % - MARGIN (the claims' parity margin); if none is, the same order over all, and the reason
-    # says so.
+    # Equal budgets: two candidates per constrained method, each on its own knob. In the committed one-seed
+    # run both lost clean parity (clean win rate hard 33 %, resilient 17 %, ERM re-seeded 51 %), so each
+    # committed setting is offered with a looser one: resilient's slack cost a of (a/2) u², 0.5 or 0.05 (λ
+    # settles at a · u); hard's alpha_fraction, the share of the pretrained drop a layer keeps, 0.5 or 0.25.
+    # The rule is run.choose's, with the claims' parity margin.
     return Selection(
         candidates={
             "hard": ["alpha_fraction=0.25", "alpha_fraction=0.5"],
@@ -207,18 +224,15 @@ class LlmRobustnessConfig:
     specs: dict[str, str] = field(default_factory=lambda: dict(SPECS))  # label -> `method` overrides
     methods: list[str] = field(default_factory=lambda: list(SPECS))  # the labels to run, in order
     baseline: str = "erm"
-    # label -> [kind, level]: that label trains with this embedding noise (fresh draw each step). NEFTune's
-    # α = 30 on 64-token windows is per-coordinate std 0.09 = 0.67 σ_E: the middle of the test grid
-    # (pretrained SmolLM2's perplexity x2.4 there on Austen validation, 2026-12-01).
+    # label -> [kind, level]: that label trains with this embedding noise (fresh draw each step). NEFTune's α =
+    # 30 on 64-token windows is std 0.67 σ_E, mid-grid (pretrained SmolLM2's perplexity x2.4 on validation).
     noisy_training: dict[str, list[Any]] = field(default_factory=lambda: {"erm-neftune": ["neftune", 30.0]})
     constraints: ConstraintChoice = field(default_factory=ConstraintChoice)
     readout: ReadoutConfig = field(default_factory=ReadoutConfig)
     grid: GridConfig = field(default_factory=GridConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # evaluation seeds: every one reported
-    # ERM's tuning run (the noise levels, the candidates' clean reference) and every candidate train from
-    # it, on validation only; never one of ``seeds``
-    tune_seed: int = 1000
+    tune_seed: int = 1000  # ERM's tuning run and every candidate, scored on validation only
     selection: Selection = field(default_factory=_selection)
     val_n: int = 32  # validation examples cut (the grid, the profile and the selection use their first few)
     selection_examples: int = 32  # validation examples each candidate's win rates are measured on
@@ -232,7 +246,6 @@ class LlmRobustnessConfig:
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(max_steps=250, batch_size=2, log_every=10, progress=False)
     )
-    # generate then judge with a judge LM, AlpacaEval-style (judged.py); off while generative.model is null
     generative: GenerativeJudgeConfig = field(default_factory=GenerativeJudgeConfig)
 
     def __post_init__(self) -> None:
@@ -257,22 +270,17 @@ class LlmRobustnessConfig:
     def _check_selection(self) -> None:
         sel = self.selection
         if sel.follow:
-            raise ConfigError(
-                f"selection.follow is not used by llm-robustness (each constrained method has its own "
-                f"candidates); got {sel.follow}"
-            )
+            raise ConfigError(f"selection.follow is not used by llm-robustness; got {sel.follow}")
         if sel.criterion not in ("robust", "clean"):
             raise ConfigError(f"selection.criterion must be robust or clean, got {sel.criterion!r}")
         if not 0 < sel.max_clean_drop < 0.5:
-            raise ConfigError(
-                f"selection.max_clean_drop is a win-rate margin in (0, 0.5), got {sel.max_clean_drop}"
-            )
+            raise ConfigError(f"selection.max_clean_drop is a win rate in (0, 0.5), got {sel.max_clean_drop}")
         for label, specs in sel.candidates.items():
             if label not in self.specs or not self.method_config(label).constrained:
                 raise ConfigError(f"selection.candidates.{label}: only constrained methods have candidates")
             if not specs:
                 raise ConfigError(
-                    f"selection.candidates.{label} is empty; give at least one spec ('' = as is)"
+                    f"selection.candidates.{label} is empty; give one spec at least ('' = as is)"
                 )
             for spec in specs:
                 self.constraint_candidate(label, spec)  # a bad spec fails here
@@ -336,37 +344,24 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # ERM, hard, resilient and the positive control erm-neftune on 3 fresh evaluation seeds (1, 2, 3), each
     # compared with ERM of its own seed; the null control is ERM on seed s against ERM on the next seed.
-    # Tuning seed 1000 (validation only): ERM (the noise levels: gaussian x1.5 / x3 / x10, NEFTune x3, plus
-    # NEFTune 1.5), 2 candidates for hard (alpha_fraction) and 2 for resilient (the slack penalty), chosen
-    # by the rule of `_selection` on 100 validation examples. 100 steps of 2 x 64 tokens per fine-tune (the
-    # committed run took 250): the `pilot` preset checks that the fine-tune has converged by then.
-    # 36 jobs: reference, ERM's tuning run, grid, 5 validation scorings (ERM's tuning run, 4 candidates),
-    # 4 candidate fine-tunes, 12 evaluation fine-tunes (4 methods x 3 seeds), 12 held-out evaluations of
-    # 80 examples. Time, from the pilot (31 min 53 s for 7 fine-tunes and 6 evaluations of 50 examples, on
-    # cores shared with a benchmark; ERM 1.90 s/step) and the readout's one-call subsample (a constrained
-    # step about 1.6x ERM's since, where the pilot's took 3.5x), in worker-seconds: fine-tunes 100 steps x
-    # (1.9 + 4 x 3.0 + 3 x (1.9 + 2 x 3.0 + 2.1)) = 4,390, evaluations 12 x ~115 = 1,380, validation
-    # scorings ~700, grid and reference ~100: about 6,600 s, 55 min on 2 cores.
+    # Tuning seed 1000 (validation only): ERM's run (the noise levels) and 2 candidates each for hard and
+    # resilient. 100 steps of 2 x 64 tokens per fine-tune (the `pilot` preset checks convergence by then).
+    # 36 jobs, about 6,600 worker-seconds (from the pilot's step times): 55 min on 2 cores.
     "full": {**FULL_RUN, "seeds": [1, 2, 3]},
     # The primary endpoint again, on fresh seeds: ERM and `hard` only, at what the full run chose on tuning
     # seed 1000 (hard: alpha_fraction 0.25; one candidate, so no tuning round), the full preset's data,
     # budget and noise grid (its levels come from the same ERM tuning run), 7 evaluation seeds no run has used
-    # (4-10). 17 fine-tunes (ERM's tuning run, 2 x 7) and 14 held-out evaluations: from the full run's job
-    # times (ERM 180 s, hard 320 s, an evaluation ~115 s) about 5,700 worker-seconds, 48 min on 2 idle
-    # cores. Its power is declared in claims.py.
+    # (4-10). 17 fine-tunes and 14 held-out evaluations, about 48 min on 2 idle cores. Its power is declared
+    # in claims.py.
     "full-seeds": {
         **FULL_RUN,
         "methods": ["erm", "hard"],
         "seeds": [4, 5, 6, 7, 8, 9, 10],
         "selection.candidates": {"hard": ["alpha_fraction=0.25"]},
     },
-    # The pilot of the full preset: its budget's convergence check and the per-seed spread the MDE is
-    # declared from. Two pilot seeds (900, 901: never evaluation seeds), ERM, hard and resilient, the full
-    # preset's 100 steps and data, no candidates (the first of each constrained method's), a validation-loss
-    # point every 10 steps. The fine-tune counts as converged when every method's validation loss changes by
-    # < 2 % over the last doubling of steps (50 -> 100; the fine-tuning table's "val loss, last doubling"
-    # column). The per-seed win rates of hard against ERM at gaussian x3 give the spread. About 16 min on 2
-    # cores (ERM's tuning run, 6 fine-tunes, 6 evaluations of 50 examples).
+    # The pilot of the full preset: its budget's convergence check (every method's validation loss changes by
+    # < 2 % over the last doubling of steps, 50 -> 100) and the per-seed spread of hard - ERM at gaussian x3
+    # the MDE is declared from, on two pilot seeds that are never evaluation seeds. About 16 min on 2 cores.
     "pilot": {
         "methods": ["erm", "hard", "resilient"],
         "seeds": [900, 901],
@@ -433,3 +428,18 @@ PRESETS: dict[str, dict[str, Any]] = {
         "generative.max_new_tokens": 512,
     },
 }
+
+
+def design(cfg: LlmRobustnessConfig) -> Design:
+    """The design record of a run of ``cfg`` (:mod:`descentlab.study.cells`): every method of ``methods``,
+    and with two seeds or more the null control ``erm (another seed)`` (ERM against ERM of the next seed,
+    ``claims.NULL``); the conditions are ``clean``, ``<kind>-x<ratio>`` for every perplexity growth of
+    ``grid`` (its level is found on ERM's tuning run) and ``<kind>@<level>`` for every fixed level of
+    ``grid.extra``; ``seeds``. The number of held-out examples is left to the run (``data.n_eval`` caps it)."""
+    g = cfg.grid
+    conditions = ["clean"]
+    for kind in g.kinds:
+        conditions += [f"{kind}-x{r:g}" for r in g.ratios_of(kind)]
+        conditions += [f"{kind}@{x:g}" for x in sorted(g.extra.get(kind, [])) if x != 0]
+    null = ["erm (another seed)"] if len(cfg.seeds) > 1 else []
+    return Design((*cfg.methods, *null), tuple(dict.fromkeys(conditions)), tuple(cfg.seeds))

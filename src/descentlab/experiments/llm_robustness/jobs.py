@@ -1,39 +1,28 @@
-"""The jobs of the llm-robustness experiment: fine-tune, find the noise grid, evaluate (one process each).
-
-Each job takes the study's config (:class:`.config.LlmRobustnessConfig`, read by attribute) and runs in a
-worker process of a :class:`~descentlab.train.jobs.JobRunner`; the model is loaded once per process and
-reset to the pretrained weights at the start of every job.
-
-* :func:`reference_job`: the pretrained model's logit-lens profile on validation (where the constraints
-  come from) and on the held-out examples;
-* :func:`train_job`: fine-tune one method from one seed, with one selection candidate (constraints chosen
-  from the profile by :func:`constrained_method`, training noise for the positive control), λ recorded over
-  training (:class:`LambdaTrace`) and, when asked, the validation loss (:class:`ValidationCurve`);
-* :func:`grid_job`: the levels where the baseline's validation perplexity grows by each factor
-  (:func:`descentlab.robustness.levels.levels_for_ratios`), on ERM's tuning run;
-* :func:`validate_job`: a tuning-seed model's per-example NLLs on validation at the selection's levels;
-* :func:`eval_job`: one fine-tuned model on the held-out examples at every level
-  (:func:`descentlab.robustness.lm_eval.evaluate_levels`).
-
-Every fine-tune is named by :func:`run_tag` (``<label>-seed<s>``, ``<label>-cand<i>-seed<s>`` for a
-candidate's tuning run); its final weights stay in ``checkpoints/<tag>``.
+"""llm-robustness's jobs (:data:`JOBS`), one process each. Every job takes the config and loads the model once
+per worker process, reset to the pretrained weights at its start; a fine-tune is named by :func:`run_tag`
+and its final weights stay in ``checkpoints/<tag>``.
 """
 
 from __future__ import annotations
 
+import gc
 import time
+from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 
 from descentlab.constrained.descent import profile_constraints
 from descentlab.constrained.trace import LambdaTrace
 from descentlab.data import load_causal_lm
-from descentlab.data.instructions import CausalCollator, austen_examples, collate_causal
+from descentlab.data.instructions import CausalCollator, austen_examples, collate_causal, example_prompt
 from descentlab.errors import ConfigError
 from descentlab.models.checkpointing import enable_activation_checkpointing
-from descentlab.robustness.judge import Noise, score_examples
+from descentlab.robustness.judge import GenerativeJudge, Noise, generate_responses, score_examples
+from descentlab.robustness.length_control import length_controlled
 from descentlab.robustness.levels import levels_for_ratios
 from descentlab.robustness.lm_eval import evaluate_levels, layer_profile
 from descentlab.robustness.perturb import embedding_rms, input_embedding_module
@@ -44,7 +33,6 @@ from descentlab.train.objectives import EmbeddingNoise
 from descentlab.train.recipe import MethodConfig, build_recipe
 from descentlab.train.rundir import RunDir
 
-# -- jobs (run in worker processes: each loads the model once) ---------------------------------------------
 _WORKER: dict[str, Any] = {}
 
 
@@ -70,30 +58,18 @@ def model_for(cfg: Any) -> tuple[torch.nn.Module, Any]:
     return model, _WORKER["tok"]
 
 
-def _profile(cfg: Any, model: torch.nn.Module, examples: list[dict], noise: Noise) -> list[float]:
-    e = cfg.eval
-    return layer_profile(
-        model,
-        examples,
-        pad_token_id=int(_WORKER["tok"].pad_token_id),
-        collate_fn=collate_causal,
-        noise=noise,
-        all_tokens=e.perplexity_on == "all",
-        chunk=e.layer_chunk,
-    )
-
-
 def reference_job(cfg: Any, val: list[dict], held: list[dict]) -> dict:
-    """The pretrained model: its profile on validation (the constraints' source) and on the held-out set."""
-    model, _ = model_for(cfg)
+    """The pretrained model: its clean logit-lens profile on validation (the constraints' source) and on the
+    held-out set, and σ_E, the RMS of its input embeddings."""
+    model, tok = model_for(cfg)
     started = time.perf_counter()
-    val_profile = _profile(cfg, model, val[: cfg.constraints.val_examples], Noise())
-    held_profile = _profile(cfg, model, held[: cfg.eval.layer_examples], Noise())
-    sigma = embedding_rms(input_embedding_module(model))
+    e = cfg.eval
+    kw = {"pad_token_id": int(tok.pad_token_id), "collate_fn": collate_causal, "noise": Noise()}
+    profile = partial(layer_profile, model, all_tokens=e.perplexity_on == "all", chunk=e.layer_chunk, **kw)
     return {
-        "val_profile": val_profile,
-        "held_profile": held_profile,
-        "sigma_e": sigma,
+        "val_profile": profile(val[: cfg.constraints.val_examples]),
+        "held_profile": profile(held[: e.layer_examples]),
+        "sigma_e": embedding_rms(input_embedding_module(model)),
         "hidden_size": int(model.config.hidden_size),
         "seconds": time.perf_counter() - started,
     }
@@ -120,11 +96,8 @@ def constrained_method(cfg: Any, label: str, val_profile: list[float], candidate
 
 def read_layers(method: MethodConfig, num_layers: int) -> list[int]:
     """The layers 0..L-1 a constrained method reads out: l and l-1 of every constrained l."""
-    mask = method.constraint.build(num_layers).mask.tolist()
-    need = {i for i, on in enumerate(mask, start=1) if on} | {
-        i - 1 for i, on in enumerate(mask, start=1) if on
-    }
-    return sorted(i for i in need if i < num_layers)
+    constrained = [i for i, on in enumerate(method.constraint.build(num_layers).mask.tolist(), start=1) if on]
+    return sorted({j for i in constrained for j in (i - 1, i) if j < num_layers})
 
 
 class StepTimer:
@@ -132,20 +105,16 @@ class StepTimer:
     checkpoint writing)."""
 
     def __init__(self) -> None:
-        self.first: tuple[int, float] | None = None
-        self.last: tuple[int, float] | None = None
+        self.first = self.last = (0, 0.0)  # (step, time)
 
     def __call__(self, step: int, model: torch.nn.Module, logs: dict[str, float]) -> None:
-        now = (step, time.perf_counter())
-        if self.first is None:
-            self.first = now
-        self.last = now
+        self.last = (step, time.perf_counter())
+        self.first = self.first if self.first[0] else self.last
 
     @property
     def seconds_per_step(self) -> float | None:
-        if self.first is None or self.last is None or self.last[0] == self.first[0]:
-            return None
-        return (self.last[1] - self.first[1]) / (self.last[0] - self.first[0])
+        steps = self.last[0] - self.first[0]
+        return (self.last[1] - self.first[1]) / steps if steps else None
 
 
 class ValidationCurve:
@@ -165,13 +134,8 @@ class ValidationCurve:
     def __call__(self, step: int, model: torch.nn.Module, logs: dict[str, float]) -> None:
         if step % self.every and step != self.last:
             return
-        s = score_examples(
-            model,
-            self.examples,
-            pad_token_id=self.pad_token_id,
-            batch_size=self.batch_size,
-            collate_fn=collate_causal,
-        )
+        kw = {"pad_token_id": self.pad_token_id, "batch_size": self.batch_size, "collate_fn": collate_causal}
+        s = score_examples(model, self.examples, **kw)
         self.steps.append(step)
         self.loss.append(float(s.all_nll.sum()) / max(1, int(s.all_tokens.sum())))
 
@@ -182,9 +146,7 @@ def last_doubling_change(steps: list[int], loss: list[float]) -> float | None:
 
     Negative: the loss still fell. A fine-tune counts as converged when |change| < 2 %.
     """
-    if not steps:
-        return None
-    half = [i for i, t in enumerate(steps) if 0 < t <= steps[-1] / 2]
+    half = [i for i, t in enumerate(steps) if 0 < t <= steps[-1] / 2] if steps else []
     if not half:
         return None
     before = loss[half[-1]]
@@ -217,34 +179,17 @@ def train_job(
     if label in cfg.noisy_training:
         kind, level = cfg.noisy_training[label]
         objective = EmbeddingNoise(objective, float(level), kind, seed=seed + 1)
-    timer = StepTimer()
-    callbacks: list[Any] = [timer]
-    trace = None
+    timer, trace, curve = StepTimer(), None, None
     if recipe.constraint is not None:
         trace = LambdaTrace(recipe.constraint, cfg.lambda_every)
-        callbacks.append(trace)
-    curve = None
     if cfg.val_every > 0 and val:
-        curve = ValidationCurve(
-            val[: cfg.val_curve_examples],
-            int(tok.pad_token_id),
-            cfg.eval.batch_size,
-            every=cfg.val_every,
-            last=total,
-        )
-        callbacks.append(curve)
-    kwargs = {**recipe.fit_kwargs(), "objective": objective}
+        val_set = val[: cfg.val_curve_examples]
+        curve = ValidationCurve(val_set, int(tok.pad_token_id), cfg.eval.batch_size, cfg.val_every, total)
+    callbacks = [c for c in (timer, trace, curve) if c is not None]
+    kwargs = {**recipe.fit_kwargs(), "objective": objective, "callbacks": callbacks}
     started = time.perf_counter()
-    result = fit(
-        model,
-        train,
-        cfg=train_cfg,
-        collate_fn=CausalCollator(int(tok.pad_token_id)),
-        run=run,
-        tag=tag,
-        callbacks=callbacks,
-        **kwargs,
-    )
+    collate = CausalCollator(int(tok.pad_token_id))
+    result = fit(model, train, cfg=train_cfg, collate_fn=collate, run=run, tag=tag, **kwargs)
     facts: dict[str, Any] = {
         "label": label,
         "tag": tag,
@@ -294,16 +239,14 @@ def grid_job(cfg: Any, val: list[dict], run: RunDir, tag: str) -> dict:
     model, tok = _load_trained(cfg, tag, run)
     g, examples = cfg.grid, val[: cfg.grid.val_examples]
 
+    kw = {
+        "pad_token_id": int(tok.pad_token_id),
+        "batch_size": cfg.eval.batch_size,
+        "collate_fn": collate_causal,
+    }
+
     def perplexity(noise: Noise) -> float:
-        s = score_examples(
-            model,
-            examples,
-            pad_token_id=int(tok.pad_token_id),
-            batch_size=cfg.eval.batch_size,
-            noise=noise,
-            collate_fn=collate_causal,
-        )
-        return s.perplexity(cfg.eval.perplexity_on)
+        return score_examples(model, examples, noise=noise, **kw).perplexity(cfg.eval.perplexity_on)
 
     started = time.perf_counter()
     clean = perplexity(Noise())
@@ -338,54 +281,126 @@ def validation_levels(cfg: Any, grid: dict) -> dict[str, list[float]]:
 def validate_job(cfg: Any, tag: str, val: list[dict], levels: dict, run: RunDir) -> dict:
     """A tuning-seed fine-tune's per-example NLLs on the first ``selection_examples`` validation examples,
     clean and at ``levels`` (``selection.draws`` noise draws each): the selection's inputs."""
-    model, tok = _load_trained(cfg, tag, run)
     started = time.perf_counter()
-    ev = evaluate_levels(
-        model,
-        val[: cfg.selection_examples],
-        levels,
-        pad_token_id=int(tok.pad_token_id),
-        collate_fn=collate_causal,
-        draws=cfg.selection.draws,
-        noise_seed=cfg.grid.noise_seed,
-        batch_size=cfg.eval.batch_size,
-        perplexity_on=cfg.eval.perplexity_on,
-    )
+    ev = _evaluate(cfg, tag, run, val[: cfg.selection_examples], levels, draws=cfg.selection.draws)
     return {"nll": ev["nll"], "perplexity": ev["perplexity"], "seconds": time.perf_counter() - started}
 
 
 def eval_job(cfg: Any, tag: str, held: list[dict], levels: dict, profile: list, run: RunDir) -> dict:
     """The fine-tune ``tag`` on the held-out examples at every level (and its layer profiles)."""
-    model, tok = _load_trained(cfg, tag, run)
     e = cfg.eval
     started = time.perf_counter()
-    ev = evaluate_levels(
-        model,
-        held,
-        levels,
-        pad_token_id=int(tok.pad_token_id),
-        collate_fn=collate_causal,
-        draws=cfg.grid.draws,
-        noise_seed=cfg.grid.noise_seed,
-        batch_size=e.batch_size,
-        perplexity_on=e.perplexity_on,
-        layer_examples=e.layer_examples,
-        layer_chunk=e.layer_chunk,
-        profiles=[tuple(profile)],
-    )
+    layers = {"layer_examples": e.layer_examples, "layer_chunk": e.layer_chunk, "profiles": [tuple(profile)]}
+    ev = _evaluate(cfg, tag, run, held, levels, draws=cfg.grid.draws, **layers)
     return {**ev, "eval_seconds": time.perf_counter() - started}
 
 
+def _evaluate(cfg: Any, tag: str, run: RunDir, examples: list[dict], levels: dict, **kwargs: Any) -> dict:
+    """:func:`~descentlab.robustness.lm_eval.evaluate_levels` of the fine-tune ``tag``."""
+    model, tok = _load_trained(cfg, tag, run)
+    return evaluate_levels(
+        model,
+        examples,
+        levels,
+        pad_token_id=int(tok.pad_token_id),
+        collate_fn=collate_causal,
+        noise_seed=cfg.grid.noise_seed,
+        batch_size=cfg.eval.batch_size,
+        perplexity_on=cfg.eval.perplexity_on,
+        **kwargs,
+    )
+
+
+def generate_job(cfg: Any, tag: str, held: list[dict], conditions: Mapping[str, list], run: RunDir) -> dict:
+    """The fine-tune ``tag`` answers the held-out prompts under each condition's noise (greedy): per
+    condition the decoded answers and their lengths in tokens (the length control's input)."""
+    g = cfg.generative
+    model, tok = _load_trained(cfg, tag, run)
+    model.to(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    prompts = [example_prompt(e) for e in held]
+    started = time.perf_counter()
+    out: dict[str, Any] = {}
+    for name, (kind, level) in conditions.items():
+        rows = generate_responses(
+            model,
+            prompts,
+            pad_token_id=int(tok.pad_token_id),
+            eos_token_id=tok.eos_token_id,
+            max_new_tokens=g.max_new_tokens,
+            batch_size=g.batch_size,
+            noise=Noise(kind, float(level), seed=cfg.grid.noise_seed),
+        )
+        texts = [tok.decode(r, skip_special_tokens=True).strip() for r in rows]
+        out[name] = {"texts": texts, "tokens": [len(r) for r in rows]}
+    return {"conditions": out, "seconds": time.perf_counter() - started}
+
+
+def judge_job(
+    cfg: Any, prompts: list[str], generations: Mapping[str, Mapping], pairs: Mapping[str, list[list[str]]]
+) -> dict:
+    """The judge LM compares every method's answers with the baseline's of the same seed at every condition,
+    both orders (``generations[tag]``: one fine-tune's answers; ``pairs[method]``: ``[tag, baseline tag]``
+    per evaluation seed). Per method and condition: per-seed preferences and length-controlled cells
+    (:func:`~descentlab.robustness.length_control.length_controlled`), the mean raw and length-controlled
+    win rates, each seed's length coefficient and the mean answer lengths."""
+    g = cfg.generative
+    _WORKER.clear()  # the judged models leave the device before the judge arrives
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    # on GPUs the judge is spread over every visible device (a 70B judge fits no single one)
+    placement = {"device_map": "auto"} if torch.cuda.is_available() else {}
+    judge_model, judge_tok = load_causal_lm(g.model, dtype=getattr(torch, g.dtype), **placement)
+    judge = GenerativeJudge(
+        judge_model,
+        judge_tok,
+        collate_fn=collate_causal,
+        template=g.template,
+        soft=g.soft,
+        batch_size=g.judge_batch_size,
+    )
+    started = time.perf_counter()
+    out: dict[str, Any] = {}
+    for method, seed_pairs in pairs.items():
+        runs: dict[str, list[tuple[Any, Any, Any]]] = {}  # condition -> per seed (preferences, LC, tokens)
+        for tag, base_tag in seed_pairs:
+            for name, mine in generations[tag]["conditions"].items():
+                theirs = generations[base_tag]["conditions"][name]
+                p = judge.compare_texts(prompts, mine["texts"], theirs["texts"]).double().cpu().numpy()
+                lc = length_controlled(p, np.asarray(mine["tokens"]), np.asarray(theirs["tokens"]))
+                runs.setdefault(name, []).append((p, lc, (mine["tokens"], theirs["tokens"])))
+        out[method] = {
+            name: {
+                "preferences": [p.tolist() for p, _, _ in rows],
+                "adjusted": [lc.adjusted.tolist() for _, lc, _ in rows],
+                "win_rate": float(np.mean([lc.raw_rate for _, lc, _ in rows])),
+                "lc_win_rate": float(np.mean([lc.rate for _, lc, _ in rows])),
+                "length_coefficient": [lc.phi for _, lc, _ in rows],
+                "length_controlled": all(lc.fitted for _, lc, _ in rows),
+                "mean_tokens": float(np.mean([t for _, _, (mine, _) in rows for t in mine])),
+                "baseline_mean_tokens": float(np.mean([t for _, _, (_, theirs) in rows for t in theirs])),
+            }
+            for name, rows in runs.items()
+        }
+    del judge, judge_model
+    gc.collect()
+    return {"verdicts": out, "seconds": time.perf_counter() - started}
+
+
+JOBS = {
+    "reference": reference_job,
+    "train": train_job,
+    "grid": grid_job,
+    "validate": validate_job,
+    "eval": eval_job,
+    "generate": generate_job,
+    "judge": judge_job,
+}
+
+
 def job(kind: str, *args: Any) -> dict:
-    """The experiment's one job function (top level: it runs in spawned workers)."""
-    jobs = {
-        "reference": reference_job,
-        "train": train_job,
-        "grid": grid_job,
-        "validate": validate_job,
-        "eval": eval_job,
-    }
-    return jobs[kind](*args)
+    """The study's one job function (top level: it runs in spawned workers): ``JOBS[kind](*args)``."""
+    return JOBS[kind](*args)
 
 
 def validation_examples(cfg: Any, tok: Any, train: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -408,23 +423,3 @@ def validation_examples(cfg: Any, tok: Any, train: list[dict]) -> tuple[list[dic
         seed=d.seed,
     )
     return val, train
-
-
-__all__ = [
-    "LambdaTrace",
-    "StepTimer",
-    "ValidationCurve",
-    "constrained_method",
-    "eval_job",
-    "grid_job",
-    "grid_levels",
-    "job",
-    "last_doubling_change",
-    "read_layers",
-    "reference_job",
-    "run_tag",
-    "train_job",
-    "validate_job",
-    "validation_examples",
-    "validation_levels",
-]

@@ -1,19 +1,9 @@
 """Readers for llm-robustness runs made before the cell store (the committed ``docs/results/llm-robustness``
-runs and their companions).
-
-Two older layouts:
-
-* ``arrays/claims.npz`` (runs with evaluation seeds): ``win/<method>/<condition>`` as now, the null control
-  as ``null/<condition>``, ``level/<condition>`` (``[1]``) and ``erm_ratio/<condition>`` (``[seeds]``),
-  with no design record;
-* no arrays at all (the one-seed ``earlier`` run): its ``results.json`` kept the win / tie / loss counts of
-  each head-to-head curve, from which :func:`arrays_from_counts` rebuilds the outcomes.
-
-:func:`store_from_arrays` keys either as new runs are (:mod:`.claims`): ``null/c`` becomes the null arm's
-``win/erm (another seed)/c``, ``level/c`` and ``erm_ratio/c`` become ERM's ``level/erm/c`` and
-``perplexity_ratio/erm/c``, and ERM's own ``win/erm/c`` is 1/2 on every cell (ERM against itself on the same
-seed ties, which those runs did not save). Their design is what they saved: the arms with a ``win`` array,
-ERM and the null arm, at every condition found.
+runs and their companions): ``arrays/claims.npz`` (``win/<method>/<condition>`` as now, the null control as
+``null/<condition>``, ``level/<condition>`` and ``erm_ratio/<condition>``, no design record), or, for the
+one-seed ``earlier`` run, only the win / tie / loss counts in its ``results.json``. :func:`store_from_arrays`
+keys either as new runs are (:mod:`.claims`), ERM's own ``win/erm/c`` being 1/2 on every cell (ERM against
+itself ties, which those runs did not save); the design is what they saved.
 """
 
 from __future__ import annotations
@@ -46,8 +36,7 @@ def win_key(method: str, condition: str) -> str:
     return f"win/{method}/{condition}"
 
 
-def null_key(condition: str) -> str:
-    """The old key of the null control's outcomes at ``condition``."""
+def null_key(condition: str) -> str:  # the old key of the null control's outcomes
     return f"null/{condition}"
 
 
@@ -97,17 +86,12 @@ def store_from_arrays(arrays: Mapping[str, Any]) -> CellStore:
 
 
 def arrays_from_counts(results: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """The claim arrays of a one-seed, one-draw run whose ``results.json`` kept the win / tie / loss counts
-    of each head-to-head curve but not the per-example outcomes (old keys).
-
-    Each ``win/<method>/<condition>`` is rebuilt as ``[1, 1, examples]``: its losses, ties and wins in that
-    order. The order of the examples is lost, and nothing here needs it: every claim compares the outcomes
-    with the constant 1/2, so its interval depends on how many 0, 1/2 and 1 there are, not on which
-    example holds which. With more than one seed or draw the counts pool cells that the interval must keep
-    apart, so nothing is rebuilt ({}: every claim is pending a re-run).
-
-    Those runs had one training seed (config key ``seed``) and a null control of their own, ERM re-seeded
-    (``erm-reseed``, another data order) against ERM: its outcomes become ``null/<condition>``.
+    """The claim arrays (old keys) of a one-seed, one-draw run whose ``results.json`` kept the win / tie /
+    loss counts of each head-to-head curve: each ``win/<method>/<condition>`` rebuilt as ``[1, 1, examples]``,
+    its losses, ties and wins in that order. The examples' order is lost and no claim needs it (each compares
+    the outcomes with the constant 1/2). With more seeds or draws the counts pool cells the interval must keep
+    apart: {} (every claim pends). Those runs' null control, ERM re-seeded (``erm-reseed``), becomes
+    ``null/<condition>``.
     """
     protocol = results.get("protocol", {})
     if len(protocol.get("seeds", [])) != 1 or int(protocol.get("draws", 0)) != 1:
@@ -136,6 +120,3 @@ def arrays_from_counts(results: Mapping[str, Any]) -> dict[str, np.ndarray]:
                     if math.isfinite(growth):
                         out[f"erm_ratio/{condition}"] = np.asarray([growth])
     return out
-
-
-__all__ = ["CLAIM_ARRAYS", "arrays_from_counts", "legacy_store", "null_key", "store_from_arrays", "win_key"]
