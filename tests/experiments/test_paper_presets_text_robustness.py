@@ -15,7 +15,7 @@ import pytest
 from descentlab.config import resolve_config
 from descentlab.experiments import run_experiment
 from descentlab.experiments.text_robustness import config as tr
-from descentlab.experiments.text_robustness.figures import largest_rise
+from descentlab.experiments.text_robustness.report import largest_rise
 from descentlab.report.claims import VERDICTS
 from tiny_tokenizers import roberta_tokenizer
 

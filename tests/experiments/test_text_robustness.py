@@ -17,10 +17,10 @@ from descentlab.constrained.config import DescentConfig
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments import report_run, run_experiment
 from descentlab.experiments.text_robustness import config as tr
-from descentlab.experiments.text_robustness.tables import is_monotone, method_block, paired_gap_rows
+from descentlab.experiments.text_robustness.report import is_monotone, method_block, paired_gap_rows
 from descentlab.report.claims import NOT_IN_RUN, PENDING, VERDICTS
 from descentlab.robustness import RobustnessCurves
-from descentlab.train.recipe import build_recipe
+from descentlab.train.recipe import build_frozen_recipe, build_recipe
 from descentlab.train.tuning import (
     Selection,
     binding_level,
@@ -559,3 +559,39 @@ def test_accuracy_against_epsilon_end_to_end(tiny_encoder_dir, tmp_path) -> None
     shutil.rmtree(out / "figures")
     assert report_run(out).read_text() == report
     assert (out / "figures" / "ldp-accuracy.png").read_bytes() == figure
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_model_layers_keeps_the_first_k_pretrained_layers(pooling) -> None:
+    from descentlab.data import load_encoder_classifier
+    from descentlab.experiments.text_robustness.jobs import load_model
+    from descentlab.robustness.layer_profile import layer_loss_examples
+
+    cfg = tr.TextRobustnessConfig(model="minilm", pooling=pooling, model_layers=2)
+    try:
+        full = load_model(tr.TextRobustnessConfig(model="minilm", pooling=pooling), 2)
+    except AssetMissingError as e:
+        pytest.skip(str(e))
+    cut = load_model(cfg, 2)
+    assert cut.config.num_hidden_layers == len(cut.base_model.encoder.layer) == 2
+    assert full.config.num_hidden_layers == 6
+    kept = cut.base_model.encoder.state_dict()
+    assert {k.split(".")[1] for k in kept if k.startswith("layer.")} == {"0", "1"}
+    for name, weight in kept.items():  # the pretrained first two layers, not fresh ones
+        torch.testing.assert_close(weight, full.base_model.encoder.state_dict()[name], rtol=0, atol=0)
+    # the λ vector (the constrained method's and the frozen control's) and the layer profile have k layers
+    methods = cfg.resolved_methods()
+    assert build_recipe(methods["constrained"], cut, total_steps=4).constraint.multipliers.shape == (2,)
+    frozen = build_frozen_recipe(
+        methods[tr.CONTROL], cut, [0.0] * cut.config.num_hidden_layers, total_steps=4
+    )
+    assert frozen.constraint.multipliers.tolist() == [0.0, 0.0]
+    _, tokenizer = load_encoder_classifier("minilm")
+    batch = dict(tokenizer(["a fine film", "a dull and long film"], return_tensors="pt", padding=True))
+    batch["labels"] = torch.tensor([1, 0])
+    assert layer_loss_examples(cut, [batch]).shape == (3, 2)  # the embeddings and layers 1..k
+    # deeper than the checkpoint: transformers would add fresh layers, the job refuses
+    with pytest.raises(ConfigError, match="only 6 pretrained layers"):
+        load_model(tr.TextRobustnessConfig(model="minilm", pooling=pooling, model_layers=7), 2)
+    with pytest.raises(ConfigError, match="model_layers"):
+        tr.TextRobustnessConfig(model_layers=0)

@@ -9,8 +9,15 @@ import numpy as np
 import pytest
 
 from descentlab.experiments.text_robustness import legacy
-from descentlab.experiments.text_robustness.arrays import CORRECT, LOSS
-from descentlab.experiments.text_robustness.claims import CLAIMS, CONTROL, claim_arrays, layer_rise, rise
+from descentlab.experiments.text_robustness.claims import (
+    CLAIMS,
+    CONTROL,
+    CORRECT,
+    LOSS,
+    claim_arrays,
+    layer_rise,
+    rise,
+)
 from descentlab.io import save_arrays
 from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, UNDERPOWERED, UNTESTABLE, judge
 from descentlab.study.cells import CellStore, Design

@@ -19,8 +19,8 @@ from descentlab.data import asset_path
 from descentlab.data.video import NoisyClips, load_clips, split_sequences
 from descentlab.errors import AssetMissingError, ConfigError, NumericalError
 from descentlab.experiments import get, run_experiment
-from descentlab.experiments.video_denoising import cells, legacy
 from descentlab.experiments.video_denoising import claims as vc
+from descentlab.experiments.video_denoising import legacy
 from descentlab.experiments.video_denoising.config import (
     ARCHITECTURES,
     FROZEN,
@@ -445,9 +445,7 @@ def _claim_arrays(seeds: int = 4, n: int = 150, **scales: float) -> CellStore:
             arrays |= {f"mse/{name}": final, f"layer_mse/{name}": np.ascontiguousarray(layers)}
             methods.append(name)
     arrays["mse/gaussian"] = _errors(rng, seeds, n)["final"] * 3
-    record = cells.design(
-        methods=methods, baselines=["gaussian"], gammas=GAMMAS, seeds=range(seeds), examples=n
-    )
+    record = vc.design(methods=methods, baselines=["gaussian"], gammas=GAMMAS, seeds=range(seeds), examples=n)
     return CellStore(record, arrays)
 
 
@@ -524,7 +522,7 @@ def test_planted_effects_give_their_verdicts() -> None:
 def test_a_dust_only_run_has_no_ut_primary_and_says_so_instead_of_asking_for_a_re_run() -> None:
     store = _claim_arrays(constrained=0.8)
     dust = [m for m in store.design.extra["methods"] if m.startswith("dust-")]
-    design = cells.design(methods=dust, baselines=["gaussian"], gammas=GAMMAS, seeds=store.design.seeds)
+    design = vc.design(methods=dust, baselines=["gaussian"], gammas=GAMMAS, seeds=store.design.seeds)
     rows = _rows(CellStore(design, {k: v for k, v in store.items() if not k.split("/")[1].startswith("ut-")}))
     (primary,) = rows["lower-rmse-ood"]
     assert (
@@ -579,7 +577,7 @@ def test_the_legacy_reader_maps_claims_npz_onto_the_store_a_new_run_writes() -> 
     old |= {"layers/" + k.split("/", 1)[1]: v for k, v in store.items() if k.startswith("layer_mse/")}
     old |= {f"final/{k}": v for k, v in points.items()} | {f"layers/{k}": v for k, v in layers.items()}
     read = legacy.store_from_arrays(old)
-    record = cells.design(
+    record = vc.design(
         methods=store.design.extra["methods"], baselines=["gaussian"], gammas=GAMMAS, seeds=range(3),
         budget_steps=[8], budget_arms=list(points), examples=40,
     )  # fmt: skip

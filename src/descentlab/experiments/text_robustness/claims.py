@@ -9,8 +9,12 @@ runs once per layer, so the random-number stream differs from ERM's), and in the
 alone gained as much over ERM under uniform noise as the constraints did. Only the difference from the
 control is an effect of the multipliers.
 
-Cells: the cell store (:mod:`.arrays`; read back by :func:`claim_arrays`, older runs by :mod:`.legacy`).
-With Γ = {γ >= 1}:
+Cells: the run's cell store, ``correct/<method>/<kind>`` (0/1 correctness ``[seed, draw, γ, example]``)
+and ``loss/<method>`` (the clean per-review loss at every layer ``[seed, L+1, example]``), under a design
+record whose conditions are the noise kinds and whose ``extra`` holds the γ grid and, when ERM trained on
+the tuning seed, its mean per-layer validation loss (``erm_val_profile``); older runs are read by
+:mod:`.legacy`. Every method sees the same test reviews under the same noise (keyed by content) and shares
+the training seeds, so a cell of one method pairs with the same cell of another. With Γ = {γ >= 1}:
 
 * robust correctness of a method under one noise kind: its 0/1 correctness averaged over Γ,
   ``[seed, draw, example]`` (the interval averages the draws into the cell);
@@ -22,8 +26,11 @@ With Γ = {γ >= 1}:
 Primary endpoint: ``graceful-gaussian``, constrained − ``erm-readout`` accuracy under Gaussian noise, mean
 over γ >= 1. ``graceful``, ``clean-parity`` and ``monotone`` are the secondary claims (Holm-adjusted
 together); the positive control, the null control and the deep-supervision baseline are controls, judged
-unadjusted. Accuracy against the local-DP ε, when a run evaluates it, is drawn (:mod:`.figures`) but not
+unadjusted. Accuracy against the local-DP ε, when a run evaluates it, is drawn (:mod:`.report`) but not
 judged: it is no claim of the paper, and the full preset does not evaluate it.
+
+``FIDELITY`` (end of the module): what the presets change against the paper's text experiments, and which
+of its claims no row judges (rendered into docs/results/text-robustness.md).
 
 Power, declared before the full run of the binding-constraint protocol (tuning seed 1000, evaluation seeds
 100-104). Its pilot is the earlier full run (seeds 0-2, α = 0.03, not binding): per seed, constrained −
@@ -56,15 +63,16 @@ from pathlib import Path
 
 import numpy as np
 
-from descentlab.experiments.text_robustness.arrays import CORRECT, LOSS
-from descentlab.experiments.text_robustness.legacy import legacy_store
 from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays, NotInRun
+from descentlab.report.fidelity import Deviation, Fidelity, NotTested, lagrangian, seeds
 from descentlab.study.cells import CellStore
 
 ERM, CONTROL = "erm", "erm-readout"  # the paper's reference; the matched λ ≡ 0 control
 CONSTRAINED, RESILIENT = "constrained", "resilient"
 DEEP, NOISE = "deep-supervision", "erm-noise"  # the simple baseline; the positive control
 CONSTRAINED_METHODS = (CONSTRAINED, RESILIENT)
+CORRECT, LOSS = "correct", "loss"  # the cell store's metrics
+SEP = "__"  # "<method>__<kind>": the names in the arrays files beside the store (and in older runs' cells)
 
 ACCURACY_SESOI = 0.01  # accuracy (module docs)
 CLEAN_MARGIN = 0.003  # accuracy: the paper's "often < 0.3 %"
@@ -75,9 +83,10 @@ ROBUST_METRIC = "test accuracy under embedding noise, mean over γ >= 1"
 
 
 def claim_arrays(run_dir: Path) -> CellStore | dict:
-    """The run's cell store (:mod:`.arrays`): ``correct/<m>/<kind>`` and ``loss/<m>`` under the design
-    record (methods, noise kinds, seeds, the γ grid and ERM's validation profile). A run made before the
-    store is read by :func:`.legacy.legacy_store`; {} when there is no run (every claim pends)."""
+    """The run's cell store; a run made before the store is read by :func:`.legacy.legacy_store`; {} when
+    there is no run (every claim pends)."""
+    from descentlab.experiments.text_robustness.legacy import legacy_store  # legacy imports this module
+
     return CellStore.load(run_dir) or legacy_store(run_dir) or {}
 
 
@@ -303,3 +312,115 @@ CLAIMS: list[ClaimSpec] = [
         control=True,
     ),
 ]
+
+# --- fidelity to the paper ----------------------------------------------------------------------------
+
+TEXT = "text classification experiments"
+
+
+def _data(c) -> str:
+    train = "all" if c.data.n_train is None else f"{c.data.n_train:,}"
+    shift = f"; shift sets {', '.join(c.data.shift)}" if c.data.shift else "; no shifted test set"
+    return (
+        f"{c.data.name}: {train} training, {c.data.n_eval:,} test examples, {c.data.max_length} tokens{shift}"
+    )
+
+
+def _constraint(c) -> str:
+    labels = [m for m in c.methods if m in ("constrained", "resilient")]
+    method = c.resolved_methods()[labels[0]] if labels else None
+    return lagrangian(method.constraint if method is not None else None)
+
+
+def _alpha(c) -> str:
+    cands = c.selection.candidates.get("constrained", [])
+    shown = ", ".join(repr(x) if x else f"'' (α = {c.method.constraint.alpha:g})" for x in cands)
+    return f"chosen on validation among {shown}"
+
+
+def _binding(c) -> str:
+    if c.selection.min_binding is None:
+        return "not required: a candidate whose λ never rises can be chosen"
+    return (
+        f"preferred (time-average Σλ over the second half > {c.selection.min_binding:g}), but when no "
+        "candidate binds the rule chooses among all, so a constraint that never binds can be kept"
+    )
+
+
+def _reference(c) -> str:
+    frozen = ", ".join(c.frozen_zero) or "none"
+    return (
+        f"the primary compares with the matched λ ≡ 0 control ({frozen}), which isolates the multipliers; "
+        "the secondary row versus-erm makes the paper's comparison with ERM"
+    )
+
+
+DEVIATIONS = [
+    Deviation(
+        "model",
+        "pretrained DistilBERT and RoBERTa (size not stated)",
+        lambda c: f"{c.model}, {c.pooling} pooling",
+        "experiments",
+    ),
+    Deviation("data", "IMDb and MNLI", _data, "contribution 3"),
+    Deviation(
+        "perturbations",
+        "Gaussian, uniform and discrete noise on the token embeddings, level γ (formula not stated)",
+        lambda c: (
+            f"{', '.join(c.evaluation.kinds)} at γ ∈ {{{', '.join(f'{g:g}' for g in c.evaluation.gammas)}}} × embedding RMS, {c.evaluation.draws} draws"
+        ),
+        TEXT,
+    ),
+    Deviation(
+        "Lagrangian",
+        "f_L + Σ_{l=1..L} λ_l (f_l − (1 − α_l) f_{l−1}), primal-dual (Algorithm 1)",
+        _constraint,
+        "Lagrangian of the method section",
+    ),
+    Deviation("α_l", "a step-size schedule (values not stated)", _alpha),
+    Deviation("constraint must bind", "not stated", _binding),
+    Deviation("robustness comparator", "the unconstrained model (ERM)", _reference, TEXT),
+    Deviation(
+        "in-distribution tolerance",
+        "degradation “often < 0.3 %”",
+        lambda c: "clean accuracy within 0.3 points (parity, 90 % interval)",
+        "trade-offs",
+    ),
+    Deviation(
+        "training",
+        "not stated",
+        lambda c: (
+            f"{c.train.epochs} epochs, batch {c.train.batch_size * c.train.grad_accum_steps}, {c.method.optimizer.name} lr {c.method.optimizer.lr:g}"
+        ),
+    ),
+    Deviation("seeds", "not stated", lambda c: seeds(c.seeds, c.tune_seed)),
+]
+
+NOT_TESTED = [
+    NotTested(
+        "improved out-of-distribution generalisation (MNLI, tested on text unlike the training text)",
+        "the full preset has no shifted test set (`data.shift` is empty); only the `paper` preset names MNLI, and its mismatched set only when `data.shift=[mnli@validation_mismatched]` is given.",
+        "the `paper` preset on MNLI with `data.shift=[mnli@validation_mismatched]` and a row on the shifted accuracy.",
+        "summary; contribution 3",
+    ),
+    NotTested(
+        "the descent properties are maintained under distribution shift (Theorem 4)",
+        "no row reads the per-layer profile on shifted data; the profile is judged on the clean test set only.",
+        "the per-layer test loss on a shifted set (MNLI mismatched) and a row on its rise, constrained against ERM.",
+        "contribution 2, Theorem 4",
+    ),
+    NotTested(
+        "constrained models show smooth, monotone per-layer loss decreases",
+        "the monotone row is relative (the constrained rise is below ERM's); no row asks whether the constrained profile itself never rises.",
+        'a sized row on the constrained model\'s own rise, with a declared margin (the rise is ≥ 0, so "exactly 0" needs a margin).',
+        "experimental results, monotone descent",
+    ),
+    NotTested(
+        "a spike at layer 19 in RoBERTa",
+        "no preset runs a 24-layer RoBERTa through its own head; MiniLM has 6 layers.",
+        "the `paper` preset with `model=roberta-large` (the paper does not state the RoBERTa size) and its layer-loss figure.",
+        "experimental results, monotone descent",
+    ),
+]
+
+FIDELITY = Fidelity(DEVIATIONS, NOT_TESTED)

@@ -21,6 +21,7 @@ from descentlab.errors import ConfigError
 from descentlab.experiments.text_robustness.claims import CONTROL, ERM
 from descentlab.optim.config import OptimizerConfig
 from descentlab.robustness import NoiseEvalConfig
+from descentlab.study.cells import Design
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, with_overrides
 from descentlab.train.tuning import Selection, candidate_methods, check_tune_seed
@@ -64,6 +65,9 @@ class TextRobustnessConfig:
     # family's own head ([CLS] through BERT's pooler). Training, the per-layer readout and every prediction
     # (ERM's too) go through the same rule: it is the model's forward.
     pooling: str = "mean"
+    # keep only the first k transformer layers of the pretrained encoder (a shallower model: the λ vector and
+    # the layer profile then have k layers); None: all of them
+    model_layers: int | None = None
     method: MethodConfig = field(default_factory=base_method)
     specs: dict[str, str] = field(default_factory=lambda: dict(SPECS))  # label -> override spec of `method`
     methods: list[str] = field(default_factory=lambda: list(SPECS))  # the labels run, in this order
@@ -99,6 +103,8 @@ class TextRobustnessConfig:
             raise ConfigError(f"methods must be a non-empty subset of {list(self.specs)}, got {self.methods}")
         if self.pooling not in ("cls", "mean"):
             raise ConfigError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
+        if self.model_layers is not None and self.model_layers < 1:
+            raise ConfigError(f"model_layers must be >= 1 or null, got {self.model_layers}")
         if self.evaluate_on not in ("test", "validation"):
             raise ConfigError(f"evaluate_on must be 'test' or 'validation', got {self.evaluate_on!r}")
         if self.workers < 1:
@@ -246,3 +252,12 @@ PRESETS = {
         "workers": 1,
     },
 }
+
+
+def design(cfg: TextRobustnessConfig) -> Design:
+    """The design record of a run of ``cfg`` (:mod:`descentlab.study.cells`): every method of ``methods``
+    under every noise kind of ``evaluation.kinds`` (its conditions), on ``seeds``, with the γ grid
+    (``extra["gammas"]``). The run adds what it measures: the number of test reviews (``data.n_eval`` only
+    caps it) and ERM's validation profile on the tuning seed (``extra["erm_val_profile"]``)."""
+    gammas = [float(g) for g in cfg.evaluation.gammas]
+    return Design(tuple(cfg.methods), tuple(cfg.evaluation.kinds), tuple(cfg.seeds), None, {"gammas": gammas})

@@ -10,6 +10,7 @@ from typing import Any
 from descentlab.constrained.trace import LambdaTrace
 from descentlab.data import load_encoder_classifier
 from descentlab.data.text_batches import Prepared
+from descentlab.errors import ConfigError
 from descentlab.experiments.text_robustness.claims import ERM
 from descentlab.experiments.text_robustness.config import TextRobustnessConfig
 from descentlab.models.checkpointing import enable_activation_checkpointing
@@ -35,6 +36,24 @@ class Job:
     split: str
 
 
+def load_model(cfg: TextRobustnessConfig, num_labels: int) -> Any:
+    """The pretrained encoder under a fresh head (``cfg.pooling``), cut to its first ``cfg.model_layers``.
+
+    transformers would fill layers beyond the checkpoint's depth with fresh weights, without a word: that
+    is refused here.
+    """
+    k = cfg.model_layers
+    layers = {} if k is None else {"num_hidden_layers": k}
+    model, _ = load_encoder_classifier(cfg.model, num_labels=num_labels, pooling=cfg.pooling, **layers)
+    if k is not None:
+        from transformers import AutoConfig
+
+        depth = AutoConfig.from_pretrained(model.config.name_or_path, local_files_only=True).num_hidden_layers
+        if k > depth:
+            raise ConfigError(f"model_layers={k}, but {cfg.model} has only {depth} pretrained layers")
+    return model
+
+
 def train_model(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) -> tuple[Any, Any, dict]:
     """Fresh pretrained encoder + head (head initialised from the seed), trained by the job's method.
 
@@ -42,7 +61,7 @@ def train_model(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir
     the model, its constraint (or None) and the λ trace ``{"steps", "lambda"}`` (kept beside the checkpoint).
     """
     seed_everything(job.seed)
-    model, _ = load_encoder_classifier(cfg.model, num_labels=data.num_labels, pooling=cfg.pooling)
+    model = load_model(cfg, data.num_labels)
     if cfg.activation_checkpointing:  # mean pooling wraps the HF encoder: checkpoint its blocks
         hf = hasattr(model, "gradient_checkpointing_enable")
         enable_activation_checkpointing(model if hf else model.base_model)

@@ -1,19 +1,12 @@
-"""text-robustness's run: data -> selection of each constrained method's settings on validation (tuning
-seed) -> every (method, seed) job on test -> the arrays the claims and figures read -> results.
+"""text-robustness's run: data -> each constrained method's setting chosen on validation (tuning seed) ->
+every (method, seed) job -> the cell store and the arrays the report reads -> results.
 
-Every method is one :class:`~descentlab.train.recipe.MethodConfig` (:mod:`.config`). The
-:class:`~descentlab.constrained.config.DescentConfig` of each constrained method is chosen among a small
-grid of candidates on the *validation* split, trained from ``tune_seed`` (never an evaluation seed), never on
-test; ERM's run on that seed gives the clean-accuracy margin and the ``alpha_from=erm`` reference profile.
-The chosen settings then train afresh on every evaluation seed: no tuning run is reported. A method with one
-candidate is not tuned, and without tuning or ``alpha_from=erm`` there is no tuning run at all; a method
-that follows another (``selection.follow``) takes its choice. The plan is
-:func:`~descentlab.study.tuning.tune_then_replicate`'s: one search round over the tuned methods' grids, then
-every method on every evaluation seed. The choice and the reason go into the protocol. Test evaluation: clean accuracy, accuracy against γ for each noise kind (``draws``
-realisations per model, content-keyed so that every method sees the same noisy inputs), the per-layer test
-loss clean and at γ = ``profile_gamma``, and clean accuracy on optional dataset-shift sets; with
-``evaluation.ldp_kinds``, accuracy against the local-DP ε and its privacy accounting. The claims' per-review
-cells go into the run's cell store (:mod:`.arrays`).
+The plan is :func:`~descentlab.study.tuning.tune_then_replicate`'s: one search round over the grids of the
+methods with several candidates (``selection.candidates``, trained from ``tune_seed`` and scored on
+validation only; ERM's run on that seed gives the clean-accuracy margin and the ``alpha_from=erm``
+reference profile), then every method afresh on every evaluation seed at its chosen setting: no tuning run
+is reported. A method that follows another (``selection.follow``) takes its choice. The choice and its
+reason go into the protocol.
 """
 
 from __future__ import annotations
@@ -27,14 +20,14 @@ from typing import Any
 import numpy as np
 
 from descentlab.config import config_to_dict
-from descentlab.data import load_encoder_classifier
 from descentlab.data.text_batches import Prepared, prepare_data
-from descentlab.experiments.text_robustness import arrays, ldp, tables
-from descentlab.experiments.text_robustness.claims import ERM
+from descentlab.experiments.text_robustness import report
+from descentlab.experiments.text_robustness.claims import CONTROL, CORRECT, ERM, LOSS, SEP
 from descentlab.experiments.text_robustness.config import TextRobustnessConfig
-from descentlab.experiments.text_robustness.jobs import Job, decode_output, run_job
+from descentlab.experiments.text_robustness.jobs import Job, decode_output, load_model, run_job
 from descentlab.report.results import Results
 from descentlab.robustness import EmbeddingGeometry, RobustnessCurves, mean_sequence_tokens
+from descentlab.study.cells import CellStore, Design
 from descentlab.study.tuning import Round, Tuned, TuningConfig, tune_then_replicate
 from descentlab.train.jobs import JobRunner
 from descentlab.train.recipe import MethodConfig
@@ -55,7 +48,7 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
     data = prepare_data(cfg.data, cfg.model)
     geometry = None
     if cfg.evaluation.ldp_kinds:
-        geometry = EmbeddingGeometry.of(load_encoder_classifier(cfg.model, num_labels=data.num_labels)[0])
+        geometry = EmbeddingGeometry.of(load_model(cfg, data.num_labels))
         clip = cfg.evaluation.clip if cfg.evaluation.clip is not None else geometry.max_norm
         cfg = replace(cfg, evaluation=replace(cfg.evaluation, clip=clip))
     methods, sel = cfg.resolved_methods(), cfg.selection
@@ -67,7 +60,13 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
         # 2. ERM on the tuning seed (validation only), when a candidate is chosen or a setting takes ERM's
         # per-layer validation profile (alpha_from=erm); its evaluation runs are queued beside it
         erm_clean, reference = erm_tuning_run(cfg, methods, leaders, followers, submit)
-        grids = {m: leader_grid(m, methods[m], sel, reference) for m in leaders}
+        grids = {  # each leader's candidate settings, alpha_from=erm resolved
+            m: [
+                Setting(with_reference(c, reference), i)
+                for i, c in enumerate(candidate_methods(m, methods[m], sel))
+            ]
+            for m in leaders
+        }
         # 3. every leader with several candidates tuned on validation (tuning seed), then every arm on every
         # evaluation seed at its chosen setting; a follower takes its leader's choice, so one whose leader
         # is tuned runs once that choice is known
@@ -77,8 +76,8 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
         settings |= {m: g[0] for m, g in grids.items()}
         selecting = tuple(m for m in leaders if len(grids[m]) > 1)
         early = {m: ld for m, ld in followers.items() if ld not in selecting}
-        choose = partial(choose_index, sel, specs, erm_clean)
         rounds = [Round(selecting, partial(grid_of, grids))] if selecting else []
+        choose = partial(pick, sel, specs, erm_clean)
         tuned = tune_then_replicate(
             settings | follower_settings(early, methods, sel, settings, reference),
             TuningConfig(cfg.seeds, cfg.tune_seed, rounds),
@@ -93,48 +92,39 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
             choose,
         )
     chosen = {m: s.method for m, s in (tuned.chosen | after.chosen).items()}
-    per_seed = tuned.per_seed | after.per_seed
-    outputs = {m: per_seed[m] for m in cfg.methods}
+    outputs = {m: (tuned.per_seed | after.per_seed)[m] for m in cfg.methods}
 
-    # 4. the cell store and the other arrays (the runner judges the claims from the store), then results
+    # 4. the cell store (the runner judges the claims from it) and the arrays the report reads
     joined = {m: RobustnessCurves.concat([o["curves"] for o in outs]) for m, outs in outputs.items()}
     losses = {m: np.asarray([o["layer_examples"] for o in outs]) for m, outs in outputs.items()}
-    store = arrays.cell_store(joined, losses, seeds=cfg.seeds, erm_val_profile=reference)
-    store.save(run.path, writer=run.writer)
-    tried = {m: r for m, r in tuned.results.items() if m in grids and r}
-    lam = save_arrays(run, cfg, outputs, joined, tried)
-    ldp_joined, ldp_tables, ldp_protocol = {}, [], {}  # type: ignore[var-annotated]
+    cell_store(cfg, joined, losses, reference).save(run.path, writer=run.writer)
+    ldp_joined, ldp_tables, protocol = {}, [], {}  # type: ignore[var-annotated]
     if geometry is not None:
-        ldp_joined, ldp_tables, ldp_protocol = ldp.summarise(
-            outputs, geometry, cfg.evaluation, mean_sequence_tokens(data.test)
-        )
-        run.save_arrays(arrays.LDP, **arrays.ldp_arrays(ldp_joined))
+        tokens = mean_sequence_tokens(data.test)
+        ldp_joined, privacy, protocol["ldp"] = report.privacy(outputs, geometry, cfg.evaluation, tokens)
+        ldp_tables = [privacy.to_dict()]
+    tried = {m: r for m, r in tuned.results.items() if m in grids and r}
+    lam = save_arrays(run, cfg, outputs, tried, ldp_joined)
+
+    # 5. results: the method blocks, the protocol with each method's selection, the tables and notes
     blocks = {
         m: method_block(cfg, m, outs, joined[m], losses[m], chosen[m], ldp_joined.get(m))
         for m, outs in outputs.items()
     }
-    rows, reasons = selection_outcome(cfg, specs, tuned, followers, erm_clean)
-    protocol = tables.protocol(
-        cfg,
-        n_train=len(data.train),
-        n_eval=int(joined[cfg.methods[0]].protocol["n_eval"]),
-        n_val=sum(len(b["labels"]) for b in data.val),
-        selection={
-            m: f"{why}; {setting_change(sel, m, chosen[m], methods[m])}" for m, why in reasons.items()
-        },
-    )
-    if geometry is not None:
-        protocol["ldp"] = ldp_protocol
+    rows, selection = selection_outcome(cfg, specs, tuned, followers, erm_clean, chosen)
+    sizes = {
+        "n_train": len(data.train),
+        "n_eval": int(joined[cfg.methods[0]].protocol["n_eval"]),
+        "n_val": sum(len(b["labels"]) for b in data.val),
+    }
+    tables = report.tables(joined, blocks, rows, list(cfg.data.shift), tune_seed=cfg.tune_seed)
     return Results(
         experiment=NAME,
         config=config_to_dict(cfg),
-        protocol=protocol,
+        protocol=protocol_record(cfg, sizes, selection) | protocol,
         methods=blocks,
-        tables=[
-            *tables.extra_tables(joined, blocks, rows, list(cfg.data.shift), tune_seed=cfg.tune_seed),
-            *ldp_tables,
-        ],
-        notes=[*tables.notes(blocks, len(cfg.seeds)), *tables.lambda_notes(lam)],
+        tables=tables + ldp_tables,
+        notes=report.notes(blocks, len(cfg.seeds), lam),
     ).to_dict()
 
 
@@ -158,20 +148,6 @@ class Setting:
 
     method: MethodConfig
     candidate: int | None = None
-
-
-def leader_grid(
-    label: str, method: MethodConfig, sel: Selection, reference: list[float] | None
-) -> list[Setting]:
-    """``label``'s candidate settings, ``alpha_from=erm`` resolved."""
-    return [
-        Setting(with_reference(c, reference), i) for i, c in enumerate(candidate_methods(label, method, sel))
-    ]
-
-
-def grid_of(grids: Mapping[str, list[Setting]], arm: str, chosen: Mapping[str, Setting]) -> list[Setting]:
-    """The tuning round's candidates of ``arm``: its whole grid (one round, nothing depends on ``chosen``)."""
-    return grids[arm]
 
 
 def follower_settings(
@@ -207,11 +183,21 @@ def erm_tuning_run(
     """ERM's clean validation accuracy and per-layer validation loss profile on the tuning seed (the
     ``alpha_from=erm`` reference); ``(None, None)`` when nothing needs them. ERM's evaluation runs, which
     need nothing from it, are queued beside it so the other workers keep busy (the planner's later
-    submission of the same job gets the same Future: JobRunner keys)."""
-    selecting = any(len(cfg.selection.candidates.get(m, [""])) > 1 for m in leaders)
-    if ERM not in methods or not (
-        selecting or _takes_erm_profile(methods, leaders, followers, cfg.selection)
-    ):
+    submission of the same job gets the same Future: JobRunner keys). The profile is needed when a setting
+    the run may train takes it (``alpha_from=erm``): a leader's candidates, a follower with each of its
+    leader's candidates, or a method as configured."""
+    sel = cfg.selection
+    settings = [c for m in leaders for c in candidate_methods(m, methods[m], sel)]
+    for m, leader in followers.items():
+        for spec in sel.candidates.get(leader, [""]):
+            settings += candidate_methods(m, methods[m], replace(sel, candidates={m: [spec]}))
+    settings += [mc for m, mc in methods.items() if m not in leaders and m not in followers]
+    takes_profile = any(
+        c.constrained and c.constraint.alpha_from == ERM and c.constraint.alpha_reference is None
+        for c in settings
+    )
+    selecting = any(len(sel.candidates.get(m, [""])) > 1 for m in leaders)
+    if ERM not in methods or not (selecting or takes_profile):
         return None, None
     tuning = submit(ERM, Setting(methods[ERM]), cfg.tune_seed)
     for seed in cfg.seeds:
@@ -238,17 +224,6 @@ def submit_job(
     return jobs.submit(f"{job.tag}-{job.split}", cfg, job, data, run)
 
 
-def choose_index(
-    sel: Selection,
-    specs: Mapping[str, list[str]],
-    erm_clean: float | None,
-    arm: str,
-    results: Sequence[Mapping[str, Any]],
-) -> int:
-    """The candidate ``arm`` picks from its validation scores (:func:`choose_candidate`)."""
-    return selection_rule(sel, specs, erm_clean, arm, results)[0]
-
-
 def selection_rule(
     sel: Selection,
     specs: Mapping[str, list[str]],
@@ -263,14 +238,28 @@ def selection_rule(
     )  # fmt: skip
 
 
+def grid_of(grids: Mapping[str, list[Setting]], arm: str, chosen: Mapping[str, Setting]) -> list[Setting]:
+    """The tuning round's candidates of ``arm``: its whole grid (one round, nothing depends on ``chosen``)."""
+    return grids[arm]
+
+
+def pick(
+    sel: Selection, specs: Mapping[str, list[str]], erm_clean: float | None, arm: str, results: Sequence[Any]
+) -> int:
+    """The candidate ``arm`` picks from its validation scores (:func:`selection_rule`)."""
+    return selection_rule(sel, specs, erm_clean, arm, results)[0]
+
+
 def selection_outcome(
     cfg: TextRobustnessConfig,
     specs: Mapping[str, list[str]],
     tuned: Tuned[Setting],
     followers: Mapping[str, str],
     erm_clean: float | None,
+    chosen: Mapping[str, MethodConfig],
 ) -> tuple[list[list[Any]], dict[str, str]]:
-    """The selection table's rows and, per leader and follower, the reason for its setting."""
+    """The selection table's rows and, per leader and follower, the reason for its setting, its candidates
+    and where its chosen constraint differs from its own."""
     rows: list[list[Any]] = []
     reasons = {m: f"only candidate {specs[m][0] or '(defaults)'!r}" for m in specs}
     for m, results in tuned.results.items():
@@ -280,30 +269,116 @@ def selection_outcome(
     for m, leader in followers.items():
         spec = leader_spec(cfg.selection, tuned.chosen, leader)
         reasons[m] = f"follows {leader}: {spec or '(defaults)'!r}"
+    methods = cfg.resolved_methods()
+    for m in reasons:
+        diff = settings_diff(asdict(chosen[m].constraint), asdict(methods[m].constraint))
+        reasons[m] += (
+            f"; candidates {cfg.selection.candidates.get(m, [''])}; settings differ from the base in: {diff}"
+        )
     return rows, reasons
 
 
-def setting_change(sel: Selection, label: str, chosen: MethodConfig, base: MethodConfig) -> str:
-    """The protocol's words on ``label``'s candidates and where its chosen constraint differs from its own."""
-    diff = settings_diff(asdict(chosen.constraint), asdict(base.constraint))
-    return f"candidates {sel.candidates.get(label, [''])}; settings differ from the base in: {diff}"
+def protocol_record(
+    cfg: TextRobustnessConfig, sizes: Mapping[str, int], selection: Mapping[str, str]
+) -> dict[str, Any]:
+    """The run's ``protocol``: what ``config.json`` does not say (the split, the sizes, how the noise and
+    the per-layer loss are measured, the controls, each method's selection)."""
+    sel = cfg.selection
+    criterion = (
+        "accuracy averaged over the gaussian γ grid" if sel.criterion == "robust" else "clean accuracy"
+    )
+    rule = (
+        f"rule: highest validation {criterion} among candidates within {sel.max_clean_drop} clean validation "
+        f"accuracy of ERM, every run trained from the tuning seed {cfg.tune_seed} (never an evaluation seed; "
+        "its runs are not reported)"
+    )
+    if sel.min_binding is not None:
+        rule += (
+            f"; eligible only if the candidate's constraint binds on its tuning run: the time-average of "
+            f"Σ_l λ_l over the second half of training > {sel.min_binding:g} (if none binds, among all)"
+        )
+    scored = "test" if cfg.evaluate_on == "test" else "validation (a search: no test example is scored)"
+    return {
+        "dataset": cfg.data.name,
+        "split": f"{scored}; constraint settings selected on validation (tuning seed {cfg.tune_seed})",
+        **sizes,
+        "seeds": list(cfg.seeds),
+        "noise": "added to the input-embedding output, per-coordinate variance (γ σ_E)², σ_E = RMS of the "
+        "embedding matrix; keyed by example content, so all methods see the same noise",
+        "layer_loss": "test mean of the per-example cross-entropy read out at layers 0..L through the "
+        "model's own pooling and head, clean; mean over seeds",
+        "controls": {
+            CONTROL: "trained through the per-layer readout with λ frozen at 0 (frozen_zero)",
+            "deep-supervision": "fixed equal weights (1/L) Σ_l f_l, no multipliers",
+            "erm-noise": f"ERM on gaussian embedding noise, γ_train = {cfg.train_noise} (positive control)",
+        },
+        "selection": {m: f"{why}; {rule}" for m, why in selection.items()},
+        "shift_sets": list(cfg.data.shift)
+        or "none: no second offline text set with the fresh/rotten label space installs "
+        "(descentlab.data.ASSETS)",
+    }
+
+
+def cell_store(
+    cfg: TextRobustnessConfig,
+    curves: Mapping[str, RobustnessCurves],
+    losses: Mapping[str, np.ndarray],
+    erm_val_profile: Sequence[float] | None,
+) -> CellStore:
+    """The claims' cells (:mod:`.claims`): each method's per-review correctness per noise kind and its
+    per-layer clean loss ``[seed, L+1, example]``, under the design record."""
+    first = curves[cfg.methods[0]]
+    if first.examples is None:
+        raise ValueError("the accuracy curves kept no per-example values (keep_examples=True)")
+    extra: dict[str, Any] = {"gammas": [float(g) for g in first.gammas]}
+    if erm_val_profile is not None:  # the monotone claim is untestable when ERM's own profile never rises
+        extra["erm_val_profile"] = [float(v) for v in erm_val_profile]
+    examples = int(next(iter(first.examples.values())).shape[-1])
+    store = CellStore(Design(tuple(curves), tuple(first.examples), tuple(cfg.seeds), examples, extra))
+    for m, c in curves.items():
+        for kind, correct in (c.examples or {}).items():
+            store.put(CORRECT, m, kind, np.asarray(correct, dtype=np.float32))
+        store.put(LOSS, m, None, np.asarray(losses[m], dtype=np.float32))
+    return store
 
 
 def save_arrays(
     run: RunDir,
     cfg: TextRobustnessConfig,
     outputs: Mapping[str, list[dict[str, Any]]],
-    joined: Mapping[str, RobustnessCurves],
     tried: Mapping[str, list[dict[str, Any]]],
+    ldp: Mapping[str, RobustnessCurves],
 ) -> dict[str, np.ndarray]:
-    """The arrays beside the cell store (:mod:`.arrays`): accuracies, λ of the evaluation runs (returned)
-    and of each candidate's tuning run."""
-    run.save_arrays(arrays.ACCURACY, **arrays.accuracy_arrays(joined))
-    lam = arrays.lambda_arrays(outputs, cfg.frozen_zero)
-    if lam:
-        run.save_arrays(arrays.LAMBDA, **lam)
-    if tuning_lam := arrays.selection_lambda_arrays(tried):
-        run.save_arrays(arrays.LAMBDA_SELECTION, **tuning_lam)
+    """The arrays beside the cell store (:mod:`.report`): λ of the evaluation runs (returned; seeds cut to
+    the shortest trace) and of each candidate's tuning run (``tried``: method -> each candidate's
+    validation scores), and the local-DP correctness."""
+    lam = {}
+    for m, outs in outputs.items():
+        traces = [o["lambda_trace"] for o in outs]
+        if m not in cfg.frozen_zero and all(t and t["steps"] for t in traces):
+            n = min(len(t["steps"]) for t in traces)
+            lam[f"{m}{SEP}steps"] = np.asarray(traces[0]["steps"][:n], dtype=np.float64)
+            lam[m] = np.asarray([t["lambda"][:n] for t in traces], dtype=np.float64)
+    tuning = {
+        f"{m}{SEP}cand{i}{suffix}": np.asarray(trace[key], dtype=np.float64)
+        for m, cands in tried.items()
+        for i, s in enumerate(cands)
+        if (trace := s.get("lambda_trace")) and trace["steps"]
+        for suffix, key in ((f"{SEP}steps", "steps"), ("", "lambda"))
+    }
+    for name, arrays in ((report.LAMBDA, lam), (report.LAMBDA_SELECTION, tuning)):
+        if arrays:
+            run.save_arrays(name, **arrays)
+    if ldp:
+        if any(c.examples is None for c in ldp.values()):
+            raise ValueError("the ε curves kept no per-example values (keep_examples=True)")
+        epsilons = np.asarray(next(iter(ldp.values())).gammas, dtype=np.float64)
+        correct = {
+            f"{m}{SEP}{k}": v.astype(np.float32)
+            for m, c in ldp.items()
+            for k, v in (c.examples or {}).items()
+        }
+        run.save_arrays(report.LDP, epsilons=epsilons, **correct)
     return lam
 
 
@@ -316,33 +391,14 @@ def method_block(
     setting: MethodConfig,
     ldp_curves: RobustnessCurves | None,
 ) -> Any:
-    """One method's results block from its per-seed outputs (:func:`.tables.method_block`), with the
+    """One method's results block from its per-seed outputs (:func:`.report.method_block`), with the
     seed-level interval of its per-layer loss, its constraint and its local-DP curves."""
     profiles = {k: [o["profiles"][k] for o in outs] for k in outs[0]["profiles"]}
     extra = {k: [o["extra"][k] for o in outs] for k in outs[0]["extra"]}
     lams = [o["multipliers"] for o in outs if o["multipliers"] is not None and label not in cfg.frozen_zero]
-    block = tables.method_block(curves, profiles, extra, lams, cfg.evaluation.kinds[0])
-    block.extra["layer_loss_ci"] = tables.layer_loss_ci(losses)
+    block = report.method_block(curves, profiles, extra, lams, cfg.evaluation.kinds[0])
+    block.extra["layer_loss_ci"] = report.layer_loss_ci(losses)
     if setting.constrained:
         block.extra["constraint"] = asdict(setting.constraint)
-    ldp.add_ldp_curves(block, ldp_curves)  # no-op without the ε kinds
+    report.add_ldp_curves(block, ldp_curves)  # no-op without the ε kinds
     return block
-
-
-def _takes_erm_profile(
-    methods: Mapping[str, MethodConfig],
-    tuned: Sequence[str],
-    followers: Mapping[str, str],
-    sel: Selection,
-) -> bool:
-    """Whether any setting the run may train takes ERM's validation profile (``alpha_from=erm``): a tuned
-    method's candidates, a follower with each of its leader's candidates, or a method as configured."""
-    settings = [c for m in tuned for c in candidate_methods(m, methods[m], sel)]
-    for m, leader in followers.items():
-        for spec in sel.candidates.get(leader, [""]):
-            settings += candidate_methods(m, methods[m], replace(sel, candidates={m: [spec]}))
-    settings += [mc for m, mc in methods.items() if m not in tuned and m not in followers]
-    return any(
-        c.constrained and c.constraint.alpha_from == ERM and c.constraint.alpha_reference is None
-        for c in settings
-    )

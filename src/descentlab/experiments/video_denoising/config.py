@@ -9,9 +9,12 @@ from dataclasses import dataclass, field, replace
 from descentlab.constrained.config import DescentConfig
 from descentlab.data.video_data import VideoDataConfig
 from descentlab.errors import ConfigError
+from descentlab.experiments.video_denoising.claims import budget_name
+from descentlab.experiments.video_denoising.claims import design as cell_design
 from descentlab.models.denoisers import UnrolledConfig
 from descentlab.optim.config import OptimizerConfig
 from descentlab.robustness.video_baselines import BASELINES
+from descentlab.study.cells import Design
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, with_overrides
 from descentlab.train.tuning import check_equal_budgets, check_tune_seed
@@ -309,3 +312,33 @@ PRESETS = {
         "workers": 1,
     },
 }
+
+
+def design(cfg: VideoDenoisingConfig) -> Design:
+    """The design record of a run of ``cfg`` (:mod:`.claims`): the arms are every learned method
+    ``<architecture>-<label>``, every classical baseline, and every point of the budget curve (each of
+    ``budget_labels`` per architecture at the base budget and at each of ``budget_curve``); no conditions
+    (the γ grid is ``extra["gammas"]``, an axis of every cell); ``seeds``. The number of test sequences is
+    left to the run (``data.n_test`` only caps it).
+
+    Raises:
+        ConfigError: a budget curve without ``train.max_steps``: its base-budget point is named by a step
+            count that only the data would fix.
+    """
+    methods = [f"{arch}-{label}" for arch in cfg.architectures for label in cfg.labels]
+    steps: list[int] = []
+    if cfg.budget_curve:
+        if cfg.train.max_steps is None:
+            raise ConfigError(
+                "budget_curve needs train.max_steps: the curve's base point is named by its steps"
+            )
+        steps = sorted({int(cfg.train.max_steps), *cfg.budget_curve})
+    points = [f"{arch}-{label}" for arch in cfg.architectures for label in cfg.budget_labels if steps]
+    return cell_design(
+        methods=methods,
+        baselines=list(cfg.baselines),
+        gammas=cfg.gammas,
+        seeds=cfg.seeds,
+        budget_steps=steps,
+        budget_arms=[budget_name(arm, n) for arm in points for n in steps],
+    )

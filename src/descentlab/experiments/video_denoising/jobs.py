@@ -109,9 +109,9 @@ def train_and_evaluate(
     return ev
 
 
-def baselines_job(cfg: VideoDenoisingConfig, data: dict, run: RunDir, key: str = "baselines") -> dict:
+def baselines_job(cfg: VideoDenoisingConfig, data: dict, run: RunDir) -> dict:
     """Every classical baseline, chosen on validation at σ_train and tested on each seed's test noise (the
-    learned models' of that seed); saves ``jobs/<key>-<name>.npz`` (``example_mse``, ``denoised``)."""
+    learned models' of that seed); saves ``jobs/baselines-<name>.npz`` (``example_mse``, ``denoised``)."""
     sigma = cfg.data.sigma_train
     results, arrays = run_baselines(
         cfg.baselines,
@@ -125,7 +125,7 @@ def baselines_job(cfg: VideoDenoisingConfig, data: dict, run: RunDir, key: str =
         grids=cfg.baseline_grid,
     )
     for name, arr in arrays.items():
-        run.save_arrays(f"jobs/{key}-{name}.npz", **arr)
+        run.save_arrays(f"jobs/baselines-{name}.npz", **arr)
     return results
 
 

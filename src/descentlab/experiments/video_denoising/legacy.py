@@ -5,7 +5,7 @@ Those runs saved ``arrays/claims.npz`` (``final/<name>`` ``[S, G, N]``, ``layers
 and the names ``methods``, ``baselines``, ``gammas``, ``budget_steps`` as arrays) or, the earlier ones,
 nothing but ``results.json``, whose per-seed pooled RMSE (``methods.<m>.per_seed_rmse``,
 ``baselines.<b>.rmse``, ``budget_curve.rows``) the claims then read. :func:`legacy_store` gathers either
-into a :class:`~descentlab.study.cells.CellStore` keyed as new runs are (:mod:`.cells`), with the design
+into a :class:`~descentlab.study.cells.CellStore` keyed as new runs are (:mod:`.claims`), with the design
 built from what the run recorded.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from descentlab.experiments.video_denoising.cells import LAYER_MSE, MSE, RMSE, budget_name, design
+from descentlab.experiments.video_denoising.claims import LAYER_MSE, MSE, RMSE, budget_name, design
 from descentlab.io import load_arrays
 from descentlab.study.cells import CellStore
 

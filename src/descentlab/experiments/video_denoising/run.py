@@ -1,18 +1,7 @@
-"""video-denoising: UT and DUST trained with ERM, layer-wise descent constraints and controls, against classical
-denoisers, every setting chosen on a validation split.
-
-Protocol: grayscale clips (opencv's vtest.avi by default) cut into T-frame crop × crop sequences; train,
-validation and test are disjoint time ranges of each clip. Per (architecture, method) a grid (``grid``, else
-``lr_grid`` × ``constraint_grid``, or ``unconstrained_lr_grid`` for a method without a constraint; the same
-number of candidates for every method) trains with ``tune_seed``, never an evaluation seed; the candidate of
-lowest validation RMSE at γ = 1 then trains with every seed of ``seeds``, and only those runs are reported (a
-method with one candidate is not tuned). Controls: ``blind`` (ERM on a γ range: the positive control), ``frozen`` (a constrained
-run's final multipliers held fixed), ``budget_check`` (ERM retrained for longer: has it converged?) and
-``budget_curve`` (ERM and the constrained model at longer budgets: is a gain a budget effect?), both on the
-first evaluation seed.
-
-The run saves every test sequence's error in its cell store (``arrays/cells.npz`` and ``arrays/design.json``,
-:mod:`.cells`), which :mod:`.claims` judges.
+"""video-denoising's run: the classical baselines; every (architecture, method) grid on the tuning seed,
+the candidate of lowest validation RMSE at γ = 1 chosen and trained on every evaluation seed (only those
+runs are reported); the controls that need a choice (:class:`FollowUps`); then every test sequence's error
+into the cell store (keyed as :mod:`.claims` reads it) and the results.
 """
 
 from __future__ import annotations
@@ -20,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,25 +20,13 @@ import torch
 from descentlab.config import config_to_dict
 from descentlab.data.video_data import load_denoising_data
 from descentlab.errors import NumericalError
-from descentlab.experiments.video_denoising.budget import (
-    budget_checks,
-    budget_curve,
-    budget_curve_table,
-    budget_table,
-)
-from descentlab.experiments.video_denoising.cells import budget_name, cell_store, design
-from descentlab.experiments.video_denoising.config import VideoDenoisingConfig
-from descentlab.experiments.video_denoising.figures import SAMPLE_FRAMES
+from descentlab.experiments.video_denoising import report
+from descentlab.experiments.video_denoising.claims import LAYER_MSE, MSE, arch_of, budget_name, label_of
+from descentlab.experiments.video_denoising.config import VideoDenoisingConfig, design
 from descentlab.experiments.video_denoising.jobs import at_steps, job, job_key
-from descentlab.experiments.video_denoising.summary import (
-    NOTES,
-    arch_of,
-    label_of,
-    load_job_arrays,
-    summarise,
-)
 from descentlab.io import load_arrays
 from descentlab.report.results import Results
+from descentlab.study.cells import CellStore, Design, cell_key
 from descentlab.study.tuning import Round, TuningConfig, check_equal_budgets, tune_then_replicate
 from descentlab.train.jobs import JobRunner
 from descentlab.train.rundir import RunDir
@@ -88,7 +65,7 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
     keys = job_keys(cfg, tuned.chosen)
     errors, base_errors, denoised = load_job_arrays(run.path / "jobs", keys, list(base))
     run.save_arrays(
-        SAMPLE_FRAMES,
+        report.SAMPLE_FRAMES,
         clean=sample_clean,
         noisy=data["sample_noisy"],
         gammas=np.asarray(sample_gammas),
@@ -97,37 +74,23 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
         denoised=denoised,
     )
     points = budget_errors(run.path / "jobs", cfg.seeds[0], curve, follow.long_results(), errors)
-    record = design(
-        methods=list(keys),
-        baselines=list(base),
-        gammas=cfg.gammas,
-        seeds=cfg.seeds,
-        budget_steps={n for *_, n in curve},
-        budget_arms=list(points),
-        examples=int(next(iter(errors.values())).shape[-1]),
-    )
+    # the design the runner recorded from the config; a budget point whose run diverged saved no cells
+    examples = int(next(iter(errors.values())).shape[-1])
+    record = replace(design(cfg), examples=examples)
     cell_store(record, {**errors, **points}, base_errors).save(run.path, writer=run.writer)
 
-    # 4. results: the methods' blocks and tables, the budget check and curve
+    # 4. results: the methods' blocks and tables, the budget check and curve (report.summarise)
     grids = {
         arm: (cfg.candidates(label_of(arm)), tuned.picks[arm], tuned.results[arm]) for arm in tuned.picks
     }
-    body = summarise(
-        per_seed=per_seed, grids=grids, baselines=base, gammas=cfg.gammas, tune_seed=cfg.tune_seed
-    )
-    if checks := budget_checks(budget, per_seed, cfg.gammas):
-        body["budget_check"] = checks
-        body["tables"].append(budget_table(checks).to_dict())
-    if curve:
-        body["budget_curve"] = budget_curve(curve)
-        body["tables"].append(budget_curve_table(body["budget_curve"], cfg.gammas).to_dict())
+    body = report.summarise(per_seed, grids, base, cfg.gammas, cfg.tune_seed, budget=budget, curve=curve)
     return Results(
         experiment="video-denoising",
         config=config_to_dict(cfg),
         protocol=protocol(cfg, data_protocol, base_steps),
         methods=body["methods"],
         tables=body["tables"],
-        notes=NOTES,
+        notes=report.NOTES,
         extra={
             k: body[k]
             for k in ("baselines", "selection", "versus_baselines", "budget_check", "budget_curve")
@@ -269,19 +232,49 @@ def budget_errors(
     return out
 
 
+def load_job_arrays(
+    jobs_dir: Path, keys: Mapping[str, Sequence[str]], baselines: Sequence[str]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """The arrays the jobs saved under ``jobs_dir``: per method (its job keys, one per seed), ``errors`` stacks
+    ``<key>-errors.npz``'s ``example_mse`` over seeds (``[S, G, L+1, N]``); per baseline,
+    ``baselines-<name>.npz``'s ``example_mse`` (``[S, G, N]``); ``denoised`` stacks the first key's
+    ``<key>-frames.npz`` of every method, then every baseline's frames, in that order."""
+    runs = {
+        name: [load_arrays(jobs_dir / f"{k}-errors.npz")["example_mse"] for k in ks]
+        for name, ks in keys.items()
+    }
+    base = {b: load_arrays(jobs_dir / f"baselines-{b}.npz") for b in baselines}
+    frames = [load_arrays(jobs_dir / f"{ks[0]}-frames.npz")["denoised"] for ks in keys.values()]
+    denoised = np.stack(frames + [base[b]["denoised"] for b in baselines])
+    return {k: np.stack(v) for k, v in runs.items()}, {b: base[b]["example_mse"] for b in baselines}, denoised
+
+
+def cell_store(
+    record: Design, errors: Mapping[str, np.ndarray], baseline_errors: Mapping[str, np.ndarray]
+) -> CellStore:
+    """The run's cells: per learned arm (``errors``: name -> ``[S, G, L+1, N]``) ``mse`` and ``layer_mse``
+    at γ = 1, per baseline (``[S, G, N]``) ``mse``. Budget points keep their one seed (``[1, ...]``: not
+    through :meth:`CellStore.put`, which asks for every seed)."""
+    one = record.extra["gammas"].index(1.0)
+    arrays = {}
+    for name, e in errors.items():
+        arrays |= {cell_key(MSE, name): e[:, :, -1], cell_key(LAYER_MSE, name): e[:, one]}
+    arrays |= {cell_key(MSE, b): e for b, e in baseline_errors.items()}
+    for name in [*errors, *baseline_errors]:
+        record.require(name)
+    return CellStore(record, arrays)
+
+
 def protocol(cfg: VideoDenoisingConfig, data_protocol: Mapping[str, Any], steps: int) -> dict[str, Any]:
-    """The protocol record of ``results.json``: the data, the noise, the seeds and the selection rule."""
+    """The protocol record of ``results.json``: what ``config.json`` does not say (the data as loaded, the
+    steps, the noise and the selection rule)."""
     return {
         **data_protocol,
-        "gammas": list(cfg.gammas),
-        "seeds": list(cfg.seeds),
-        "draws": 1,
+        "gammas": list(cfg.gammas),  # the figures' axis
         "steps": steps,
-        "batch_size": cfg.train.batch_size,
         "selection": "per (architecture, method): the candidate of lowest final validation RMSE at gamma = 1, "
         f"trained from the tuning seed {cfg.tune_seed} (never an evaluation seed; its runs are not reported); "
         f"{check_equal_budgets(cfg.compared_grids)} candidates per compared method (one: not tuned)"
         + "".join(f"; {b}: {len(cfg.candidates(b))}" for b in cfg.blind if b in cfg.trained_labels),
         "noise": "additive Gaussian on pixels in [0, 1], test level gamma * sigma_train",
-        **{k: {m: v for m, v in getattr(cfg, k).items() if m in cfg.labels} for k in ("blind", "frozen")},
     }
