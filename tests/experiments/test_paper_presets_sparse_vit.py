@@ -5,7 +5,8 @@ workers, AC/DC on the reference schedule and the claims engine.
 timm needs a torchvision built for the installed torch. On a CPU torch (this project's ``make setup``: torch
 2.13.0+cpu) that is the CPU index's torchvision, which PyPI does not carry: PyPI's torchvision 0.28.0 is the
 CUDA build, whose compiled ops do not register on a CPU torch (``operator torchvision::nms does not exist``).
-Where timm cannot be imported the module is skipped, the reason naming which of the two cases it is.
+Where timm cannot be imported the module is skipped, the reason naming which of the two cases it is. What
+the preset's design judges (its primary included) is checked without timm in test_sparse_vit_claims.py.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def test_timm_classifier_exposes_its_blocks_and_timm_s_soft_target_loss() -> Non
 def test_paper_preset_is_deit_on_the_reference_schedule() -> None:
     from descentlab.config import resolve_config
     from descentlab.experiments import get
-    from descentlab.experiments.sparse_vit.timm_setup import build_model
+    from descentlab.experiments.sparse_vit.jobs import build_model
 
     exp = get("sparse-vit")
     cfg = resolve_config(exp.config_cls, preset="paper", presets=exp.presets)
@@ -221,8 +222,10 @@ def test_paper_preset_is_deit_on_the_reference_schedule() -> None:
 
 
 def test_paper_preset_runs_end_to_end_on_a_tiny_deit(folder, tmp_path) -> None:
-    from descentlab.experiments import run_experiment
-    from descentlab.io import load_arrays
+    from descentlab.config import resolve_config
+    from descentlab.experiments import get, run_experiment
+    from descentlab.experiments.sparse_vit.config import design
+    from descentlab.study.cells import CellStore
 
     threads = torch.get_num_threads()
     try:
@@ -232,24 +235,33 @@ def test_paper_preset_runs_end_to_end_on_a_tiny_deit(folder, tmp_path) -> None:
     finally:
         torch.set_num_threads(threads)
     res = json.loads((path / "results.json").read_text())
+    exp = get("sparse-vit")
+    cfg = resolve_config(
+        exp.config_cls, preset="paper", presets=exp.presets, overrides=[f"dataset={folder}", *TINY]
+    )
+    seeds = len(cfg.seeds)  # the preset's evaluation seeds, as TINY sets them
     protocol = res["protocol"]
     assert protocol["model"].startswith("timm deit_small_patch16_224 (depth 2, embed_dim 32")
     assert (protocol["n_train"], protocol["n_val"], protocol["n_eval"]) == (18, 6, 9)
     assert protocol["budget"].startswith("8 epochs, batch 8 (4 x 2 accumulated)")
     assert protocol["acdc"] == "global magnitude over the patch projection, block Linears and head; reference"
-    assert protocol["claims"].endswith("paper-like arm: block Linears at 90 %, seeds [0, 1]")
+    assert protocol["claims"].endswith(f"paper-like arm: block Linears at 90 %, seeds {cfg.paper_like_seeds}")
     for name in ("adamw", "horst", "ham"):  # AC/DC left the prunable weights exactly 90 % zero
         assert res["methods"][name]["sparsity"]["checkpoint@0.9"] == pytest.approx(0.9, abs=2e-3)
-    cells = load_arrays(path / "arrays" / "claims.npz")
-    assert cells["correct/horst/0.9"].shape == (2, 9) and cells["correct/adamw/dense"].shape == (2, 9)
-    assert cells["correct/horst/paper-like"].shape == (2, 9) and str(cells["prune"]) == "all"
+    cells = CellStore.load(path)
+    assert cells.design == design(cfg) and cells.design.extra["prune"] == "all"
+    assert cells["correct/horst/0.9"].shape == (seeds, 9) and cells["correct/adamw/dense"].shape == (seeds, 9)
+    assert cells["correct/horst/paper-like"].shape == (len(cfg.paper_like_seeds), 9)
     claims = res["claims"]
     rows = {c["name"]: c for c in claims}
     primary = [c for c in claims if c["role"] == "primary"]
     assert len(primary) == 1 and primary[0]["name"] == "horst-adamw"
     # judged from the run's own cells: every seed of the preset, never "not in this run" or pending
-    assert primary[0]["seeds"] == 2 and primary[0]["verdict"] not in UNJUDGED
+    assert primary[0]["seeds"] == seeds and primary[0]["verdict"] not in UNJUDGED
     assert primary[0]["paper"].startswith("DeiT-base, 90 %: HORST 76.83 vs AdamW 68.86")
-    assert rows["paper-like"]["seeds"] == 2 and rows["paper-like"]["verdict"] not in UNJUDGED
+    assert (
+        rows["paper-like"]["seeds"] == len(cfg.paper_like_seeds)
+        and rows["paper-like"]["verdict"] not in UNJUDGED
+    )
     assert rows["horst-ham"]["paper"].startswith("DeiT-small, 90 %: HORST 70.5 vs HAM 60.06")
     assert "horst-adamw" in (path / "report.md").read_text()

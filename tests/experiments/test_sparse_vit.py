@@ -10,10 +10,12 @@ import torch
 from safetensors.torch import load_file
 
 from descentlab.cli import main
+from descentlab.config import resolve_config
 from descentlab.errors import AssetMissingError, ConfigError
 from descentlab.experiments import run_experiment
-from descentlab.io import load_arrays
+from descentlab.experiments.sparse_vit.config import SparseViTConfig, design
 from descentlab.report.claims import DEGENERATE, NOT_IN_RUN, ONE_SEED, UNDERPOWERED
+from descentlab.study.cells import CellStore
 
 MICRO = [
     "n_train=256",
@@ -93,7 +95,7 @@ def test_runs_end_to_end_and_checkpoints_are_exactly_sparse(micro_run) -> None:
     assert any(t.startswith("Test accuracy") for t in titles) and any(t.startswith("Tuning") for t in titles)
     assert any(t.startswith("Prunable weights") for t in titles)
     assert (path / "figures" / "weight-histograms.png").stat().st_size > 10_000
-    # the claims engine's rows, judged from arrays/claims.npz: one seed, so no verdict on the optimizers. The
+    # the claims engine's rows, judged from the run's cell store: one seed, so no verdict on the optimizers. The
     # micro run prunes the block Linears (the default): it is the paper-like arm at 90 %, every row names the
     # set, and the primary endpoint (every Linear/Conv prunable) has no comparison
     claims = {(c["name"], c["at"]): c for c in results["claims"]}
@@ -110,8 +112,13 @@ def test_runs_end_to_end_and_checkpoints_are_exactly_sparse(micro_run) -> None:
         if name != "horst-adamw":
             assert c["verdict"] == ONE_SEED and c["seeds"] == 1 and c["low"] <= c["estimate"] <= c["high"]
             assert c["examples"] == (6 if name.startswith("horst-peaked") or "tailed" in name else 128)
-    arrays = load_arrays(path / "arrays" / "claims.npz")
-    assert str(arrays["prune"]) == "blocks"
+    arrays = CellStore.load(path)
+    assert arrays.design == design(resolve_config(SparseViTConfig, overrides=MICRO))
+    assert arrays.design.extra["prune"] == "blocks" and set(arrays.metrics()) == {
+        "correct",
+        "frac_below",
+        "kurtosis",
+    }
     paper = claims["paper-like", f"{blocks} 90 %"]
     hits = arrays["correct/horst/0.9"].astype(float) - arrays["correct/adamw/0.9"]
     assert arrays["correct/horst/0.9"].shape == (1, 128) and paper["estimate"] == pytest.approx(hits.mean())
@@ -158,8 +165,6 @@ def test_resume_takes_finished_jobs_from_the_cache(micro_run, tmp_path) -> None:
 
 
 def test_a_method_spec_edits_the_shared_acdc_for_itself_only() -> None:
-    from descentlab.config import resolve_config
-    from descentlab.experiments.sparse_vit.config import SparseViTConfig
 
     spec = "optimizer.name=horst optimizer.alpha=3.0 acdc.reset_moments=true"
     cfg = resolve_config(
@@ -205,8 +210,7 @@ def test_claim_keys_and_short_phases_are_rejected_before_running(tmp_path) -> No
 
 
 def test_lr_from_only_matters_when_tuning() -> None:
-    from descentlab.config import resolve_config
-    from descentlab.experiments.sparse_vit.config import PRESETS, SparseViTConfig
+    from descentlab.experiments.sparse_vit.config import PRESETS
 
     # lr_from=adamw with methods that leave AdamW out and no tuning: a lever side run
     cfg = resolve_config(
@@ -219,8 +223,6 @@ def test_lr_from_only_matters_when_tuning() -> None:
 
 
 def test_every_method_gets_the_same_tuning_budget(tmp_path) -> None:
-    from descentlab.config import resolve_config
-    from descentlab.experiments.sparse_vit.config import SparseViTConfig
 
     # the committed full run's grids: AdamW 3 lrs, HORST 5 α and HAM 3 α at AdamW's lr
     old = ["tune=true", "lr_from=adamw", "tune_lr=[0.001,0.002,0.004]"]
@@ -256,8 +258,7 @@ def test_every_method_gets_the_same_tuning_budget(tmp_path) -> None:
 
 
 def test_full_preset_protocol() -> None:
-    from descentlab.config import resolve_config
-    from descentlab.experiments.sparse_vit.config import PRESETS, SparseViTConfig
+    from descentlab.experiments.sparse_vit.config import PRESETS
 
     cfg = resolve_config(SparseViTConfig, preset="full", presets=PRESETS)
     assert cfg.n_val >= 5000 and cfg.n_train + cfg.n_val == 60000 and cfg.n_test == 10000
@@ -284,8 +285,8 @@ def test_full_preset_protocol() -> None:
 def test_paper_like_preset_is_full_on_the_block_linears_with_fresh_seeds() -> None:
     from dataclasses import replace
 
-    from descentlab.config import config_to_dict, resolve_config
-    from descentlab.experiments.sparse_vit.config import PRESETS, SparseViTConfig
+    from descentlab.config import config_to_dict
+    from descentlab.experiments.sparse_vit.config import PRESETS
 
     full = resolve_config(SparseViTConfig, preset="full", presets=PRESETS)
     paper = resolve_config(SparseViTConfig, preset="full-paper-like", presets=PRESETS)
@@ -304,8 +305,8 @@ def test_paper_like_preset_is_full_on_the_block_linears_with_fresh_seeds() -> No
 
 
 def test_levels_preset_runs_full_choices_at_three_levels_on_fresh_seeds() -> None:
-    from descentlab.config import config_to_dict, resolve_config
-    from descentlab.experiments.sparse_vit.config import PRESETS, SparseViTConfig
+    from descentlab.config import config_to_dict
+    from descentlab.experiments.sparse_vit.config import PRESETS
 
     full = resolve_config(SparseViTConfig, preset="full", presets=PRESETS)
     levels = resolve_config(SparseViTConfig, preset="full-levels", presets=PRESETS)
@@ -327,8 +328,8 @@ def test_levels_preset_runs_full_choices_at_three_levels_on_fresh_seeds() -> Non
 
 
 def test_moonshot_search_tunes_on_tuning_seeds_only_with_equal_grids() -> None:
-    from descentlab.config import config_to_dict, resolve_config
-    from descentlab.experiments.sparse_vit.config import PRESETS, SparseViTConfig
+    from descentlab.config import config_to_dict
+    from descentlab.experiments.sparse_vit.config import PRESETS
 
     full = resolve_config(SparseViTConfig, preset="full", presets=PRESETS)
     search = resolve_config(SparseViTConfig, preset="moonshot-search-w128", presets=PRESETS)
@@ -366,7 +367,6 @@ def test_a_dense_run_mirrors_the_set_its_sparse_twins_prune(monkeypatch, tmp_pat
     from dataclasses import replace
 
     import descentlab.experiments.sparse_vit.jobs as svit
-    from descentlab.config import resolve_config
 
     cfg = resolve_config(svit.SparseViTConfig, overrides=[*MICRO, "acdc.prune=all"])
     seen = {}
@@ -411,7 +411,12 @@ def test_the_paper_like_arm_prunes_the_block_linears_only(tmp_path) -> None:
         DEGENERATE,
     )
     assert row["at"] == "block Linears, sparsity 90 %"
-    assert load_arrays(path / "arrays" / "claims.npz")["correct/horst/paper-like"].shape == (2, 128)
+    store = CellStore.load(path)
+    assert store["correct/horst/paper-like"].shape == (2, 128) and store["correct/horst/0.9"].shape == (
+        1,
+        128,
+    )
+    assert store.design.seeds_at("paper-like") == (0, 1) and store.design.seeds == (0,)
     blocks = load_file(
         str(next((path / "checkpoints").glob("horst-blocks-s90*seed1/step-*/model.safetensors")))
     )
@@ -423,8 +428,6 @@ def test_the_tuning_plan_is_the_toolkits_rounds_from_the_config() -> None:
     """run.tuning_plan: one round over the methods with a choice (a one-candidate method starts at it and
     trains no tuning run); with lr_from, that method's lr x α first, then the others' α at its chosen lr;
     the dense reference outside ``methods`` is an untuned arm; without tuning, no round."""
-    from descentlab.config import resolve_config
-    from descentlab.experiments.sparse_vit.config import SparseViTConfig
     from descentlab.experiments.sparse_vit.run import tuning_plan
 
     def plan(*overrides: str):

@@ -1,6 +1,7 @@
 """sparse-vit's claims on synthetic cells whose answer is known: a planted effect is reproduced, a null is not,
-the regime control is a sized claim (a CI straddling 3 points does not pass), a missing cell pends; and the
-tables' seed-level intervals and the shared weight-shape measurements."""
+the regime control is a sized claim (a CI straddling 3 points does not pass), a missing cell pends, an arm
+the design lacks is not in the run; the committed runs' old arrays read alike (legacy.py); and the tables'
+seed-level intervals and the shared weight-shape measurements."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from descentlab.experiments.sparse_vit.claims import CLAIMS, claim_arrays, key
-from descentlab.experiments.sparse_vit.tables import accuracy_ci, method_blocks
-from descentlab.io import save_arrays
+from descentlab.config import resolve_config
+from descentlab.experiments.sparse_vit.claims import CLAIMS, claim_arrays
+from descentlab.experiments.sparse_vit.config import SparseViTConfig, design
+from descentlab.experiments.sparse_vit.report import accuracy_ci, method_blocks
 from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, judge
 from descentlab.sparsity.report import selection_record, tensor_shape_stats
+from descentlab.study.cells import CellStore, cell_key
 
 N, SEEDS, LEVELS, AT = 2000, 6, (0.98, 0.99), 0.99
 
@@ -26,28 +29,36 @@ def _correct(acc: float | list[float], seed: int, seeds: int = SEEDS) -> np.ndar
     return (rng.random((seeds, N)) < accs[:, None]).astype(np.int8)
 
 
-def _arrays(gain: float, *, ham: float = 0.0, seeds: int = SEEDS) -> dict[str, np.ndarray]:
+def _arrays(gain: float, *, ham: float = 0.0, seeds: int = SEEDS, **config: object) -> CellStore:
     """AdamW at 0.80 (+ seed noise), HORST ``gain`` above it, HAM ``ham`` above it, a dense model at 0.90;
-    the weight shape with HORST's tensors ``gain``-proportionally more peaked."""
+    the weight shape with HORST's tensors ``gain``-proportionally more peaked; the paper-like arm on its
+    own seeds. The design is the config's (``config`` overrides it)."""
+    settings = {"sparsities": list(LEVELS), "claim_sparsity": AT, "seeds": list(range(seeds)),
+                "paper_like_seeds": [100 + s for s in range(seeds)], "acdc.prune": "all"} | config  # fmt: skip
+    cfg = resolve_config(SparseViTConfig, overrides=[f"{k}={v}" for k, v in settings.items()])
+    store = CellStore(design(cfg))
     rng = np.random.default_rng(7)
     base = 0.80 + rng.normal(0, 0.003, seeds)
-    out: dict[str, np.ndarray] = {
-        "sparsities": np.asarray(LEVELS),
-        "claim_sparsity": np.float64(AT),
-        "paper_like_sparsity": np.float64(0.9),
-        key("correct", "adamw", "dense"): _correct(0.90, 1, seeds),
-    }
+    arms = {"adamw": 0.0, "horst": gain, "ham": ham}
     for i, p in enumerate(LEVELS):
-        out[key("correct", "adamw", p)] = _correct(list(base), 10 + i, seeds)
-        out[key("correct", "horst", p)] = _correct(list(base + gain), 20 + i, seeds)
-        out[key("correct", "ham", p)] = _correct(list(base + ham), 30 + i, seeds)
-    out[key("correct", "adamw", "paper-like")] = _correct(list(base), 40, seeds)
-    out[key("correct", "horst", "paper-like")] = _correct(list(base + gain), 41, seeds)
+        for k, (arm, shift) in enumerate(arms.items()):
+            if arm in cfg.methods:
+                store.put("correct", arm, p, _correct(list(base + shift), 10 * (k + 1) + i, seeds))
+    if cfg.dense:
+        store.put("correct", "adamw", "dense", _correct(0.90, 1, seeds))
+    if cfg.paper_like_seeds:
+        side = np.resize(base, len(cfg.paper_like_seeds))  # the side arm's own seeds
+        store.put("correct", "adamw", "paper-like", _correct(list(side), 40, len(side)))
+        store.put("correct", "horst", "paper-like", _correct(list(side + gain), 41, len(side)))
     for stat, scale in (("frac_below", 1.0), ("kurtosis", 300.0)):
         noise = rng.normal(0, 0.002 * scale, (2, seeds, 6))
-        out[key(stat, "adamw", AT)] = 0.5 * scale + noise[0]
-        out[key(stat, "horst", AT)] = (0.5 + 10 * gain) * scale + noise[1]
-    return out
+        store.put(stat, "adamw", AT, 0.5 * scale + noise[0])
+        store.put(stat, "horst", AT, (0.5 + 10 * gain) * scale + noise[1])
+    return store
+
+
+def _without(store: CellStore, *keys: str) -> CellStore:
+    return CellStore(store.design, {k: v for k, v in store.items() if k not in keys})
 
 
 def _rows(arrays) -> dict[tuple[str, str], object]:
@@ -80,36 +91,36 @@ def test_a_planted_gain_is_reproduced_and_a_null_is_not() -> None:
 
 
 def test_the_regime_control_is_a_sized_claim() -> None:
-    arrays = _arrays(0.0)
-    rows = _rows(arrays)
+    rows = _rows(_arrays(0.0))
     assert rows["regime", "sparsity 99 %"].verdict == "reproduced"  # 10 points lost, far beyond 3
     # the committed ViT regime at 98 %: about 2.95 points [2.46, 3.42] against a claimed 3 must not pass
     rng = np.random.default_rng(3)
     dense = _correct(0.8778, 5, 3)
-    straddle = {**_arrays(0.0, seeds=3), key("correct", "adamw", "dense"): dense}
+    straddle = _arrays(0.0, seeds=3)
+    straddle.put("correct", "adamw", "dense", dense)
     sparse = dense.copy()
     for s, lost in enumerate((0.027, 0.034, 0.028)):  # per-seed losses around 3 points
         flip = rng.choice(np.flatnonzero(dense[s]), round(lost * N), replace=False)
         sparse[s, flip] = 0
-    straddle[key("correct", "adamw", 0.98)] = sparse
+    straddle.put("correct", "adamw", 0.98, sparse)
     row = _rows(straddle)["regime", "sparsity 98 %"]
     assert row.low < 0.03 < row.high and row.verdict == "inconclusive"
     # a tight loss of one point is refuted as a 3-point regime
     small = dense.copy()
     for s in range(3):
         small[s, np.flatnonzero(dense[s])[: int(0.01 * N)]] = 0
-    assert (
-        _rows({**straddle, key("correct", "adamw", 0.98): small})["regime", "sparsity 98 %"].verdict
-        == "refuted"
-    )
+    straddle.put("correct", "adamw", 0.98, small)
+    assert _rows(straddle)["regime", "sparsity 98 %"].verdict == "refuted"
 
 
-def test_a_block_linear_run_is_the_paper_like_arm_and_names_its_set(tmp_path) -> None:
-    # the full-paper-like preset: the run's own cells at 90 % (block Linears) judge paper-like; the primary
+def test_a_block_linear_run_is_the_paper_like_arm_and_names_its_set() -> None:
+    # the full-paper-like preset: the run's own cells at 99 % (block Linears) judge paper-like; the primary
     # endpoint (every Linear/Conv prunable) has no comparison; every other row names the set
-    arrays = {k: v for k, v in _arrays(0.06, ham=-0.06).items() if "paper-like" not in k}
-    arrays |= {"prune": np.asarray("blocks"), "paper_like_sparsity": np.float64(0.99)}
-    rows = _rows(arrays)
+    store = _arrays(
+        0.06, ham=-0.06, **{"acdc.prune": "blocks", "paper_like_sparsity": AT, "paper_like_seeds": []}
+    )
+    assert "paper-like" not in store.design.conditions and store.design.extra["prune"] == "blocks"
+    rows = _rows(store)
     assert rows["paper-like", "block Linears, sparsity 99 %"].verdict == "reproduced"
     assert rows["paper-like", "block Linears, sparsity 99 %"].estimate == pytest.approx(
         rows["horst-ham", "block Linears, sparsity 99 %"].estimate - 0.06, abs=0.01
@@ -122,38 +133,34 @@ def test_a_block_linear_run_is_the_paper_like_arm_and_names_its_set(tmp_path) ->
     )
     assert ("regime", "block Linears, sparsity 98 %") in rows
     assert ("horst-peaked", "block Linears, sparsity 99 %, before the final pruning") in rows
-    # the same set read back from a saved run's config when its arrays lack it
-    del arrays["prune"]
-    save_arrays(tmp_path / "arrays" / "claims.npz", **arrays)
-    (tmp_path / "results.json").write_text('{"config": {"acdc": {"prune": "blocks"}}}')
-    assert str(claim_arrays(tmp_path)["prune"]) == "blocks"
-    # a run over every Linear/Conv weight without the side arm: paper-like pends on the side arm's cell
-    assert (
-        "correct/horst/paper-like" in _rows({**arrays, "prune": np.asarray("all")})["paper-like", ""].reason
-    )
 
 
 def test_missing_cells_pend_and_one_seed_is_not_judged(tmp_path) -> None:
-    arrays = _arrays(0.06)
-    del arrays[key("correct", "horst", "paper-like")]
-    rows = {r.name: r for r in judge(CLAIMS, arrays)}
+    store = _without(_arrays(0.06), cell_key("correct", "horst", "paper-like"))
+    rows = {r.name: r for r in judge(CLAIMS, store)}
     assert rows["paper-like"].verdict == PENDING and "correct/horst/paper-like" in rows["paper-like"].reason
     one = _rows(_arrays(0.06, seeds=1))
     assert one["horst-adamw", "sparsity 99 %"].verdict == ONE_SEED
-    # a run directory without arrays/claims.npz (the committed pre-engine run): every row pends, naming a cell
-    (tmp_path / "results.json").write_text('{"config": {"sparsities": [0.98, 0.99], "claim_sparsity": 0.99}}')
-    pending = judge(CLAIMS, claim_arrays(tmp_path))
-    assert {r.verdict for r in pending} == {PENDING} and "correct/horst/0.99" in pending[0].reason
-    save_arrays(tmp_path / "arrays" / "claims.npz", **_arrays(0.06))
-    assert judge(CLAIMS, claim_arrays(tmp_path))[0].verdict == "reproduced"
+    # the paper-like arm on its own seeds: 2 side seeds beside 6 main ones, judged over its 2
+    side = _arrays(0.06, paper_like_seeds=[100, 101])
+    assert side.design.seeds_at("paper-like") == (100, 101) and side["correct/horst/paper-like"].shape == (
+        2,
+        N,
+    )
+    assert _rows(side)["paper-like", "block Linears, sparsity 90 %"].seeds == 2
+    # a run directory with neither cells nor results.json: every row pends, naming the store
+    assert {r.verdict for r in judge(CLAIMS, claim_arrays(tmp_path))} == {PENDING}
+    # the store round-trips through the run directory, its design record included
+    side.save(tmp_path)
+    assert CellStore.load(tmp_path).design == side.design
+    assert [r.to_dict() for r in judge(CLAIMS, claim_arrays(tmp_path))] == [
+        r.to_dict() for r in judge(CLAIMS, side)
+    ]
 
 
-def test_arms_the_config_never_had_are_not_in_this_run_and_saved_ones_are_judged(tmp_path) -> None:
-    save_arrays(tmp_path / "arrays" / "claims.npz", **_arrays(0.06))
-    cfg = {"sparsities": [0.98, 0.99], "claim_sparsity": 0.99, "methods": ["adamw", "horst"], "dense": None,
-           "paper_like_seeds": []}  # fmt: skip
-    (tmp_path / "results.json").write_text(json.dumps({"config": cfg}))
-    rows = {r.name: r for r in judge(CLAIMS, claim_arrays(tmp_path))}
+def test_arms_the_config_never_had_are_not_in_this_run_and_saved_ones_are_judged() -> None:
+    store = _arrays(0.06, methods="[adamw,horst]", dense="null", paper_like_seeds="[]")
+    rows = {r.name: r for r in judge(CLAIMS, store)}
     for name, why in (
         ("horst-ham", "no ham arm"),
         ("paper-like", "no paper-like arm"),
@@ -162,10 +169,28 @@ def test_arms_the_config_never_had_are_not_in_this_run_and_saved_ones_are_judged
         assert rows[name].verdict == NOT_IN_RUN and why in rows[name].reason, name
     assert rows["horst-adamw"].verdict == "reproduced"
     # the full design: the same cells are judged
-    cfg |= {"methods": ["adamw", "horst", "ham"], "dense": "adamw", "paper_like_seeds": [7, 8]}
-    (tmp_path / "results.json").write_text(json.dumps({"config": cfg}))
-    rows = {r.name: r for r in judge(CLAIMS, claim_arrays(tmp_path))}
+    rows = {r.name: r for r in judge(CLAIMS, _arrays(0.06))}
     assert NOT_IN_RUN not in {rows[n].verdict for n in ("horst-ham", "paper-like", "regime")}
+
+
+def test_the_committed_runs_old_arrays_read_as_the_design_their_config_gives() -> None:
+    """legacy.py: a committed run's flat claims.npz is the store a run of its config saves now (its design
+    record equal to config.design of its config), and a run that saved no cells pends on each cell's key."""
+    from pathlib import Path
+
+    from descentlab.config import load_config_yaml
+
+    results = Path(__file__).parents[2] / "docs" / "results" / "sparse-vit"
+    for run in (results, results / "full-levels", results / "full-paper-like"):
+        config = json.loads((run / "results.json").read_text())["config"]
+        store = claim_arrays(run)
+        assert store.design == design(load_config_yaml(SparseViTConfig, json.dumps(config))), run.name
+        assert all(v.shape[0] == len(store.design.seeds) for v in store.values())
+    earlier = claim_arrays(results / "earlier")
+    assert len(earlier) == 0 and earlier.design.arms == ("adamw", "horst", "ham")
+    rows = judge(CLAIMS, earlier)
+    assert {r.verdict for r in rows} == {PENDING}
+    assert "'correct/horst/0.99'" in rows[0].reason and "'paper_like_sparsity'" in rows[3].reason
 
 
 def _job(acc: float, seed: int, lr: float = 1e-3, alpha: float = 0.0) -> dict:
@@ -214,15 +239,13 @@ def test_selection_flags_a_choice_at_a_grid_edge() -> None:
 
 
 def test_the_figure_draws_the_paired_differences_the_committed_claims_were_judged_on() -> None:
-    import json
     from pathlib import Path
 
-    from descentlab.experiments.sparse_vit.figures import paired_differences
-    from descentlab.io import load_arrays
+    from descentlab.experiments.sparse_vit.report import paired_differences
 
     run = Path(__file__).parents[2] / "docs" / "results" / "sparse-vit"
     results = json.loads((run / "results.json").read_text())
-    diffs = paired_differences(load_arrays(run / "arrays" / "claims.npz"), [0.99])
+    diffs = paired_differences(claim_arrays(run), [0.99])
     assert set(diffs) == {"horst − adamw", "horst − ham"}
     for name, ((level, mean, low, high, per_seed),) in diffs.items():
         reference = name.split(" − ")[1]
@@ -232,3 +255,35 @@ def test_the_figure_draws_the_paired_differences_the_committed_claims_were_judge
             (100 * row["estimate"], 100 * row["low"], 100 * row["high"])
         )
         assert np.mean(per_seed) == pytest.approx(mean)
+
+
+@pytest.mark.parametrize(
+    "preset", ["quick", "full", "full-paper-like", "full-levels", "moonshot-search-w128", "paper"]
+)
+def test_every_preset_s_design_judges_its_primary_unless_its_prunable_set_is_another(preset: str) -> None:
+    """Synthetic cells of the preset's own design (config.design): its primary is judged over every seed
+    of the preset, except in full-paper-like, whose block Linears are the paper-like arm (the reason says so);
+    the paper preset also judges the paper-like row on its side arm's seeds."""
+    from descentlab.config import resolve_config
+    from descentlab.experiments.sparse_vit.config import PRESETS
+
+    cfg = resolve_config(SparseViTConfig, preset=preset, presets=PRESETS)
+    plan = design(cfg)
+    store = CellStore(plan)
+    rng = np.random.default_rng(0)
+    for arm in plan.arms:
+        for at in plan.conditions:
+            store.put("correct", arm, at, rng.random((len(plan.seeds_at(at)), 50)) < 0.8)
+        for stat in ("frac_below", "kurtosis"):
+            store.put(stat, arm, cfg.claim_sparsity, rng.random((len(plan.seeds), 6)))
+    rows = {(r.name, r.at): r for r in judge(CLAIMS, store)}
+    primary = next(r for r in rows.values() if r.role == "primary")
+    paper_like = next(r for (name, _), r in rows.items() if name == "paper-like")
+    if cfg.acdc.prune == "blocks":
+        assert primary.verdict == NOT_IN_RUN and "acdc.prune=blocks" in primary.reason
+        assert paper_like.seeds == len(cfg.seeds)
+    else:
+        assert primary.verdict not in (NOT_IN_RUN, PENDING) and primary.seeds == len(cfg.seeds)
+    if preset == "paper":  # every row judged: the levels 70 / 80 %, HAM, the regime, the paper-like arm
+        assert {r.verdict for r in rows.values()}.isdisjoint({NOT_IN_RUN, PENDING}) and len(rows) == 10
+        assert paper_like.seeds == len(cfg.paper_like_seeds) >= 2

