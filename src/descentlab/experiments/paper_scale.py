@@ -3,16 +3,29 @@
     python -m descentlab.experiments.paper_scale docs/paper-scale.md          # write it
     python -m descentlab.experiments.paper_scale docs/paper-scale.md --check  # exit 1 when it is stale
 
+``--results`` names the results folder the regime map's predictions are read from (default docs/results).
+
 Per study the page lists what the resolved ``paper`` preset runs: model, data, budget, evaluation and tuning
 seeds, methods, the primary endpoint it judges, and the packages it needs beyond ``descentlab``'s own
 dependencies (:func:`needs`; every one of them is in the ``paper`` extra, which a test checks against
 pyproject.toml). Every value is read from the config that ``descentlab run STUDY --preset paper`` builds, so
 a preset edit shows up as a stale page in the test suite rather than as a page that contradicts the code.
+
+Two further rows per study:
+
+* **GPU-hours, an estimate** (:func:`workload`; :mod:`descentlab.experiments.paper_cost` counts,
+  :mod:`descentlab.report.cost` computes): ``6·N·T`` training FLOPs (plus a per-layer readout head's extra
+  passes) and ``2·N·T_eval`` evaluation FLOPs per run, summed over the runs the preset trains (tuning candidates on the tuning seed, then every arm on every evaluation seed,
+  counted from the config as the study counts them), at an assumed sustained throughput (:data:`COST`).
+  Nothing here is measured; where the study's cost lies mostly outside the model, the row says so.
+* **the regime map's prediction** that the run would test (:func:`regime_map_line`), read from
+  ``RESULTS/regime-map/results.json`` when a regime-map run is committed there.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -22,6 +35,8 @@ from typing import Any
 from descentlab.config import resolve_config
 from descentlab.data.assets import ASSETS
 from descentlab.experiments import get
+from descentlab.experiments.paper_cost import COST, ENCODERS, WORK, Workload, known
+from descentlab.report.cost import CostModel, evaluation_flops, training_flops
 
 # the studies that have a ``paper`` preset, in the page's order
 STUDIES = ("sparse-lm", "sparse-vit", "text-robustness", "llm-robustness", "video-denoising")
@@ -136,6 +151,100 @@ ROWS: dict[str, Callable[[Any], dict[str, str]]] = {
     "video-denoising": _video,
 }
 
+
+def workload(study: str, cfg: Any | None = None) -> Workload:
+    """What the cost model sees of ``study``'s ``paper`` preset (or of ``cfg``)."""
+    return WORK[study](paper_config(study) if cfg is None else cfg)
+
+
+def _hours(h: float) -> str:
+    return f"{h:,.0f}" if h >= 10 else f"{h:.2g}"
+
+
+def cost_rows(work: Workload, cost: CostModel = COST) -> dict[str, str]:
+    """The page's rows for one workload: N, T, the readout head, the runs and the GPU-hours estimate."""
+    train = sum(
+        g.runs * training_flops(g.n_params, g.train_tokens, g.head_params, g.head_tokens) for g in work.groups
+    )
+    evals = sum(g.runs * evaluation_flops(g.n_params, g.eval_tokens) for g in work.groups)
+    runs = " + ".join(f"{g.runs} ({g.what})" for g in work.groups if g.runs)
+    estimate = (
+        f"**≈ {_hours(work.gpu_hours(cost))} GPU-hours, an estimate** (not measured): {train:.3g} training + "
+        f"{evals:.3g} evaluation FLOPs at the assumed {cost.sustained / 1e12:.0f} TFLOP/s"
+    )
+    if work.outside:
+        estimate += f"; {work.outside}"
+    rows = {"parameters N": work.params, "tokens": work.tokens}
+    if work.head:
+        rows["per-layer readout"] = work.head
+    return rows | {"runs": f"{runs} = {work.runs}", "GPU-hours (estimate)": estimate}
+
+
+# -- the regime map's prediction each run would test ------------------------------------------------------
+
+RESULTS = Path("docs/results")
+TREND_TABLE = "The trend in log10 parameters and the prediction"
+DEPTH_TABLE = "Constrained − ERM"
+NOT_COMMITTED = "no regime-map run is committed yet (no `regime-map/results.json` in the results folder)"
+
+
+def _regime_map(results: Path) -> dict[str, Any] | None:
+    path = Path(results) / "regime-map" / "results.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _table(found: dict[str, Any], prefix: str) -> dict[str, Any] | None:
+    return next((t for t in found.get("tables", []) if str(t.get("title", "")).startswith(prefix)), None)
+
+
+def regime_map_line(study: str, cfg: Any, results: Path = RESULTS) -> str:
+    """What the committed regime-map run predicts for this preset's primary, read from
+    ``results/regime-map/results.json``: for sparse-lm the trend table's row at the primary's sparsity
+    (``claim_high``), extrapolated to GPT-2 small; for text-robustness the depth sweep's rows. A prediction or a
+    smaller-scale measurement, never a verdict."""
+    if study not in ("sparse-lm", "text-robustness"):
+        return "the regime map sweeps no effect of this study"
+    found = _regime_map(results)
+    if found is None:
+        return NOT_COMMITTED
+    if study == "sparse-lm":
+        level = f"{100 * cfg.claim_high:g} %"
+        table = _table(found, TREND_TABLE)
+        row = next((r for r in table["rows"] if str(r[0]) == level), None) if table else None
+        if row is None:
+            return f"the committed regime-map run has no trend row at {level}"
+        cells = "; ".join(f"{c} {v}" for c, v in zip(table["columns"][1:], row[1:], strict=True))
+        note = f" {table['note']}" if table.get("note") else ""
+        at = found.get("config", {}).get("paper_params")
+        n = WORK["sparse-lm"](cfg).groups[0].n_params
+        size = (
+            ""
+            if at is None
+            else (
+                f" It extrapolates to {int(at):,} parameters"
+                + (" (this preset's N)." if int(at) == n else f"; this preset has {n:,}.")
+            )
+        )
+        return (
+            f"HORST − AdamW test log-ppl at {level} (negative: HORST better): {cells}.{note}{size} "
+            "**Prediction (extrapolated), not a verdict; this run tests it.**"
+        )
+    table = _table(found, DEPTH_TABLE)
+    if table is None or not table.get("rows"):
+        return "the committed regime-map run has no depth sweep"
+    cols = table["columns"]
+    cells = "; ".join(
+        f"{row[0]} layers: " + ", ".join(f"{c} {v}" for c, v in zip(cols[1:3], row[1:3], strict=True))
+        for row in table["rows"]
+    )
+    layers = cfg.model_layers or known(ENCODERS, cfg.model, "encoder")[4]
+    return (
+        f"constrained − ERM test accuracy, mean [95 % seed-level interval], measured by the regime map at "
+        f"smaller depths: {cells}. **Measured below this run's {layers} layers, not fitted to them and not a "
+        "verdict; this run tests whether the sign holds at its depth.**"
+    )
+
+
 INTRO = """\
 # Paper-scale presets
 
@@ -147,7 +256,19 @@ tests, with the claims engine's protocol: a tuning seed that is never an evaluat
 seeds, one primary endpoint. What each preset runs is listed below, read from the preset itself.
 
 **No paper preset has been run on a GPU.** Their code paths run on CPU with tiny models of the same
-architecture (`tests/experiments/test_paper_presets_*.py`); GPU hours and memory are not measured.
+architecture (`tests/experiments/test_paper_presets_*.py`); GPU hours and memory are not measured. The
+GPU-hours below are **estimates** from the cost model stated next, never measurements.
+
+**Cost model (an estimate; `descentlab.report.cost`).** Per run, training takes about 6·N·T FLOPs and
+evaluation 2·N·T_eval, with N the trainable parameters (closed forms from each architecture's config
+numbers, checked against models built from them) and T the tokens, image patches or video patches processed
+(steps × batch × sequence, from the resolved preset); a per-layer readout adds 6·P_head·T_head for its head's
+extra passes, as the preset configures them. A study's total sums its runs: tuning candidates on the tuning
+seed, then every arm on every evaluation seed, counted from the config as the study counts them. GPU-hours
+= FLOPs / ({sustained} TFLOP/s): an assumed sustained {utilisation} of one GPU's {peak} TFLOP/s peak ({gpu}).
+Left out: attention's own FLOPs (about context / (12 × width) of the rest: 11 % for GPT-2 small at 1,024
+tokens), optimizer steps, data loading, communication, generation's memory-bound decoding, and any time a
+GPU waits. A row says so where the left-out part is likely to dominate.
 
 Install: `pip install -e ".[paper]"`. The `paper` extra holds every package a preset needs beyond
 descentlab's own dependencies (the "needs" row of each study). timm needs torchvision: install the torchvision
@@ -161,7 +282,7 @@ A run interrupted by SIGTERM or Ctrl-C writes a checkpoint; continue it with
 `descentlab.train.launchers.LauncherConfig`:
 
 ```
-descentlab run <study> --preset paper launcher=slurm launcher.partition=gpu launcher.gpus_per_job=1 \
+descentlab run <study> --preset paper launcher=slurm launcher.partition=gpu launcher.gpus_per_job=1 \\
     launcher.cpus_per_job=8 launcher.time_min=600 --out runs
 ```
 
@@ -170,11 +291,25 @@ re-attaches to the jobs still queued or running, by the ids it recorded, and sub
 `launcher=submitit-local` runs the same path on one machine, which is how the tests check it (killed
 mid-way, resumed, equal to an in-process run). The *Sizing* table of the results index gives the seeds each
 underpowered primary needs: add `seeds=[...]` with that many seeds to the command above to run that design.
+
+**The regime map's prediction.** The `regime-map` study measures two effects at several small sizes and
+extrapolates its trend to the paper's size. Each section prints what the committed regime-map run predicts
+for the preset's primary: a prediction, not a verdict, which the paper run would test.
 """
 
 
-def section(study: str) -> str:
-    """One study's section of the page."""
+def intro(cost: CostModel = COST) -> str:
+    """The page's head, with the cost model's assumed throughput."""
+    return (
+        INTRO.replace("{sustained}", f"{cost.sustained / 1e12:.0f}")
+        .replace("{utilisation}", f"{100 * cost.utilisation:g} %")
+        .replace("{gpu}", cost.gpu)
+        .replace("{peak}", f"{cost.peak_flops / 1e12:g}")
+    )
+
+
+def section(study: str, results: Path = RESULTS) -> str:
+    """One study's section of the page (``results``: the folder that may hold ``regime-map/results.json``)."""
     cfg = paper_config(study)
     exp = get(study)
     (primary,) = [c for c in exp.claims if c.primary]
@@ -191,6 +326,8 @@ def section(study: str) -> str:
         "tuning seed": f"{cfg.tune_seed} (validation only, never an evaluation seed)",
         "primary endpoint": f"`{primary.name}`: {primary.description}",
         "needs": "; ".join(f"`{p}` ({why})" for p, why in pkgs.items()) or "nothing beyond descentlab",
+        **cost_rows(workload(study, cfg)),
+        "regime-map prediction": regime_map_line(study, cfg, results),
     }
     lines = [
         f"## {study}",
@@ -212,17 +349,20 @@ def section(study: str) -> str:
     return "\n".join(lines)
 
 
-def render() -> str:
-    """The whole page."""
-    return "\n".join([INTRO, *(section(s) for s in STUDIES)]).rstrip("\n") + "\n"
+def render(results: Path = RESULTS) -> str:
+    """The whole page (``results``: the results folder the regime map's predictions are read from)."""
+    return "\n".join([intro(), *(section(s, results) for s in STUDIES)]).rstrip("\n") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m descentlab.experiments.paper_scale", description=__doc__)
     parser.add_argument("path", type=Path, help="the page to write (docs/paper-scale.md)")
     parser.add_argument("--check", action="store_true", help="exit 1 when the page differs; write nothing")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="the results folder (regime-map/results.json is read)"
+    )
     args = parser.parse_args(argv)
-    text = render()
+    text = render(args.results)
     if args.check:
         current = args.path.read_text() if args.path.is_file() else ""
         if current != text:
