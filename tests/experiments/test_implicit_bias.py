@@ -13,9 +13,8 @@ from descentlab.data import synthetic as syn
 from descentlab.errors import ConfigError
 from descentlab.experiments.implicit_bias import claims as ib_claims
 from descentlab.experiments.implicit_bias import config as ibc
-from descentlab.experiments.implicit_bias import run as ibr
-from descentlab.experiments.implicit_bias import vector_fit as vf
-from descentlab.optim.compose import HyperbolicMirror
+from descentlab.experiments.implicit_bias import jobs as ibj
+from descentlab.optim.compose import HyperbolicMirror, LpMirrorAfter
 from descentlab.report.claims import EXPLORATORY_WORDS, NOT_IN_RUN, PENDING, VERDICTS
 
 
@@ -41,11 +40,11 @@ def classification():
 
 def _fit_regression(name: str, x, y, steps: int) -> torch.Tensor:
     cfg = ibc.ImplicitBiasConfig()
-    lr = vf.regression_lr(name, x)
-    w, _ = vf.train(
+    lr = ibj.regression_lr(name, x)
+    w, _ = ibj.train(
         torch.zeros(x.shape[1], dtype=torch.float64),
         lambda v: syn.regression_grad(v, x, y),
-        lambda p: ibr.make_optimizer(name, p, lr, cfg, regression=True),
+        lambda p: ibj.make_optimizer(name, p, lr, cfg, regression=True),
         steps,
         [],
     )
@@ -99,10 +98,10 @@ def test_horst_l1_margin_beats_adam(classification):
     cfg = ibc.ImplicitBiasConfig()
     out = {}
     for name in ("adam", "horst"):
-        w, _ = vf.train(
+        w, _ = ibj.train(
             torch.zeros(z.shape[1], dtype=torch.float64),
             lambda v: syn.classification_grad(v, z),
-            lambda p, name=name: ibr.make_optimizer(name, p, 1e-2, cfg, regression=False),
+            lambda p, name=name: ibj.make_optimizer(name, p, 1e-2, cfg, regression=False),
             5000,
             [],
         )
@@ -158,7 +157,7 @@ def test_run_writes_tables_and_figure_data(tiny_run):
     )  # fmt: skip
     assert list(res["methods"]) == [*main, *theorem, "adam (scales)", "horst (scales)", "ham (scales)"]
     horst = res["methods"]["horst"]
-    assert horst["curves"]["cls_margin"]["x"] == vf.log_grid(60, 4)
+    assert horst["curves"]["cls_margin"]["x"] == ibj.log_grid(60, 4)
     assert len(horst["curves"]["cls_margin"]["std"]) == 4  # two seeds: a real spread
     assert [t["title"].split(":")[0] for t in res["tables"]] == [
         "Regression (from w = 0)", "Separable classification", "Heterogeneous column scales",
@@ -175,7 +174,7 @@ def test_run_writes_tables_and_figure_data(tiny_run):
     # the claims engine's rows, judged from the cell store (arrays/cells.npz): every declared claim, two seeds
     store = ib_claims.claim_arrays(path)
     assert not (path / "arrays" / "claims.npz").exists() and store.design.seeds == (0, 1)
-    assert store.design.conditions == ("0", "3") and store.design.extra["theorem"]["steps"] == vf.log_grid(
+    assert store.design.conditions == ("0", "3") and store.design.extra["theorem"]["steps"] == ibj.log_grid(
         60, 5
     )
     claims = {(c["name"], c["at"]): c for c in res["claims"]}
@@ -188,7 +187,7 @@ def test_run_writes_tables_and_figure_data(tiny_run):
         res["methods"]["lp4+mirror_after (theorem)"]["metrics"]["l1_margin_ratio"]
     )
     for m in ibc.THEOREM_METHODS:
-        assert store.get("theorem_ratio", m).shape == (2, len(vf.log_grid(60, 5)))
+        assert store.get("theorem_ratio", m).shape == (2, len(ibj.log_grid(60, 5)))
     for name in ("theorem-sign-mirror", "theorem-sign-mirror-rising"):  # p = inf: outside the theorem's scope
         row = next(c for c in res["claims"] if c["name"] == name)
         assert row["role"] == "exploratory" and row["verdict"] in EXPLORATORY_WORDS.values()
@@ -247,8 +246,8 @@ def test_horst_and_ham_are_the_optimizers_of_the_config_layer():
 
     cfg = ibc.ImplicitBiasConfig(horst_alpha=2.0, ham_alpha=3.0)
     w = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
-    horst = ibr.make_optimizer("horst", w, 1e-2, cfg, regression=False)
-    ham = ibr.make_optimizer("ham", w, 1e-2, cfg, regression=False)
+    horst = ibj.make_optimizer("horst", w, 1e-2, cfg, regression=False)
+    ham = ibj.make_optimizer("ham", w, 1e-2, cfg, regression=False)
     assert isinstance(horst, HORST) and isinstance(ham, HAM)
     (group,) = horst.param_groups
     assert (group["mirror"], group["alpha"], group["weight_decay"], group["lr"]) == (True, 2.0, 0.0, 1e-2)
@@ -277,7 +276,7 @@ def test_registry_and_presets_resolve():
 
 def _theorem_path(make, z: torch.Tensor, steps: int = 300) -> torch.Tensor:
     """The iterates of the optimizer ``make(w)`` on ``z`` at Theorem 4.7's decaying step lr 0.3 / sqrt(k)."""
-    _, snaps = vf.train(
+    _, snaps = ibj.train(
         torch.zeros(z.shape[1], dtype=torch.float64),
         lambda v: syn.classification_grad(v, z),
         make,
@@ -295,21 +294,21 @@ def test_lp_mirror_after_is_the_composition_of_ngd_and_sign_at_its_ends(classifi
     cfg = ibc.ImplicitBiasConfig()
     after = HyperbolicMirror(alpha=1.0, exp_clamp=5.0)
     for p, twin in ((2.0, "ngd+mirror_after"), (math.inf, "sign+mirror_after")):
-        got = _theorem_path(lambda w, p=p: vf.LpMirrorAfter([w], lr=0.3, p=p, mirror=after), z)
+        got = _theorem_path(lambda w, p=p: LpMirrorAfter([w], lr=0.3, p=p, mirror=after), z)
         expected = _theorem_path(
-            lambda w, twin=twin: ibr.make_optimizer(twin, w, 0.3, cfg, regression=False, alpha=1.0), z
+            lambda w, twin=twin: ibj.make_optimizer(twin, w, 0.3, cfg, regression=False, alpha=1.0), z
         )
         assert float((expected[-1] - expected[0]).abs().max()) > 0.1  # the paths do move
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
     # the study's objects: p read from the name, the mirror step on the whole vector, no weight decay
     w = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
-    opt = ibr.make_optimizer(
+    opt = ibj.make_optimizer(
         "lp4+mirror_after", w, 0.1, ibc.ImplicitBiasConfig(horst_alpha=2.0), regression=False
     )
-    assert isinstance(opt, vf.LpMirrorAfter) and opt.param_groups[0]["p"] == 4.0
+    assert isinstance(opt, LpMirrorAfter) and opt.param_groups[0]["p"] == 4.0
     assert opt.mirror == HyperbolicMirror(alpha=2.0, exp_clamp=5.0)
     assert not opt.param_groups[0]["dual_scaled"]  # classification: the step of L_p length lr, as sign
-    regression = ibr.make_optimizer("lp4+mirror_after", w, 0.1, ibc.ImplicitBiasConfig(), regression=True)
+    regression = ibj.make_optimizer("lp4+mirror_after", w, 0.1, ibc.ImplicitBiasConfig(), regression=True)
     assert regression.param_groups[0]["dual_scaled"]  # regression: scaled by ||g||_q, as sign -> linf
     # one step by hand: u = lr d_4(g), then w <- (w - u) exp(clamp(-alpha sign(w - u) u))
     w0 = torch.tensor([0.5, -0.2, 0.0, 1.0, -1.0], dtype=torch.float64)

@@ -10,7 +10,7 @@ import torch
 from descentlab.data import synthetic as syn
 from descentlab.errors import ConfigError
 from descentlab.experiments.implicit_bias.config import ImplicitBiasConfig
-from descentlab.experiments.implicit_bias.run import fit_classification, make_optimizer
+from descentlab.experiments.implicit_bias.jobs import fit_classification, make_optimizer
 
 
 def test_scales_are_log_uniform_over_the_spread_and_keep_the_data():
@@ -92,7 +92,7 @@ def test_ham_exponent_follows_the_gradient_scale_and_horst_does_not():
 def test_the_alpha_search_is_one_toolkit_round_at_equal_budgets() -> None:
     """run.scales_plan: one round over every (tuned method, spread) arm, each trying its method's grid on the
     validation set (named by the first validation seed); HORST's and HAM's grids must be the same size."""
-    from descentlab.experiments.implicit_bias.run import scale_arm, scales_plan
+    from descentlab.experiments.implicit_bias.jobs import scale_arm, scales_plan
 
     cfg = ImplicitBiasConfig()
     plan = scales_plan(cfg)

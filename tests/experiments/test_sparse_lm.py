@@ -79,7 +79,7 @@ def test_results_have_test_curves_with_cis_and_exact_sparsity(seq_run):
 
 
 def test_runs_whose_nan_guard_reverted_updates_are_named_in_the_notes():
-    from descentlab.experiments.sparse_lm.tables import nan_guard_notes
+    from descentlab.experiments.sparse_lm.report import nan_guard_notes
 
     final = {
         "adamw": [{"seed": 0, "nan_reverted": 0}, {"seed": 1, "nan_reverted": 0}],

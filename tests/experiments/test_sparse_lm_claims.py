@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from descentlab.experiments.sparse_lm.claims import CLAIMS, claim_arrays, grid_slope, tuning_grid
-from descentlab.experiments.sparse_lm.tables import relative_spread, seed_spread_checks
+from descentlab.experiments.sparse_lm.report import relative_spread, seed_spread_checks
 from descentlab.io import save_arrays
 from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, UNTESTABLE, judge
 from descentlab.study.cells import CellStore, Design

@@ -6,9 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from descentlab.errors import ConfigError
-from descentlab.experiments.implicit_bias.vector_fit import GEOMETRIES, LP_GEOMETRIES
+from descentlab.study.cells import Design
 
-METHODS = GEOMETRIES
+# the optimizer geometries a run can name (``jobs.make_geometry`` builds each)
+METHODS = (
+    "gd", "sign", "coordinate", "adam", "hyperbolic_md", "horst", "ham", "ngd+mirror_after",
+    "sign+mirror_after", "gd+mirror_before", "sign+mirror_before", "adam+mirror_before",
+)  # fmt: skip
+# Theorem 4.7's objects at finite p > 2: L_p steepest descent, then the mirror step (name -> p)
+LP_GEOMETRIES = {"lp3+mirror_after": 3.0, "lp4+mirror_after": 4.0, "lp8+mirror_after": 8.0}
 SCALE_METHODS = ("adam", "horst", "ham", "ngd+mirror_after", "sign+mirror_after")
 # Theorem 4.7's objects in order of p: 2, 3, 4, 8 (the paper's finite p >= 2), then inf (outside its scope)
 THEOREM_METHODS = ("ngd+mirror_after", *LP_GEOMETRIES, "sign+mirror_after")
@@ -19,7 +25,7 @@ class ProblemConfig:
     """One synthetic problem: ``n`` examples in ``d`` dimensions, a ``support``-sparse planted solution.
 
     ``lr`` is every method's step size; None (regression only) gives each method its stable step from the
-    Hessian (:func:`~descentlab.experiments.implicit_bias.vector_fit.regression_lr`).
+    Hessian (:func:`~descentlab.experiments.implicit_bias.jobs.regression_lr`).
     """
 
     n: int
@@ -31,11 +37,9 @@ class ProblemConfig:
 
 @dataclass
 class TheoremConfig:
-    """Theorem 4.7's own objects on the classification problem (``classification``'s n, d, support, one
-    draw per evaluation seed): L_p steepest descent composed with the hyperbolic mirror step (M∘S, strength
-    ``alpha``, clamp 5) at p = 2 (normalised GD), 3, 4, 8 (``lp<p>+mirror_after``: the step of L_p length
-    lr_k along argmax_{||d||_p <= 1} <g, d>) and p = ∞ (sign descent), at the decaying step
-    ``lr_k = lr / sqrt(k)`` for ``steps`` steps. The normalised L1 margin over the optimum is recorded at
+    """Theorem 4.7's own objects on the classification problem (one draw per evaluation seed): L_p steepest
+    descent composed with the hyperbolic mirror step (M∘S, strength ``alpha``, clamp 5) at p = 2, 3, 4, 8
+    and ∞, at the decaying step ``lr_k = lr / sqrt(k)``; the L1 margin over the optimum is recorded at
     ``points`` log-spaced steps.
 
     ``lr = 0.3``: the mirror step grows |w_j| by at most exp(alpha Σ_k lr_k) ≈ exp(2 alpha lr sqrt(steps))
@@ -52,13 +56,11 @@ class TheoremConfig:
 
 @dataclass
 class ScalesConfig:
-    """The heterogeneous-scale classification (``run.py`` docs): one problem per spread in ``decades``.
+    """The heterogeneous-scale classification (``jobs.py`` docs): one problem per spread in ``decades``.
 
-    ``horst_alphas`` / ``ham_alphas``: the grids each method's alpha is chosen from, by the mean L1 margin
-    ratio on ``validation_seeds`` (disjoint from the evaluation seeds), per spread; a run that overflows
-    scores -inf. The two grids have the same size (equal tuning budgets), each log-spaced by about 3x. The
-    controls ``ngd+mirror_after`` and ``sign+mirror_after`` keep ``horst_alpha``. ``methods = []`` skips
-    the study.
+    ``horst_alphas`` / ``ham_alphas``: the grids (of equal size) each method's alpha is chosen from per
+    spread, by the mean L1 margin ratio on ``validation_seeds`` (a run that overflows scores -inf). The
+    controls keep ``horst_alpha``. ``methods = []`` skips the study.
     """
 
     n: int = 40
@@ -127,20 +129,20 @@ PRESETS = {
     "quick": {"seeds": [0], "regression.steps": 8000, "classification.steps": 5000, "scales.steps": 5000,
               "scales.decades": [0.0, 2.0, 4.0], "scales.validation_seeds": [100], "theorem.steps": 20000},
     # 20 evaluation seeds (HORST against HAM on equal scales needs >= 20; Theorem 4.7's run >= 10), validation
-    # seeds 100-101 apart. Wall time: the last full run (theorem objects p = 2 and inf only) took 28 min 25 s
-    # on the shared 2 cores; the three finite-p objects add 60 (method, seed) runs of 10^5 steps, 8-13 s
-    # each in the pilot (as costly as ngd+mirror_after's), so about 40 min (37-45 with the load).
-    # Declared before the run: the primary endpoint is claims.py's theorem-lp4-mirror (sized: the ratio of
-    # L4 steepest descent + mirror's L1 margin to the LP optimum is >= 0.9 after 10^5 decaying steps; the
-    # paper states Theorem 4.7 for finite p >= 2, p = inf is an exploratory row). Pilot (the `pilot` preset
-    # below, seeds 204-207): p = 4 ratio 0.939 [0.906, 0.973], per-seed sd s = 0.021, its 80 % upper bound
-    # s_U = s sqrt(3 / chi2_{0.2, 3}) = 0.036, so the seed-level MDE at 20 seeds is
-    # (t_{0.975,19} + t_{0.8,19}) s_U / sqrt(20) = 0.024 (claims.pilot_sizing), below the pilot's 0.039
-    # distance to tau.
+    # seeds 100-101 apart; about 40 min on the shared 2 cores. The primary endpoint and its sizing from the
+    # pilot below are declared in claims.py (theorem-lp4-mirror, pilot_sizing).
     "full": {"seeds": list(range(20)), "regression.steps": 30000, "classification.steps": 20000},
-    # The sizing pilot of Theorem 4.7's objects alone (the full preset's theorem run: 10^5 decaying steps,
-    # every p) on seeds 204-207, never evaluation (0-19) or validation (100-101) seeds and not the earlier
-    # pilot's 200-203; no main problem, no scale study. claims.py's pilot_sizing turns its p = 4 ratios into
-    # the MDE.
+    # the sizing pilot of Theorem 4.7's objects alone (claims.py), on seeds apart from every other run's
     "pilot": {"seeds": [204, 205, 206, 207], "methods": [], "scales.methods": []},
 }  # fmt: skip
+
+
+def design(cfg: ImplicitBiasConfig) -> Design:
+    """The design record of a run of ``cfg`` (:mod:`descentlab.study.cells`): the arms are every method of
+    the main problems, of Theorem 4.7's run and of the scale study, once each; the conditions are the scale
+    study's spreads (none when it is skipped); one value per seed (``examples`` 1). ``extra["theorem"]``
+    names the theorem run's objects; the run adds the steps it recorded them at."""
+    arms = tuple(dict.fromkeys([*cfg.methods, *cfg.theorem.methods, *cfg.scales.methods]))
+    decades = tuple(cfg.scales.decades) if cfg.scales.methods else ()
+    extra = {"theorem": {"methods": list(cfg.theorem.methods)}} if cfg.theorem.methods else {}
+    return Design(arms, decades, tuple(cfg.seeds), 1, extra)

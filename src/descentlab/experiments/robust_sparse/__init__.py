@@ -1,5 +1,2 @@
-"""robust-sparse: descent constraints with HORST as the primal optimizer, then one-shot pruning.
-
-Robust and sparse at once? ``config`` (methods, pruning sweep, presets), ``jobs`` (one (method, seed):
-train, prune, evaluate), ``run``, ``tables``, ``claims`` (the primary endpoint and the controls) and
-``figures``."""
+"""robust-sparse: descent constraints with HORST as the primal optimizer, then one-shot pruning; robust and
+sparse at once? The primary endpoint is declared in ``claims.py``."""

@@ -4,12 +4,11 @@ and does HORST make one-shot pruning cheaper?
 This study is ours (neither paper makes it), so there is no paper number to quote: each claim states the
 hypothesis the design was built to test.
 
-Cells. The run saves a cell store (:mod:`descentlab.study.cells`): ``correct/<method>/<s>`` is method m's
-0/1 correctness ``[seed, draw, γ, example]`` after one-shot pruning to the requested sparsity s (``0`` is
-the dense model); the design record lists the methods, the sparsities (its conditions) and the γ grid
-(``extra["gammas"]``, 0 first). Runs made before the store are read by ``legacy.py``. Every method is
-evaluated on the same test reviews under the same content-keyed noise and shares the training seeds, so a
-cell of one method pairs with the same cell of another. With Γ = {γ >= 1}:
+Cells. The run's cell store (:mod:`descentlab.study.cells`) holds ``correct/<method>/<s>``, method m's
+0/1 correctness ``[seed, draw, γ, example]`` after one-shot pruning to sparsity s (``0``: dense), with the
+sparsities as the design's conditions and the γ grid in ``extra["gammas"]`` (0 first); runs made before
+the store are read by ``legacy.py``. Every method sees the same test reviews under the same noise and
+shares the training seeds, so cells pair across methods. With Γ = {γ >= 1}:
 
 * robust accuracy of a cell: its mean over Γ, ``[seed, draw, example]`` (the draws are averaged into the
   cell by the interval);
@@ -37,6 +36,7 @@ import numpy as np
 
 from descentlab.experiments.robust_sparse.legacy import legacy_store
 from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays
+from descentlab.report.fidelity import Deviation, Fidelity, NotTested, lagrangian, percent, seeds
 from descentlab.study.cells import CellStore
 
 CORRECT = "correct"  # the store's metric: correctness [seed, draw, γ, example] per (method, sparsity)
@@ -192,3 +192,53 @@ CLAIMS: list[ClaimSpec] = [
         sesoi=SESOI,
     ),
 ]
+
+# ---- against the papers: neither runs this combination, so each setting is set beside the nearest one --
+
+
+def _constraint(c) -> str:
+    label = next(m for m in c.methods if m.startswith("constrained"))
+    return lagrangian(c.method_configs()[label].constraint)
+
+
+DEVIATIONS = [
+    Deviation("combination", "not run by either paper", lambda c: f"{', '.join(c.methods)}"),
+    Deviation(
+        "model and data",
+        "constrained paper: DistilBERT / RoBERTa on IMDb, MNLI",
+        lambda c: (
+            f"{c.model}, {c.pooling} pooling; {c.data.name}, {c.data.n_train:,} training, {c.data.n_eval:,} test examples"
+        ),
+        "constrained paper, contribution 3",
+    ),
+    Deviation(
+        "Lagrangian",
+        "f_L + Σ_{l=1..L} λ_l (f_l − (1 − α_l) f_{l−1}), primal-dual",
+        _constraint,
+        "constrained paper, method",
+    ),
+    Deviation(
+        "primal optimizer",
+        "constrained paper: stochastic gradient descent on the Lagrangian",
+        lambda c: f"{c.method.optimizer.name} α = {c.method.optimizer.alpha:g}, lr {c.method.optimizer.lr:g}",
+        "constrained paper, Algorithm 1",
+    ),
+    Deviation(
+        "pruning",
+        "HORST paper: one-shot layer-wise magnitude pruning (GPT-2)",
+        lambda c: f"one-shot, {c.pruning.scope}-wise, at {percent(c.pruning.sparsities)}",
+        "HORST paper, language model results",
+    ),
+    Deviation(
+        "noise",
+        "Gaussian, uniform, discrete embedding noise, level γ",
+        lambda c: (
+            f"{', '.join(c.evaluation.kinds)} at γ ∈ {{{', '.join(f'{g:g}' for g in c.evaluation.gammas)}}} × embedding RMS"
+        ),
+    ),
+    Deviation("seeds", "not stated", lambda c: seeds(c.seeds)),
+]
+
+NOT_TESTED: list[NotTested] = []
+
+FIDELITY = Fidelity(DEVIATIONS, NOT_TESTED)

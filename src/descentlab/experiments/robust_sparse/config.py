@@ -10,6 +10,7 @@ from descentlab.data.text_batches import TextDataConfig
 from descentlab.errors import ConfigError
 from descentlab.optim.config import OptimizerConfig
 from descentlab.robustness.config import NoiseEvalConfig
+from descentlab.study.cells import Design
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, methods_from_specs
 
@@ -146,3 +147,13 @@ PRESETS = {
         "train.progress": False,
     },
 }
+
+
+def design(cfg: RobustSparseConfig) -> Design:
+    """The design record of a run of ``cfg`` (:mod:`descentlab.study.cells`): every method of ``methods`` at
+    every sparsity of the sweep (its conditions; 0 is the dense model), on ``seeds``, with the γ grid
+    (``extra["gammas"]``). The number of test reviews is left to the run: ``data.n_eval`` only caps it."""
+    gammas = [float(g) for g in cfg.evaluation.gammas]
+    return Design(
+        tuple(cfg.methods), tuple(cfg.pruning.sparsities), tuple(cfg.seeds), None, {"gammas": gammas}
+    )

@@ -54,6 +54,7 @@ import numpy as np
 
 from descentlab.experiments.sparse_lm.legacy import NLL, legacy_store
 from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
+from descentlab.report.fidelity import Deviation, Fidelity, NotTested, percent, seeds
 from descentlab.study.cells import CellStore
 
 PAPER = "no number given: after pruning, HORST's perplexity is significantly below AdamW's and HAM's"
@@ -64,11 +65,8 @@ Arrays = Mapping[str, Any]
 
 
 def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
-    """The run's cell store: ``nll/<method>/<level>`` (``[seeds, blocks]`` test NLLs of the final runs; level
-    0 = dense, then ``sparsities``) and the per-matrix weight shape ``frac_below/<method>`` /
-    ``kurtosis/<method>`` (``[seeds, matrices]``), under the design record (arms, levels, seeds, claim
-    levels, tuning grid). A run made before the store is read by :func:`legacy.legacy_store`; {} when
-    there is no run (every claim pends)."""
+    """The run's cell store (module docs); a run made before the store is read by
+    :func:`legacy.legacy_store`; {} when there is no run (every claim pends)."""
     return CellStore.load(run_dir) or legacy_store(run_dir) or {}
 
 
@@ -197,12 +195,12 @@ def horst_l2(arrays: Arrays) -> Iterator[Cells]:
         )
         return
     if "adamw-l2" not in store.design.arms:
-        grid = (
+        held = (
             f"AdamW's tuning grid held one weight decay, {tried[0]}"
             if tried
             else "the run had no tuning round"
         )
-        raise NotInRun(f"the run trained no adamw-l2 arm, and {grid}")
+        raise NotInRun(f"the run trained no adamw-l2 arm, and {held}")
     raise MissingArrays("nll/adamw-l2 (the strong-L2 AdamW arm did not run)")
 
 
@@ -325,3 +323,56 @@ CLAIMS: list[ClaimSpec] = [
         source="HORST paper, weight-distribution figures",
     ),
 ]
+
+# ---- against HORST's GPT-2 experiment: what the presets change, and the claims no row judges ------------
+
+GPT2 = "language model results (GPT-2 small, SlimPajama-6B)"
+
+
+def _model(c) -> str:
+    m = c.model
+    return f"GPT-2 architecture: {m.n_layer} layers, width {m.n_embd}, context {m.n_positions}"
+
+
+def _data(c) -> str:
+    tok = (
+        f"BPE of {c.bpe_vocab} trained on the corpus" if c.tokenizer == "bpe" else f"{c.tokenizer} tokenizer"
+    )
+    return f"{c.corpus} ({tok})"
+
+
+def _training(c) -> str:
+    tokens = c.train.max_steps * c.train.batch_size * c.train.grad_accum_steps * c.model.n_positions
+    return f"{c.train.max_steps:,} steps × {c.train.batch_size * c.train.grad_accum_steps} blocks, ≈ {tokens / 1e6:,.1f} M tokens"
+
+
+def _optimizers(c) -> str:
+    grid = ", ".join(f"{k} α ∈ {v}" for k, v in c.tune_alpha.items()) if c.tune else "no tuning"
+    return f"{', '.join(c.methods)}; {grid}; dense models matched within {c.tune_dense_within:g} log-ppl"
+
+
+DEVIATIONS = [
+    Deviation("model", "GPT-2 small", _model, GPT2),
+    Deviation("data", "SlimPajama-6B", _data, GPT2),
+    Deviation(
+        "pruning",
+        "one-shot, layer-wise, unstructured magnitude pruning, no fine-tuning",
+        lambda c: f"one-shot, one threshold per block matrix, at {percent(c.sparsities)}",
+        GPT2,
+    ),
+    Deviation("optimizers", "AdamW, HORST-AdamW, HAM (α not stated)", _optimizers, GPT2),
+    Deviation("training", "not stated", _training),
+    Deviation("seeds", "not stated", lambda c: seeds(c.seeds, c.tune_seed if c.tune else None)),
+]
+
+NOT_TESTED = [
+    NotTested(
+        "HORST requires no additional gradient evaluations, only one exponential update per parameter",
+        "a property of the update rule, not a result of this study; no row measures it.",
+        "a row on benchmarks/horst_step.py's step-time ratio of HORST to fused AdamW (it is timed there, not judged), "
+        "and a count of gradient calls per step.",
+        "contribution 4",
+    ),
+]
+
+FIDELITY = Fidelity(DEVIATIONS, NOT_TESTED)

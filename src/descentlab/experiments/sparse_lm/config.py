@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from descentlab.errors import ConfigError
 from descentlab.models.gpt2 import GPT2LMConfig
 from descentlab.optim.config import OptimizerConfig
+from descentlab.study.cells import Design
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, check_method_names, methods_from_specs
 
@@ -86,7 +87,7 @@ class SparseLMConfig:
         threads: torch threads per job (None: torch's default with one worker, 1 with several).
         train: loop settings; the budget is ``train.max_steps`` (or ``train.epochs``).
         token_cache: tokenize each split once into a memory-mapped token file next to the corpus and train
-            from it (:mod:`~descentlab.experiments.sparse_lm.token_data`; ``corpus`` may then be
+            from it (:func:`~descentlab.experiments.sparse_lm.jobs.cached_lm_data`; ``corpus`` may then be
             ``hf:<dataset id>``, streamed with ``DESCENTLAB_ONLINE=1``); needs ``tokenizer=gpt2`` or a
             tokenizer folder. False: the splits are read into RAM and tokenized at every start.
     """
@@ -239,14 +240,9 @@ PRESETS: dict[str, dict] = {
         "smollm2": False,
         **CPU_RUN,
     },
-    # 4x128 GPT-2, 1,500 steps. Equal tuning budgets: each optimizer tunes lr in {2e-3, 4e-3} x its own
-    # shrinkage on 4 candidates (AdamW: weight decay 0.1 or 0.5, the strong-L2 baseline; HORST: alpha 3 or
-    # 10; HAM: alpha 50 or 200) on tuning seed 1000, by the 90 % validation ppl among candidates within 3 %
-    # of their grid's best dense one; then 8 fresh evaluation seeds; bf16 autocast; 36 jobs, about 50 min on
-    # 2 idle cores. Declared before the run (claims.py): primary HORST - AdamW at 90 %, SESOI 0.05 log-ppl.
-    # The pilot (`--preset pilot`, seeds 900-902, 17 min 18 s on 2 shared cores) gave per-seed 90 %
-    # differences -0.103, +0.008, -0.148 (sd 0.080): with 8 seeds the seed-level MDE is 0.092 at that sd
-    # and 0.144 at the earlier 3,000-step run's sd (0.125)
+    # equal tuning budgets (4 candidates per optimizer: lr x its own shrinkage, AdamW's weight decay 0.5
+    # the strong-L2 baseline) on the tuning seed, then 8 fresh evaluation seeds; 36 jobs, about 50 min on 2
+    # idle cores. Declared before the run, with the pilot's sizing: claims.py
     "full": {
         "methods": ["adamw", "horst", "ham"],
         "tune": True,
@@ -263,12 +259,9 @@ PRESETS: dict[str, dict] = {
         "smollm2_blocks": 8,
         **CPU_RUN,
     },
-    # The declared large-α arm of the weight-shape rows, and the primary endpoint again on fresh seeds: the
-    # full preset's model and budget, no tuning, every method at what the full run chose on tuning seed 1000
-    # (AdamW lr 4e-3, weight decay 0.1; HORST lr 4e-3, α 10), plus HORST at α 30 (``horst-a30``, the same lr;
-    # a probe of the weight shape, not a tuned competitor); 8 evaluation seeds that no run has used
-    # (200-207); no SmolLM2 sweep (the full run has it). 24 jobs, about 30 min on 2 idle cores. The power of
-    # each row is declared in claims.py
+    # the declared large-α arm of the weight-shape rows (a probe, not a tuned competitor), and the primary
+    # endpoint again on seeds no run has used: no tuning, every method at what the full run chose (HORST α 10
+    # at the same lr); 24 jobs, about 30 min on 2 idle cores. The power of each row is declared in claims.py
     "full-a30": {
         "methods": ["adamw", "horst", "horst-a30"],
         "tune": False,
@@ -278,15 +271,10 @@ PRESETS: dict[str, dict] = {
         "smollm2": False,
         **CPU_RUN,
     },
-    # GPT-2 small (124M: 12 x 768, 12 heads, context 1,024, the GPT-2 BPE) on SlimPajama-6B, on one GPU
-    # (docs/paper-scale.md: the command, GPU hours and memory, estimated). The corpus is tokenized once to
-    # uint16 token files next to it (hf:... streams it with DESCENTLAB_ONLINE=1; corpus=/a/folder of
-    # .txt/.jsonl/.parquet reads local files). GPT-2 small's batch and schedule: 16 x 1,024 tokens per
-    # micro-batch x 32 accumulated = 524,288 tokens per step, peak lr 6e-4, betas (0.9, 0.95), weight decay
-    # 0.1 on matrices, 700 warm-up steps then cosine, clip 1.0, bf16 autocast; 10,000 steps = 5.2 B tokens
-    # (under one epoch). Equal tuning budgets as in full (4 candidates per optimizer, tuning seed 1000, the
-    # 90 % validation ppl among candidates within 3 % of the best dense one), then 5 evaluation seeds:
-    # 27 runs; one-shot layer-wise pruning at 50-90 % after each
+    # GPT-2 small (124M) on SlimPajama-6B, on one GPU (docs/paper-scale.md: the command, GPU hours and
+    # memory, estimated), with GPT-2 small's batch and schedule: 524,288 tokens per step, 10,000 steps = 5.2 B
+    # tokens (under one epoch); the corpus tokenized once to token files next to it (hf:... streams it with
+    # DESCENTLAB_ONLINE=1). Tuning as in full, then 5 evaluation seeds: 27 runs
     "paper": {
         "corpus": "hf:DKYoon/SlimPajama-6B",
         "tokenizer": "gpt2",
@@ -325,3 +313,12 @@ PRESETS: dict[str, dict] = {
         "workers": 1,
     },
 }
+
+
+def design(cfg: SparseLMConfig) -> Design:
+    """The design record of a run of ``cfg`` (:mod:`descentlab.study.cells`): every method of ``methods`` at
+    level 0 (dense) and every sparsity of ``sparsities`` (its conditions), on ``seeds``, with the claim
+    levels and whether the run tunes (``extra``). The run adds what it measures: the number of test blocks
+    (``test_blocks`` only caps it) and the tuning runs' validation grid (``extra["grid"]``)."""
+    extra = {"claim_low": float(cfg.claim_low), "claim_high": float(cfg.claim_high), "tune": bool(cfg.tune)}
+    return Design(tuple(cfg.methods), (0.0, *cfg.sparsities), tuple(cfg.seeds), None, extra)

@@ -1,24 +1,32 @@
-"""sparse-lm's job: train one GPT-2, then prune it one-shot at every level and score validation and test blocks.
+"""sparse-lm's job: train one GPT-2, then prune it one-shot at every level and score validation and test blocks;
+and the data it trains on.
 
 A job's result is JSON (the job cache); the per-block test and validation NLLs it measured go to
 ``arrays/nll-<tag>.npz`` (``test``, ``val``: ``[levels, blocks]`` float64, level 0 = dense) and, for the first
 seed, the block weights to ``arrays/weights-<tag>.npz`` (the histograms). Top level and picklable, so the
 jobs can run in worker processes.
+
+At the paper's scale (``token_cache=true``) the corpus is tokenized once to memory-mapped token files
+(:func:`~descentlab.data.token_cache.token_files`): the training split stays on disk as a
+:class:`~descentlab.data.token_cache.MemmapBlocks` dataset, and only the ``eval_blocks`` validation and
+``test_blocks`` test blocks, evenly spaced over their splits, are gathered into tensors, the blocks
+:func:`evenly_spaced` picks from an in-RAM split.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from descentlab.data.bpe import TextTokenizer, make_tokenizer
 from descentlab.data.lm_blocks import LMBlocks, lm_blocks, load_local_corpus
-from descentlab.data.token_cache import MemmapBlocks
-from descentlab.errors import AssetMissingError, NumericalError
+from descentlab.data.token_cache import MemmapBlocks, token_files
+from descentlab.errors import AssetMissingError, ConfigError, NumericalError
 from descentlab.experiments.sparse_lm.config import SparseLMConfig
 from descentlab.io import save_arrays
 from descentlab.models.gpt2 import build_gpt2, num_params
@@ -132,22 +140,12 @@ def train_and_prune(
     train_data = train if isinstance(train, MemmapBlocks) else LMBlocks(train)
     train_cfg = replace(cfg.train, seed=seed, progress=cfg.train.progress and cfg.workers == 1)
     recipe = build_recipe(method, model, total_steps=train_cfg.total_steps(len(train_data)))
-    info = {
-        "label": label,
-        "seed": seed,
-        "tag": tag,
-        "optimizer": method.optimizer.name,
-        "lr": method.optimizer.lr,
-    }
-    info |= {
-        "alpha": float(recipe.optimizer.defaults.get("alpha", 0.0)),
-        "weight_decay": method.optimizer.weight_decay,
-    }
+    opt = method.optimizer
+    info = {"label": label, "seed": seed, "tag": tag, "optimizer": opt.name, "lr": opt.lr}
+    info |= {"alpha": float(recipe.optimizer.defaults.get("alpha", 0.0)), "weight_decay": opt.weight_decay}
     try:
         result = fit(model, train_data, cfg=train_cfg, run=run, tag=tag, **recipe.fit_kwargs())
-    except (
-        NumericalError
-    ) as exc:  # a diverged candidate (e.g. too large an alpha) loses the grid, not the run
+    except NumericalError as exc:  # a diverged candidate (too large an alpha) loses the grid, not the run
         run.log(tag=tag, event="diverged", reason=str(exc))
         inf = [math.inf] * (1 + len(cfg.sparsities))
         return {**info, "diverged": str(exc), "val_nll": inf, "test_nll": inf, "tune_score": math.inf}
@@ -217,3 +215,40 @@ def load_corpus(cfg: SparseLMConfig) -> dict[str, str]:
 
     splits = load_austen()
     return {k: v[: cfg.corpus_max_chars] if cfg.corpus_max_chars else v for k, v in splits.items()}
+
+
+@dataclass
+class CachedLMData:
+    """The tokenizer, the training blocks (on disk), the evaluation blocks (in RAM) and the test text.
+
+    ``test_text`` is the decoded test blocks: the SmolLM2 sanity check re-tokenizes text with its own
+    tokenizer.
+    """
+
+    tokenizer: TextTokenizer
+    train: MemmapBlocks
+    val: torch.Tensor
+    test: torch.Tensor
+    test_text: str
+
+
+def cached_lm_data(cfg: SparseLMConfig) -> CachedLMData:
+    """The splits of ``cfg.corpus`` as token files next to it (built on the first run, reused after).
+
+    Raises:
+        ConfigError: ``tokenizer=bpe``, which learns its merges from the whole training text in RAM; use
+            ``gpt2`` or a tokenizer folder with the token cache.
+    """
+    if cfg.tokenizer == "bpe":
+        raise ConfigError(
+            "token_cache=true needs a fixed tokenizer (tokenizer=gpt2 or a tokenizer folder): tokenizer=bpe "
+            "trains on the whole training text in RAM"
+        )
+    tok = make_tokenizer(cfg.tokenizer)
+    files = token_files(cfg.corpus, tok, max_chars=cfg.corpus_max_chars)
+    ctx = cfg.model.n_positions
+    train = MemmapBlocks(files["train"], ctx, max_blocks=cfg.max_train_blocks)
+    val = MemmapBlocks(files["validation"], ctx).evenly_spaced(cfg.eval_blocks)
+    test = MemmapBlocks(files["test"], ctx).evenly_spaced(cfg.test_blocks)
+    text = "".join(tok.decode(row.tolist()) for row in test[: 2 * cfg.smollm2_blocks])
+    return CachedLMData(tokenizer=tok, train=train, val=val, test=test, test_text=text)

