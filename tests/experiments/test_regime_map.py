@@ -54,6 +54,7 @@ def test_bad_configs_fail_before_anything_runs(tmp_path: Path) -> None:
         (["primary_sparsity=0.8"], "primary_sparsity"),
         (["parts=[horst,video]"], "parts"),
         (["constrained_depths=[2,2,4]"], "3 depths"),
+        (["constrained_depths=[1,2,4]"], "no constrained layer"),
     ]:
         with pytest.raises(ConfigError, match=message):
             run_experiment("regime-map", overrides=overrides, out=tmp_path)

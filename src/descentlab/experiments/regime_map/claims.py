@@ -28,9 +28,11 @@ Declared before the full run (the commit that added this file precedes the run's
   HORST − AdamW difference at every width and sparsity, SESOI 0.05) are what this run can decide.
 * Constrained: the slope of constrained − ERM noisy accuracy per doubling of depth, ``β > 0`` (the
   constraint helps more in deeper encoders), SESOI 0.01 per doubling; per-depth rows, SESOI 0.01. Depths
-  1, 2 and 4 (x = 0, 1, 2: Σ(x − x̄)² = 2). No pilot at these depths: the committed text-robustness full
-  run (6 layers) had a per-seed sd of 0.0147 for its primary difference; at that sd 8 seeds give an MDE
-  ≈ 2.365 · 0.0147 / √8 · 2.80 / 1.96 ≈ 0.018 per depth and ≈ 0.012 per doubling (0.0147 / √2 per seed).
+  2, 4 and 6 (x = 1, 2, 2.58: Σ(x − x̄)² ≈ 1.29; a 1-layer encoder has no constrained layer, which is why
+  the first declaration's depths 1, 2, 4 were replaced before any text job ran). No pilot at these depths:
+  the committed text-robustness full run (6 layers) had a per-seed sd of 0.0147 for its primary
+  difference; at that sd 8 seeds give an MDE ≈ 2.365 · 0.0147 / √8 · 2.80 / 1.96 ≈ 0.018 per depth and
+  ≈ 0.016 per doubling (0.0147 / √1.29 per seed).
 * Control: AdamW at the widest size pruned to 95 % against its dense model (the pruning must hurt).
 
 Scope. The paper claims HORST's advantage after pruning at one size (GPT-2 small); it states no trend.

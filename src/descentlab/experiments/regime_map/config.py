@@ -69,7 +69,7 @@ class RegimeMapConfig:
     primary_sparsity: float = 0.9
     constrained_preset: str = "quick"
     constrained_base: list[str] = field(default_factory=lambda: list(CONSTRAINED_BASE))
-    constrained_depths: list[int] = field(default_factory=lambda: [1, 2, 4])
+    constrained_depths: list[int] = field(default_factory=lambda: [2, 4, 6])
     paper_params: int = PAPER_PARAMS
 
     def __post_init__(self) -> None:
@@ -85,8 +85,11 @@ class RegimeMapConfig:
             raise ConfigError(f"a trend needs at least 3 sizes, got {list(self.horst_sizes)}")
         if "constrained" in self.parts and len(set(self.constrained_depths)) < 3:
             raise ConfigError(f"a trend needs at least 3 depths, got {self.constrained_depths}")
-        if any(d < 1 for d in self.constrained_depths):
-            raise ConfigError(f"constrained_depths must be >= 1, got {self.constrained_depths}")
+        if any(d < 2 for d in self.constrained_depths):  # layer 1 is never constrained (constrain_first)
+            raise ConfigError(
+                f"constrained_depths must be >= 2 (a 1-layer encoder has no constrained layer), "
+                f"got {self.constrained_depths}"
+            )
         if self.primary_sparsity not in self.sparsities or not all(0 < p < 1 for p in self.sparsities):
             raise ConfigError(
                 f"sparsities must lie in (0, 1) and hold primary_sparsity={self.primary_sparsity}, "
@@ -158,7 +161,7 @@ PRESETS: dict[str, dict] = {
             "evaluation.draws=1",
             "workers=2",
         ],
-        "constrained_depths": [1, 2, 3],
+        "constrained_depths": [2, 3, 4],
     },
     # 8 fresh seeds at every point: 48 sparse-lm jobs (3 widths x 2 optimizers x 8 seeds) and 48 text jobs
     # (3 depths x 2 methods x 8 seeds); declared with its power in claims.py before it ran
