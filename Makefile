@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	  print('setup: HORST CPU kernel', 'built' if k() else 'unavailable, HORST uses its torch path')" || true
 	@# SmolLM2 ships as a 4-bit GGUF; de-quantize it once into a safetensors cache (~30 s) so that later loads,
 	@# the llm-robustness experiment and its tests take seconds.
-	@$(PY) -c "from descentlab.data.models import convert_smollm2 as c, smollm2_cache_ready as r; \
+	@$(PY) -c "from descentlab.data.pretrained import convert_smollm2 as c, smollm2_cache_ready as r; \
 	  print('setup: SmolLM2 cache', 'ready' if r() else c())" 2>/dev/null \
 	  || echo "setup: SmolLM2 not cached (asset missing); the tests that need it skip"
 	@touch $(STAMP)

@@ -3,8 +3,8 @@
     python scripts/build_api.py [--out build/api]      # `make docs` runs this
 
 What is documented: ``descentlab`` (its lazily re-exported ``__all__``) and every public subpackage with its
-non-private modules (``constrained``, ``optim``, ``sparsity``, ``readout``, ``robustness``, ``models``,
-``integrations``, ``report``, ``data``, ``train``, ``errors``). The experiment studies
+non-private modules (``constrained``, ``optim``, ``sparsity``, ``readout``, ``perturbations``,
+``evaluation``, ``models``, ``integrations``, ``report``, ``data``, ``train``, ``study``, ``errors``). The experiment studies
 (``descentlab.experiments``), the command line and the top-level helper modules are internals and are left
 out. A module whose optional dependency is not installed (``ModuleNotFoundError`` for a package outside
 descentlab) is skipped with a note; any other import error fails the build.
@@ -52,12 +52,14 @@ PUBLIC_SUBPACKAGES = (
     "optim",
     "sparsity",
     "readout",
-    "robustness",
+    "perturbations",
+    "evaluation",
     "models",
     "integrations",
     "report",
     "data",
     "train",
+    "study",
     "errors",
 )
 

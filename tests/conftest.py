@@ -55,7 +55,7 @@ def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
     from descentlab.data import asset_path, cache_dir
-    from descentlab.data.models import smollm2_cache_ready
+    from descentlab.data.pretrained import smollm2_cache_ready
     from descentlab.errors import AssetMissingError
 
     try:
@@ -65,3 +65,36 @@ def smollm2_tokenizer():
     if smollm2_cache_ready():
         return AutoTokenizer.from_pretrained(cache_dir() / "smollm2", local_files_only=True)
     return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+
+
+# -- the perturbation and evaluation tests' fixtures: the shared tiny BERT, padded batches, random rows ----
+
+
+@pytest.fixture
+def tiny_bert():
+    """2 layers of width 32, vocabulary 97, pad id 0, dropout off (tests/tiny_models.py)."""
+    from tiny_models import VOCAB
+    from tiny_models import tiny_bert as build
+
+    return build(layers=2, hidden=32, vocab=VOCAB, num_labels=2, seed=0).eval()
+
+
+@pytest.fixture
+def make_batch():
+    """Right-padded batch of token ids with attention mask (and labels)."""
+    from tiny_models import token_batch
+
+    return token_batch
+
+
+@pytest.fixture
+def random_rows():
+    """``rows(n, lo, hi, seed)``: n random token-id rows with lengths in [lo, hi], ids in [1, VOCAB)."""
+    from tiny_models import VOCAB
+
+    def rows(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+        g = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(lo, hi + 1, (n,), generator=g)
+        return [torch.randint(1, VOCAB, (int(k),), generator=g).tolist() for k in lengths]
+
+    return rows

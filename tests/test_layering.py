@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "descentlab"
-METHOD_PACKAGES = ("constrained", "optim", "sparsity", "readout", "robustness")
+METHOD_PACKAGES = ("constrained", "optim", "sparsity", "readout", "perturbations", "evaluation")
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -64,8 +64,9 @@ def test_readout_finds_models_by_their_outputs() -> None:
     assert _breaches("readout", ("models",)) == []
 
 
-def test_robustness_does_not_load_data() -> None:
-    assert _breaches("robustness", ("data",)) == []
+def test_perturbations_and_evaluation_do_not_load_data() -> None:
+    assert _breaches("perturbations", ("data",)) == []
+    assert _breaches("evaluation", ("data",)) == []
 
 
 def _studies() -> set[str]:

@@ -31,10 +31,22 @@ _EXPORTS: dict[str, str] = {
     "sparsity_report": "descentlab.sparsity.report",
     "ACDC": "descentlab.sparsity.acdc",
     "ACDCSchedule": "descentlab.sparsity.acdc",
-    # robustness
-    "perturb_embeddings": "descentlab.robustness.perturb",
-    "perturb_inputs": "descentlab.robustness.perturb",
-    "robustness_curve": "descentlab.robustness.curves",
+    # perturbations
+    "perturb_embeddings": "descentlab.perturbations.hooks",
+    "perturb_inputs": "descentlab.perturbations.hooks",
+    "robustness_curve": "descentlab.evaluation.curves",
+    # training and studies: run a registered study, or write your own on the same toolkit
+    "fit": "descentlab.train.loop",
+    "TrainConfig": "descentlab.train.loop",
+    "MethodConfig": "descentlab.train.recipe",
+    "run_experiment": "descentlab.experiments",
+    "ClaimSpec": "descentlab.report.claims",
+    "Cells": "descentlab.report.claims",
+    "CellStore": "descentlab.study.cells",
+    "Design": "descentlab.study.cells",
+    "TuningConfig": "descentlab.study.tuning",
+    "tune_then_replicate": "descentlab.study.tuning",
+    "Table": "descentlab.study.tables",
     # unrolled models
     "UnrolledTransformer": "descentlab.models.unrolled",
     "UnrolledOutput": "descentlab.models.unrolled",
@@ -52,7 +64,9 @@ _SUBMODULES = frozenset(
         "optim",
         "readout",
         "report",
-        "robustness",
+        "perturbations",
+        "evaluation",
+        "study",
         "sparsity",
         "train",
     }

@@ -188,7 +188,7 @@ def shard(items: Sequence[T], rank_: int | None = None, world: int | None = None
 
 
 def _rows(batch: Any) -> int:
-    from descentlab.robustness.curves import batch_rows
+    from descentlab.evaluation.curves import batch_rows
 
     return int(batch_rows(batch))
 
@@ -234,7 +234,7 @@ def _weighted_reduce(values: np.ndarray, weight: float) -> np.ndarray:
 
 
 def sharded_curve(model: torch.nn.Module, batches: Sequence[Any], **kwargs: Any) -> Any:
-    """:func:`~descentlab.robustness.curves.robustness_curve` of the whole set, ranks sharing the batches.
+    """:func:`~descentlab.evaluation.curves.robustness_curve` of the whole set, ranks sharing the batches.
 
     Each rank evaluates its contiguous share of ``batches``; per (model, draw, γ) the shares' accuracies are
     combined weighted by their example counts, which is exact because accuracy is Σ correct / Σ examples.
@@ -246,7 +246,7 @@ def sharded_curve(model: torch.nn.Module, batches: Sequence[Any], **kwargs: Any)
         **kwargs: passed to ``robustness_curve``; ``metric`` must be "accuracy" (the default). With
             ``keep_examples=True`` every rank gets every example's value, in the order of ``batches``.
     """
-    from descentlab.robustness.curves import RobustnessCurves, robustness_curve
+    from descentlab.evaluation.curves import RobustnessCurves, robustness_curve
 
     if kwargs.get("metric", "accuracy") != "accuracy":
         raise ConfigError(
@@ -277,11 +277,11 @@ def sharded_curve(model: torch.nn.Module, batches: Sequence[Any], **kwargs: Any)
 
 
 def sharded_layer_profile(model: torch.nn.Module, batches: Sequence[Any], **kwargs: Any) -> list[float]:
-    """:func:`~descentlab.robustness.layer_profile.layer_loss_profile` of the whole set, ranks sharing it.
+    """:func:`~descentlab.evaluation.layer_profile.layer_loss_profile` of the whole set, ranks sharing it.
 
     The profile is an example-weighted mean of batch means, so shares combine exactly by example count.
     """
-    from descentlab.robustness.layer_profile import layer_loss_profile
+    from descentlab.evaluation.layer_profile import layer_loss_profile
 
     if not is_distributed() or len(batches) < world_size():
         return layer_loss_profile(model, list(batches), **kwargs)

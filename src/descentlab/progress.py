@@ -3,7 +3,7 @@
 A bar is drawn when all of these hold:
 
 * the caller asks for it (``enabled``: e.g. ``TrainConfig.progress``, rank 0 only);
-* ``DESCENTLAB_PROGRESS`` is not ``0`` (a :class:`~descentlab.train.jobs.JobRunner` worker sets it: the
+* ``DESCENTLAB_PROGRESS`` is not ``0`` (a :class:`~descentlab.study.jobs.JobRunner` worker sets it: the
   parent's one bar over jobs replaces the workers' per-step bars, so parallel bars never interleave);
 * stderr is a terminal, or ``DESCENTLAB_PROGRESS=1`` forces bars on. Redirected to a file, a pipe, a CI
   log or a notebook, stderr gets no bar at all (a bar there is a wall of carriage returns); the run's

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from descentlab.data.assets import asset_path, cache_dir
-from descentlab.data.models import (
+from descentlab.data.pretrained import (
     _cache_is_current,
     _gguf_fingerprint,
     convert_smollm2,

@@ -153,7 +153,7 @@ def test_seeds_pair_by_index_and_widen_the_interval() -> None:
 
 def test_job_graph_runs_by_dependency_then_priority(tmp_path) -> None:
     from descentlab.experiments.llm_robustness.run import JobGraph
-    from descentlab.train.jobs import JobRunner
+    from descentlab.study.jobs import JobRunner
 
     finished: list[str] = []
     with JobRunner(_echo, workers=1, cache_dir=tmp_path) as jobs:
@@ -193,7 +193,7 @@ class _PlantedJobs:
     def submit(self, key: str, kind: str, *args):
         from concurrent.futures import Future
 
-        from descentlab.robustness.lm_eval import noise_key
+        from descentlab.evaluation.causal_lm import noise_key
 
         self.submitted.append((key, args))
         g, out = self.cfg.grid, {}

@@ -17,13 +17,13 @@ import torch
 
 from descentlab.cli import main as cli_main
 from descentlab.errors import AssetMissingError, ConfigError
+from descentlab.evaluation import RobustnessCurves
 from descentlab.experiments import run_experiment
 from descentlab.experiments.robust_sparse.claims import CORRECT, clean_cells, robust_cells
 from descentlab.experiments.robust_sparse.config import RobustSparseConfig
 from descentlab.experiments.robust_sparse.jobs import JobResult, SweepPoint, decode_job, encode_job
 from descentlab.experiments.robust_sparse.report import erm_baselines
 from descentlab.report.claims import NOT_IN_RUN, ONE_SEED
-from descentlab.robustness import RobustnessCurves
 from descentlab.study.cells import CellStore
 from tiny_models import tiny_bert
 

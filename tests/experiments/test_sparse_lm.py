@@ -268,7 +268,7 @@ def test_reported_nlls_are_reproduced_from_the_saved_checkpoint(seq_run):
     from descentlab.experiments.sparse_lm.jobs import evenly_spaced, load_corpus
     from descentlab.io import load_arrays
     from descentlab.models.gpt2 import build_gpt2
-    from descentlab.models.lm_eval import block_nlls
+    from descentlab.models.perplexity import block_nlls
     from descentlab.sparsity.pruning import prune_magnitude
     from descentlab.train.checkpoint import load_latest
 

@@ -15,20 +15,20 @@ import torch
 from descentlab.config import resolve_config
 from descentlab.constrained.config import DescentConfig
 from descentlab.errors import AssetMissingError, ConfigError
+from descentlab.evaluation import RobustnessCurves
 from descentlab.experiments import report_run, run_experiment
 from descentlab.experiments.text_robustness import config as tr
 from descentlab.experiments.text_robustness.report import is_monotone, method_block, paired_gap_rows
 from descentlab.report.claims import NOT_IN_RUN, PENDING, VERDICTS
-from descentlab.robustness import RobustnessCurves
-from descentlab.train.recipe import build_frozen_recipe, build_recipe
-from descentlab.train.tuning import (
-    Selection,
+from descentlab.study.tuning_rules import (
+    CandidateSelection,
     binding_level,
     candidate_methods,
     choose_candidate,
     settings_diff,
     with_reference,
 )
+from descentlab.train.recipe import build_frozen_recipe, build_recipe
 from tiny_models import tiny_bert
 
 
@@ -188,7 +188,7 @@ def test_a_candidate_whose_constraint_does_not_bind_is_not_eligible() -> None:
     best, _, why = choose_candidate("constrained", ["a", "b", "c"], scores, 0.80, min_binding=0.5)
     assert best == 0 and "no candidate binds" in why
     with pytest.raises(ConfigError, match="min_binding"):
-        Selection(min_binding=-0.1)
+        CandidateSelection(min_binding=-0.1)
 
 
 def test_alpha_fraction_scales_the_descent_of_the_erm_reference() -> None:
@@ -564,8 +564,8 @@ def test_accuracy_against_epsilon_end_to_end(tiny_encoder_dir, tmp_path) -> None
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
 def test_model_layers_keeps_the_first_k_pretrained_layers(pooling) -> None:
     from descentlab.data import load_encoder_classifier
+    from descentlab.evaluation.layer_profile import layer_loss_examples
     from descentlab.experiments.text_robustness.jobs import load_model
-    from descentlab.robustness.layer_profile import layer_loss_examples
 
     cfg = tr.TextRobustnessConfig(model="minilm", pooling=pooling, model_layers=2)
     try:

@@ -18,6 +18,7 @@ from descentlab.config import resolve_config
 from descentlab.data import asset_path
 from descentlab.data.video import NoisyClips, load_clips, split_sequences
 from descentlab.errors import AssetMissingError, ConfigError, NumericalError
+from descentlab.evaluation.video import denoise_frames, evaluate_denoiser
 from descentlab.experiments import get, run_experiment
 from descentlab.experiments.video_denoising import claims as vc
 from descentlab.experiments.video_denoising import legacy
@@ -32,7 +33,6 @@ from descentlab.experiments.video_denoising.jobs import build_model, noisy_test_
 from descentlab.models.denoisers import final_mse
 from descentlab.report.build import write_report
 from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, UNDERPOWERED, UNTESTABLE, NotInRun, judge
-from descentlab.robustness.video import denoise_frames, evaluate_denoiser
 from descentlab.study.cells import CellStore
 from descentlab.train.loop import TrainConfig, fit
 from descentlab.train.objectives import DeepSupervision

@@ -25,7 +25,7 @@ GONE_WITHIN = 2.0  # seconds after the parent's death (issue 45); the kernel's s
 PARENT = textwrap.dedent(
     """
     import signal, sys, time
-    from descentlab.train.jobs import JobRunner
+    from descentlab.study.jobs import JobRunner
 
     ignore_term = (signal.SIGTERM, signal.SIG_IGN)
     with JobRunner(time.sleep, workers=2, initializer=signal.signal, initargs=ignore_term) as jobs:

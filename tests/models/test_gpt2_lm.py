@@ -11,7 +11,7 @@ from descentlab.data.bpe import EOS_TOKEN, BPEConfig, train_bpe
 from descentlab.data.lm_blocks import LMBlocks, encode_documents, lm_blocks, make_blocks
 from descentlab.errors import AssetMissingError, ConfigError, DataError
 from descentlab.models.gpt2 import GPT2LMConfig, build_gpt2
-from descentlab.models.lm_eval import block_nlls, evaluate_lm, perplexity
+from descentlab.models.perplexity import block_nlls, evaluate_lm, perplexity
 
 TINY = GPT2LMConfig(n_layer=2, n_embd=32, n_head=2, n_positions=32)
 

@@ -6,8 +6,8 @@ import torch
 from transformers import BertConfig, BertModel
 
 from descentlab.models.pooled import MeanPoolingForSequenceClassification, masked_mean
+from descentlab.perturbations import perturb_embeddings
 from descentlab.readout import EncoderClassifierReadout, layer_losses
-from descentlab.robustness import perturb_embeddings
 
 
 def _model() -> MeanPoolingForSequenceClassification:

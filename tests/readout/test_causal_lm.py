@@ -108,7 +108,7 @@ def test_default_readout_samples_half_a_batch_of_rows_in_training_and_is_exact_w
 
 @pytest.mark.slow
 def test_smollm2_readout_matches_its_own_loss() -> None:
-    from descentlab.data.models import load_causal_lm, smollm2_cache_ready
+    from descentlab.data.pretrained import load_causal_lm, smollm2_cache_ready
 
     try:
         ready = smollm2_cache_ready()

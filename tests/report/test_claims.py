@@ -265,3 +265,22 @@ def test_no_comparison_is_not_in_run_and_a_non_finite_cell_counts_against_its_ar
     assert "m diverged on 1 of 3 seeds" in row.reason
     # the diverged cell took the row's worst finite value (0, the reference's) on the "greater" side
     assert row.estimate == pytest.approx(1.0)
+
+
+def test_pairing_is_the_seed_variance_left_after_sharing_a_seed_between_arms() -> None:
+    from descentlab.report.claims import pairing_ratio
+
+    rng = np.random.default_rng(3)
+    seed = rng.normal(size=(12, 1))  # what a seed fixes for both arms (init, data order)
+    a = seed + 0.3 * rng.normal(size=(12, 50))
+    b = seed + 0.3 * rng.normal(size=(12, 50))
+    a_s, b_s = a.mean(axis=1), b.mean(axis=1)
+    expected = np.var(a_s - b_s, ddof=1) / (np.var(a_s, ddof=1) + np.var(b_s, ddof=1))
+    assert pairing_ratio(a, b) == pytest.approx(expected, rel=1e-12)
+    assert pairing_ratio(a, b) < 0.1  # the shared seed effect cancels in the difference
+    independent = pairing_ratio(rng.normal(size=(400, 5)), rng.normal(size=(400, 5)))
+    assert independent == pytest.approx(1.0, abs=0.15)  # nothing shared: nothing bought
+    assert pairing_ratio(a[:1], b[:1]) is None and pairing_ratio(a, np.full_like(a, 0.5)) is None
+    spec = ClaimSpec("p", "d", lambda arrays: iter(()), "m", sesoi=0.1)
+    row, _ = judge_cells(spec, Cells(a, b, "a", "b"))
+    assert row.pairing == pytest.approx(expected, rel=1e-12)

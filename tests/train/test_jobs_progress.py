@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from descentlab.train.jobs import PROGRESS_ENV, JobRunner, progress_allowed
+from descentlab.study.jobs import PROGRESS_ENV, JobRunner, progress_allowed
 
 
 def test_workers_run_with_per_step_bars_off_and_the_parent_shows_one_bar(capsys, monkeypatch) -> None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from descentlab.report.stats import mean_std
-from descentlab.train.jobs import JobRunner
+from descentlab.study.jobs import JobRunner
 
 ROWS = [[0.81, 0.79, 0.835], [1.0, 2.0], [3.5], [0.1, 0.2, 0.3, 0.4]]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from descentlab.errors import ConfigError
-from descentlab.train.launchers import LauncherConfig, SubmititPool, _running
+from descentlab.study.launchers import LauncherConfig, SubmititPool, _running
 
 submitit = pytest.importorskip("submitit")
 
@@ -84,7 +84,7 @@ def _job_results(run_dir: Path) -> dict[str, str]:
 
 
 def test_launcher_keys_are_split_from_the_config_and_checked() -> None:
-    from descentlab.train.launchers import launcher_from_overrides
+    from descentlab.study.launchers import launcher_from_overrides
 
     rest, launcher = launcher_from_overrides(["n_train=8", "launcher=slurm", "launcher.gpus_per_job=2"])
     assert rest == ["n_train=8"] and launcher == LauncherConfig(kind="slurm", gpus_per_job=2)

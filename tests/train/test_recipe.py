@@ -118,7 +118,7 @@ def test_bad_specs_name_the_problem(spec: str, needle: str) -> None:
 
 
 def test_lr_alpha_grid_is_lr_major_and_keeps_everything_else() -> None:
-    from descentlab.train.tuning import lr_alpha_grid
+    from descentlab.study.tuning_rules import lr_alpha_grid
 
     base = MethodConfig(optimizer=OptimizerConfig(name="horst", lr=1e-3, alpha=2.0, weight_decay=0.05))
     grid = lr_alpha_grid(base, [1e-3, 4e-3], [1.0, 10.0])

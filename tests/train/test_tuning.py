@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from descentlab.errors import ConfigError
-from descentlab.train.tuning import check_equal_budgets, check_tune_seed
+from descentlab.study.tuning_rules import check_equal_budgets, check_tune_seed
 
 
 def test_a_tuning_seed_among_the_evaluation_seeds_is_refused() -> None:

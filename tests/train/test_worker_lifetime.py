@@ -20,7 +20,7 @@ from descentlab.train.rundir import RunDir
 PARENT = textwrap.dedent(
     """
     import sys, time
-    from descentlab.train.jobs import JobRunner
+    from descentlab.study.jobs import JobRunner
 
     with JobRunner(time.sleep, workers=2, cache_dir=sys.argv[1]) as jobs:
         futures = [jobs.submit(f"sleep{i}", 600.0) for i in range(2)]

@@ -193,7 +193,7 @@ def continuation_examples(
 
     Working on token ids (not re-tokenised text) keeps every window exactly
     ``prompt_tokens + continuation_tokens`` long, so batches need no padding and the same windows can be
-    scored by the likelihood judge and by :func:`descentlab.models.lm_eval.evaluate_lm`.
+    scored by the likelihood judge and by :func:`descentlab.models.perplexity.evaluate_lm`.
 
     Args:
         token_ids: the tokenised text.

@@ -223,7 +223,7 @@ def prepare(
     from descentlab.config import config_to_dict, config_to_yaml, load_config_yaml, resolve_config
     from descentlab.io import atomic_write_text
     from descentlab.provenance import write_provenance
-    from descentlab.train.launchers import LauncherConfig, launcher_from_overrides
+    from descentlab.study.launchers import LauncherConfig, launcher_from_overrides
     from descentlab.train.rundir import RunDir
 
     exp = get(name)
@@ -299,7 +299,7 @@ def run_experiment(
     from descentlab.config import config_to_dict
     from descentlab.report.build import write_report
     from descentlab.study.cells import record_design
-    from descentlab.train.launchers import launching
+    from descentlab.study.launchers import launching
     from descentlab.train.loop import TrainingInterrupted
 
     started = time.monotonic()

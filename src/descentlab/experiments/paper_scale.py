@@ -279,7 +279,7 @@ A run interrupted by SIGTERM or Ctrl-C writes a checkpoint; continue it with
 
 **On a cluster.** Each (arm, seed) job of a study can go to SLURM through submitit
 (`pip install -e ".[cluster]"`), one job per submission, with the keys of
-`descentlab.train.launchers.LauncherConfig`:
+`descentlab.study.launchers.LauncherConfig`:
 
 ```
 descentlab run <study> --preset paper launcher=slurm launcher.partition=gpu launcher.gpus_per_job=1 \\

@@ -20,7 +20,7 @@ from descentlab.optim.config import OptimizerConfig
 from descentlab.report.results import Curve, MethodResult, Results
 from descentlab.report.stats import column_mean_std
 from descentlab.study.cells import Design
-from descentlab.train.jobs import JobRunner
+from descentlab.study.jobs import JobRunner
 from descentlab.train.loop import TrainConfig, fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe
 from descentlab.train.rundir import RunDir

@@ -238,6 +238,7 @@ class Claim:
     seeds_needed_bounded: int | None = None
     power_shortfall: float | None = None
     seed_share: float | None = None
+    pairing: float | None = None
     diverged: dict[str, int] | None = None
     paper: str | None = None
     source: str | None = None
@@ -352,6 +353,7 @@ def judge_cells(spec: ClaimSpec, cells: Cells, *, level: float = 0.95) -> tuple[
     row.seed_share = (
         sum(p.variance for p in iv.pieces if p.source == "seeds") / iv.se**2 if iv.se > 0 else None
     )
+    row.pairing = pairing_ratio(a, b)
     text = _interval_text(iv) + (f"; {diverged_note}" if diverged_note else "")
     if untestable is not None:
         row.verdict, row.reason = UNTESTABLE, f"{untestable}; {text}"
@@ -380,6 +382,26 @@ def judge_cells(spec: ClaimSpec, cells: Cells, *, level: float = 0.95) -> tuple[
     scope = f"{spec.exploratory}; here: " if spec.exploratory is not None else ""
     row.reason = f"{scope}{text}; {_rule_text(spec, verdict)}{_needed_text(row)}"
     return row, tests
+
+
+def pairing_ratio(a: np.ndarray, b: np.ndarray) -> float | None:
+    """What pairing the arms within a seed bought: the seed variance of the paired difference over what it
+    would be if the two arms' runs were independent,
+
+        r = Var_s(ā_s − b̄_s) / (Var_s(ā_s) + Var_s(b̄_s)) = 1 − 2 Cov_s(ā_s, b̄_s) / (Var_s(ā_s) + Var_s(b̄_s)),
+
+    with ``ā_s``, ``b̄_s`` the per-seed means over every other axis. A seed fixes the initialisation, the data
+    order and the evaluation examples of both arms; r < 1 is the share of the seed variance left after
+    that sharing (r = 1: it bought nothing; r > 1: the arms moved against each other across seeds). None
+    with fewer than 2 seeds, or when an arm has no seed variance (a fixed reference such as a win rate of
+    one half, where there is nothing to pair)."""
+    if a.ndim == 0 or a.shape[0] < 2:
+        return None
+    a_s, b_s = a.reshape(a.shape[0], -1).mean(axis=1), b.reshape(b.shape[0], -1).mean(axis=1)
+    var_a, var_b = float(a_s.var(ddof=1)), float(b_s.var(ddof=1))
+    if not (var_a > 0 and var_b > 0):
+        return None
+    return float((a_s - b_s).var(ddof=1) / (var_a + var_b))
 
 
 def count_divergence_against(

@@ -359,6 +359,62 @@ def sizing_section(results_dir: Path) -> list[str]:
     ]
 
 
+def variance_cuts_section(results_dir: Path) -> list[str]:
+    """What the design cuts bought each primary, measured from its committed cells: pairing the arms
+    within a seed (``Claim.pairing``), and the most that more test examples could buy (the seed share of
+    Var(mean): with unlimited examples only the seed piece is left, so the MDE falls at most to
+    ``MDE · √(seed share)``)."""
+    rows = []
+    for body in sorted(results_dir.glob("*/results.json")):
+        claims = engine_rows(json.loads(body.read_text()).get("claims", [])) or []
+        primary = next((c for c in claims if c.role == "primary" and c.seed_share is not None), None)
+        if primary is None or primary.pairing is None:
+            continue
+        mde = primary.min_detectable_effect
+        floor = None if mde is None else mde * primary.seed_share**0.5
+        rows.append(
+            [
+                body.parent.name,
+                primary.name,
+                f"{primary.pairing:.2f}",
+                f"{100 * (1 - primary.pairing):.0f} %",
+                f"{primary.seed_share:.2f}",
+                _fmt_effect(mde),
+                _fmt_effect(floor),
+                _fmt_effect(primary.threshold),
+            ]
+        )
+    if not rows:
+        return []
+    return [
+        "### What the design cuts bought, measured",
+        "",
+        "Every study pairs its arms within a seed: one seed fixes the initialisation, the data order and the "
+        "evaluation examples of every arm (the pruning studies prune by magnitude, which needs no calibration "
+        "batch to share). *Pairing* is the seed variance of the primary's per-seed difference over what it "
+        "would be with independent runs per arm (`descentlab.report.claims.pairing_ratio`, from the committed "
+        "cells): below 1, sharing cancelled that part of the spread. More test examples shrink only the "
+        "example piece of Var(mean): the *MDE floor* is what the same seeds would detect with unlimited "
+        "examples, MDE · √(seed share). Where the floor is still above the declared effect, only more seeds "
+        "help.",
+        "",
+        markdown_table(
+            [
+                "study",
+                "primary",
+                "pairing",
+                "variance cut",
+                "seed share",
+                "MDE",
+                "MDE floor",
+                "declared effect",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
 def _fmt_effect(x: float | None) -> str:
     return "—" if x is None else f"{x:.3g}"
 
@@ -443,6 +499,7 @@ def results_index(results_dir: Path | str) -> str:
         lines += coverage_section(json.loads(coverage.read_text()))
         lines += regimes_of_primaries(results_dir)
     lines += sizing_section(results_dir)
+    lines += variance_cuts_section(results_dir)
     for page in sorted(results_dir.glob("*.md")):
         if page.stem == "README":
             continue

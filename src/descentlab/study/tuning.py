@@ -11,8 +11,8 @@ trained once, from seed ``t``, and the arm's choice becomes
 the pick among *every* setting ``T_a`` the arm has tried so far (a setting tried in an earlier round is
 not trained again). Once no later round tunes an arm, its choice ``c*_a`` is trained from every seed of
 ``S``, and only those runs are reported: a tuning run's validation score chose its setting, so its test
-numbers are a draw selected for its luck (:func:`~descentlab.train.tuning.check_tune_seed`). Compared arms
-get the same number of tuning candidates (:func:`~descentlab.train.tuning.check_equal_budgets`), since a
+numbers are a draw selected for its luck (:func:`~descentlab.study.tuning_rules.check_tune_seed`). Compared arms
+get the same number of tuning candidates (:func:`~descentlab.study.tuning_rules.check_equal_budgets`), since a
 larger grid has more chances of a lucky validation score.
 
 Jobs are submitted as soon as their inputs are known (the evaluation runs of an arm no round tunes go out
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from descentlab.errors import ConfigError
-from descentlab.train.tuning import check_equal_budgets, check_tune_seed, lr_alpha_grid
+from descentlab.study.tuning_rules import check_equal_budgets, check_tune_seed, lr_alpha_grid
 
 __all__ = [
     "Round",

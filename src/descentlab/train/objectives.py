@@ -186,7 +186,7 @@ class EmbeddingNoise:
     def __call__(
         self, model: torch.nn.Module, batch: Mapping[str, Any]
     ) -> tuple[torch.Tensor, Mapping[str, float]]:
-        from descentlab.robustness.perturb import perturb_embeddings
+        from descentlab.perturbations.hooks import perturb_embeddings
 
         self.calls += 1
         noise_seed = 1 + self.seed * 1_000_003 + self.calls  # test noise uses small seeds with draw offsets

@@ -7,7 +7,7 @@ rename), so a killed run leaves either the old or the new version of a file, nev
 One writer per directory: ``.lock`` holds the writing process (pid and start time, see
 :mod:`descentlab.train.procs`). :meth:`RunDir.create` writes it; :meth:`RunDir.open` (a resume) takes it
 over only when that process is gone, and also refuses while a worker recorded in ``jobs/.workers`` by a
-:class:`~descentlab.train.jobs.JobRunner` of an earlier, killed run still runs. Ranks > 0 of a
+:class:`~descentlab.study.jobs.JobRunner` of an earlier, killed run still runs. Ranks > 0 of a
 multi-process launch (``RANK`` > 0) share rank 0's directory without taking the lock.
 """
 
@@ -126,7 +126,7 @@ class RunDir:
         # tensorboard/, see descentlab.logs.CurveWriter). Off for a library user's own RunDir, who may
         # log elsewhere; the experiment runner (``descentlab run``) turns it on.
         self.curves = curves
-        # where the runner's JobRunners send jobs (descentlab.train.launchers.LauncherConfig); None: this
+        # where the runner's JobRunners send jobs (descentlab.study.launchers.LauncherConfig); None: this
         # machine's pool. Set by the experiment runner from launcher.* overrides, saved in config.json.
         self.launcher: Any = None
 

@@ -76,7 +76,7 @@ def save_clusters(run_dir: Path | str, chapters: np.ndarray) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Label the held-out passages of a saved run (and its companion runs) from its own config."""
     from descentlab.data.causal_lm import CausalLMDataConfig
-    from descentlab.data.models import load_causal_lm
+    from descentlab.data.pretrained import load_causal_lm
 
     args = sys.argv[1:] if argv is None else argv
     tokenizers: dict[str, Any] = {}

@@ -14,14 +14,14 @@ from typing import Any
 from descentlab.constrained.config import DescentConfig
 from descentlab.data.causal_lm import CausalLMDataConfig
 from descentlab.errors import ConfigError
+from descentlab.evaluation.judge import PAIRWISE_TEMPLATE
 from descentlab.optim.config import OptimizerConfig
+from descentlab.perturbations.hooks import EMBEDDING_KINDS
 from descentlab.readout import CausalLMReadout
-from descentlab.robustness.judge import PAIRWISE_TEMPLATE
-from descentlab.robustness.perturb import EMBEDDING_KINDS
 from descentlab.study.cells import Design
+from descentlab.study.tuning_rules import CandidateSelection, check_equal_budgets, check_tune_seed
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, with_overrides
-from descentlab.train.tuning import Selection, check_equal_budgets, check_tune_seed
 
 MARGIN = 0.05  # the claims' parity margin and smallest effect of interest, in win rate (claims.py)
 CONDITION = re.compile(r"^(clean|[a-z]+-x[0-9.]+|[a-z]+@[0-9.eE+-]+)$")  # a condition's name (claims.py)
@@ -78,7 +78,7 @@ class ConstraintChoice:
 
 @dataclass
 class GridConfig:
-    """The noise levels, from ERM's own degradation on validation (:mod:`descentlab.robustness.levels`)."""
+    """The noise levels, from ERM's own degradation on validation (:mod:`descentlab.evaluation.levels`)."""
 
     kinds: list[str] = field(default_factory=lambda: ["gaussian", "neftune"])
     ratios: list[float] = field(default_factory=lambda: [1.5, 3.0, 10.0])  # perplexity growth factors
@@ -126,7 +126,7 @@ class EvalConfig:
         if self.judge != "likelihood":
             raise ConfigError(
                 "eval.judge must be 'likelihood' here; a generate-then-judge comparison needs a judge LM "
-                "stronger than SmolLM2 (descentlab.robustness.judge.GenerativeJudge, used from your own script)"
+                "stronger than SmolLM2 (descentlab.evaluation.judge.GenerativeJudge, used from your own script)"
             )
         if self.perplexity_on not in ("all", "reference"):
             raise ConfigError(f"eval.perplexity_on must be 'all' or 'reference', got {self.perplexity_on!r}")
@@ -197,13 +197,13 @@ SPECS = {
 }
 
 
-def _selection() -> Selection:
+def _selection() -> CandidateSelection:
     # Equal budgets: two candidates per constrained method, each on its own knob. In the committed one-seed
     # run both lost clean parity (clean win rate hard 33 %, resilient 17 %, ERM re-seeded 51 %), so each
     # committed setting is offered with a looser one: resilient's slack cost a of (a/2) u², 0.5 or 0.05 (λ
     # settles at a · u); hard's alpha_fraction, the share of the pretrained drop a layer keeps, 0.5 or 0.25.
     # The rule is run.choose's, with the claims' parity margin.
-    return Selection(
+    return CandidateSelection(
         candidates={
             "hard": ["alpha_fraction=0.25", "alpha_fraction=0.5"],
             "resilient": ["penalty=0.05", "penalty=0.5"],
@@ -233,7 +233,7 @@ class LlmRobustnessConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # evaluation seeds: every one reported
     tune_seed: int = 1000  # ERM's tuning run and every candidate, scored on validation only
-    selection: Selection = field(default_factory=_selection)
+    selection: CandidateSelection = field(default_factory=_selection)
     val_n: int = 32  # validation examples cut (the grid, the profile and the selection use their first few)
     selection_examples: int = 32  # validation examples each candidate's win rates are measured on
     # the convergence check: validation loss (mean NLL per token, all tokens) of every fine-tune on the first

@@ -20,12 +20,12 @@ from descentlab.constrained.trace import LambdaTrace
 from descentlab.data import load_causal_lm
 from descentlab.data.instructions import CausalCollator, austen_examples, collate_causal, example_prompt
 from descentlab.errors import ConfigError
+from descentlab.evaluation.causal_lm import evaluate_levels, layer_profile
+from descentlab.evaluation.judge import GenerativeJudge, Noise, generate_responses, score_examples
+from descentlab.evaluation.length_control import length_controlled
+from descentlab.evaluation.levels import levels_for_ratios
 from descentlab.models.checkpointing import enable_activation_checkpointing
-from descentlab.robustness.judge import GenerativeJudge, Noise, generate_responses, score_examples
-from descentlab.robustness.length_control import length_controlled
-from descentlab.robustness.levels import levels_for_ratios
-from descentlab.robustness.lm_eval import evaluate_levels, layer_profile
-from descentlab.robustness.perturb import embedding_rms, input_embedding_module
+from descentlab.perturbations.hooks import embedding_rms, input_embedding_module
 from descentlab.sparsity.sharded import is_sharded
 from descentlab.train.checkpoint import load_latest
 from descentlab.train.loop import fit, seed_everything
@@ -296,7 +296,7 @@ def eval_job(cfg: Any, tag: str, held: list[dict], levels: dict, profile: list, 
 
 
 def _evaluate(cfg: Any, tag: str, run: RunDir, examples: list[dict], levels: dict, **kwargs: Any) -> dict:
-    """:func:`~descentlab.robustness.lm_eval.evaluate_levels` of the fine-tune ``tag``."""
+    """:func:`~descentlab.evaluation.causal_lm.evaluate_levels` of the fine-tune ``tag``."""
     model, tok = _load_trained(cfg, tag, run)
     return evaluate_levels(
         model,
@@ -341,7 +341,7 @@ def judge_job(
     """The judge LM compares every method's answers with the baseline's of the same seed at every condition,
     both orders (``generations[tag]``: one fine-tune's answers; ``pairs[method]``: ``[tag, baseline tag]``
     per evaluation seed). Per method and condition: per-seed preferences and length-controlled cells
-    (:func:`~descentlab.robustness.length_control.length_controlled`), the mean raw and length-controlled
+    (:func:`~descentlab.evaluation.length_control.length_controlled`), the mean raw and length-controlled
     win rates, each seed's length coefficient and the mean answer lengths."""
     g = cfg.generative
     _WORKER.clear()  # the judged models leave the device before the judge arrives

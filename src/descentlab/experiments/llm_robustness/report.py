@@ -13,7 +13,7 @@ from descentlab.experiments.llm_robustness.claims import PAPER_KIND, PAPER_WIN_R
 from descentlab.report.stats import paired_interval
 from descentlab.study.figures import panel_figure, plot_multipliers
 from descentlab.study.tables import Table, ci, signed_ci
-from descentlab.train.tuning import binding_level
+from descentlab.study.tuning_rules import binding_level
 
 Methods = Mapping[str, Mapping[str, Any]]
 

@@ -1,4 +1,4 @@
-"""llm-robustness's run: every step a job of one :class:`~descentlab.train.jobs.JobRunner` (:mod:`.jobs`),
+"""llm-robustness's run: every step a job of one :class:`~descentlab.study.jobs.JobRunner` (:mod:`.jobs`),
 cached in ``jobs/`` so an interrupted run resumes, submitted by a :class:`JobGraph` as its inputs finish.
 
 1. Data: training windows, a validation set for every choice, held-out examples (Austen: passages of
@@ -18,9 +18,8 @@ ERM's tuning fine-tune -> noise grid -> validation) and the evaluation runs need
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -31,6 +30,7 @@ from descentlab.data import load_causal_lm
 from descentlab.data.causal_lm import prepare_causal_lm_data
 from descentlab.data.instructions import example_prompt
 from descentlab.errors import ConfigError
+from descentlab.evaluation.causal_lm import noise_key
 from descentlab.experiments.llm_robustness.claims import LEVEL, NULL, PERPLEXITY_RATIO, WIN, condition_name
 from descentlab.experiments.llm_robustness.clusters import passage_chapters, save_clusters
 from descentlab.experiments.llm_robustness.config import LlmRobustnessConfig
@@ -46,11 +46,10 @@ from descentlab.experiments.llm_robustness.report import judged_table, tables
 from descentlab.io import save_arrays
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import paired_interval
-from descentlab.robustness.lm_eval import noise_key
 from descentlab.study.cells import CellStore, Design
-from descentlab.train.jobs import JobRunner
+from descentlab.study.jobs import JobGraph, JobRunner
+from descentlab.study.tuning_rules import CandidateSelection, binding_level, choose_candidate
 from descentlab.train.rundir import RunDir
-from descentlab.train.tuning import Selection, binding_level, choose_candidate
 
 JUDGED_ARRAYS = "arrays/judged.npz"
 # job priorities, lower first: the tuning round, the chosen candidates' (longest) fine-tunes, the others, evals
@@ -240,83 +239,6 @@ def _eval_args(inputs: Inputs, tag: str, done: Mapping[str, Any]) -> tuple:
     return inputs.cfg, tag, inputs.held, grid_levels(inputs.cfg, done["grid"]), cond, inputs.run
 
 
-@dataclass(order=True)
-class _Task:
-    priority: int
-    order: int
-    key: str = field(compare=False)
-    kind: str | None = field(compare=False)  # a job kind of jobs.JOBS; None: a step run here
-    args: Callable[[Mapping[str, Any]], tuple] = field(compare=False)
-    deps: tuple[str, ...] = field(compare=False)
-    then: Callable[[Any], None] | None = field(compare=False)
-
-
-class JobGraph:
-    """Jobs with dependencies on one :class:`JobRunner`, whose queue is FIFO: each is submitted once every
-    job it depends on is done, the lowest priority first, and never more than ``slots`` at a time, so a
-    ready job of the critical path (the tuning round) never waits behind filler.
-
-    ``add(key, kind, args, deps, priority, then)``: ``args(done)`` builds the job's arguments from the
-    results of the finished jobs (``done[key]``); ``then(result)`` runs here when it finishes and may add
-    more jobs. ``kind=None`` adds a step that runs here, not in a worker (e.g. a choice between candidates).
-    """
-
-    def __init__(self, jobs: JobRunner, slots: int) -> None:
-        self.jobs, self.slots = jobs, max(1, slots)
-        self.done: dict[str, Any] = {}
-        self._pending: list[_Task] = []
-        self._running: dict[Future, _Task] = {}
-        self._order = 0
-
-    def add(
-        self,
-        key: str,
-        kind: str | None,
-        args: Callable[[Mapping[str, Any]], tuple] = lambda done: (),
-        deps: Iterable[str] = (),
-        priority: int = 0,
-        then: Callable[[Any], None] | None = None,
-    ) -> None:
-        if key in {t.key for t in (*self._pending, *self._running.values())} | set(self.done):
-            raise ValueError(f"job {key!r} was added twice")
-        self._order += 1
-        self._pending.append(_Task(priority, self._order, key, kind, args, tuple(deps), then))
-
-    def _finish(self, task: _Task, result: Any) -> None:
-        self.done[task.key] = result
-        if task.then is not None:
-            task.then(result)
-
-    def run(self) -> dict[str, Any]:
-        """Run every job (and the ones their ``then`` adds); the results by key. A failed job raises."""
-        while self._pending or self._running:
-            ready = sorted(t for t in self._pending if all(d in self.done for d in t.deps))
-            if not ready and not self._running:
-                missing = sorted({d for t in self._pending for d in t.deps if d not in self.done})
-                raise RuntimeError(f"jobs wait for {missing}, which no job provides")
-            progressed = False
-            for task in ready:
-                if task.kind is not None and len(self._running) >= self.slots:
-                    continue
-                self._pending.remove(task)
-                if task.kind is None:
-                    self._finish(task, task.args(self.done))
-                    progressed = True
-                    break  # a step may add jobs: sort again
-                future = self.jobs.submit(task.key, task.kind, *task.args(self.done))
-                if future.done():  # cached, or run inline
-                    self._finish(task, future.result())
-                    progressed = True
-                    break
-                self._running[future] = task
-            if progressed or not self._running:
-                continue
-            finished, _ = wait(list(self._running), return_when=FIRST_COMPLETED)
-            for future in finished:
-                self._finish(self._running.pop(future), future.result())
-        return self.done
-
-
 # -- the selection on the tuning seed -----------------------------------------------------------------------
 
 
@@ -336,7 +258,7 @@ def candidate_score(
     """One candidate's validation outcomes ``mine`` against ERM's tuning run ``erm`` (lower reference NLL
     wins, ties split): ``clean``, its win rate w(0); ``robust``, the mean of w(x) over the positive
     ``levels`` of ``grid.profile_kind``; ``binding``, Σλ time-averaged over the second half of its training
-    (:func:`~descentlab.train.tuning.binding_level`)."""
+    (:func:`~descentlab.study.tuning_rules.binding_level`)."""
 
     def win_rate(level: float) -> float:
         p = seed_outcomes(
@@ -353,7 +275,7 @@ def candidate_score(
 
 
 def choose(cfg: LlmRobustnessConfig, label: str, done: Mapping[str, Any]) -> dict[str, Any]:
-    """``label``'s choice from the finished jobs ``done`` by :func:`~descentlab.train.tuning.choose_candidate`
+    """``label``'s choice from the finished jobs ``done`` by :func:`~descentlab.study.tuning_rules.choose_candidate`
     (those that bind, with ``selection.min_binding``; of those, the ones whose clean win rate is >= 50 % -
     ``max_clean_drop``; of those, the highest ``selection.criterion`` score): ``{"best", "spec", "scores",
     "rows", "reason"}``."""
@@ -370,7 +292,9 @@ def choose(cfg: LlmRobustnessConfig, label: str, done: Mapping[str, Any]) -> dic
     return {"best": best, "spec": specs[best], "scores": scores, "rows": rows, "reason": reason}
 
 
-def selection_reason(label: str, specs: list[str], rows: list[list[Any]], best: int, sel: Selection) -> str:
+def selection_reason(
+    label: str, specs: list[str], rows: list[list[Any]], best: int, sel: CandidateSelection
+) -> str:
     """Why ``specs[best]`` was chosen, in win-rate words (``choose_candidate``'s own reason speaks of
     accuracy); ``rows``: its rows ``[method, spec, clean, robust, binding, chosen]``."""
     floor, margin = sel.min_binding, sel.max_clean_drop

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from descentlab.constrained.config import DescentConfig
 from descentlab.data.text_batches import TextDataConfig
 from descentlab.errors import ConfigError
+from descentlab.evaluation.config import NoiseEvalConfig
 from descentlab.optim.config import OptimizerConfig
-from descentlab.robustness.config import NoiseEvalConfig
 from descentlab.study.cells import Design
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, methods_from_specs

@@ -10,8 +10,8 @@ import torch
 
 from descentlab.data.text_batches import Prepared
 from descentlab.distributed import sharded_curve, sharded_layer_profile
+from descentlab.evaluation import RobustnessCurves
 from descentlab.experiments.robust_sparse.config import RobustSparseConfig
-from descentlab.robustness import RobustnessCurves
 from descentlab.train.loop import fit, seed_everything
 from descentlab.train.objectives import EmbeddingNoise
 from descentlab.train.recipe import build_recipe

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from descentlab.evaluation import RobustnessCurves
+from descentlab.evaluation.config import NoiseEvalConfig
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import column_mean_std, mean_std, paired_interval
 from descentlab.report.tables import multiplier_tables
-from descentlab.robustness import RobustnessCurves
-from descentlab.robustness.config import NoiseEvalConfig
 from descentlab.study.figures import panel_figure, plot_band
 from descentlab.study.tables import Table, pm, signed_ci
 

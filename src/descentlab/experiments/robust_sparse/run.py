@@ -27,7 +27,7 @@ from descentlab.experiments.robust_sparse.report import (
 )
 from descentlab.report.results import Results
 from descentlab.study.cells import CellStore, Design
-from descentlab.train.jobs import JobRunner
+from descentlab.study.jobs import JobRunner
 from descentlab.train.rundir import RunDir
 
 

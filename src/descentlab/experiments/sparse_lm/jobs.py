@@ -30,7 +30,7 @@ from descentlab.errors import AssetMissingError, ConfigError, NumericalError
 from descentlab.experiments.sparse_lm.config import SparseLMConfig
 from descentlab.io import save_arrays
 from descentlab.models.gpt2 import build_gpt2, num_params
-from descentlab.models.lm_eval import block_nlls
+from descentlab.models.perplexity import block_nlls
 from descentlab.sparsity.masks import select_prunable
 from descentlab.sparsity.pruning import prune_magnitude
 from descentlab.sparsity.report import tensor_shape_stats
@@ -49,7 +49,7 @@ def prune_sweep(
 
     Returns the summary ``{"x", "reached", "reached_min", "reached_max"}`` (x[0] = 0 = dense; ``reached*``:
     the exact-zero fraction of the pruned matrices, all together and the least / most sparse one) and, per
-    split name, the ``[levels, blocks]`` per-block mean NLLs (:func:`~descentlab.models.lm_eval.block_nlls`).
+    split name, the ``[levels, blocks]`` per-block mean NLLs (:func:`~descentlab.models.perplexity.block_nlls`).
     The model is left dense.
     """
     prunable = select_prunable(model)

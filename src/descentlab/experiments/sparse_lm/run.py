@@ -40,8 +40,8 @@ from descentlab.experiments.sparse_lm.report import summarise
 from descentlab.io import load_arrays
 from descentlab.report.results import Results
 from descentlab.study.cells import CellStore, Design
+from descentlab.study.jobs import JobRunner
 from descentlab.study.tuning import Round, TuningConfig, lr_alpha_grid, tune_then_replicate
-from descentlab.train.jobs import JobRunner
 from descentlab.train.recipe import MethodConfig
 from descentlab.train.rundir import RunDir
 

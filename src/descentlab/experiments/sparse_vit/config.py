@@ -10,9 +10,9 @@ from descentlab.models.vit import ViTSpec
 from descentlab.optim.config import OptimizerConfig
 from descentlab.sparsity import ACDCConfig
 from descentlab.study.cells import Design
+from descentlab.study.tuning_rules import check_equal_budgets, check_tune_seed
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, check_method_names, methods_from_specs
-from descentlab.train.tuning import check_equal_budgets, check_tune_seed
 
 NAME = "sparse-vit"
 PAPER_LIKE_METHODS = ("adamw", "horst")  # the methods of the paper-like arm

@@ -30,8 +30,8 @@ from descentlab.experiments.sparse_vit.jobs import DATA, describe_model, load_da
 from descentlab.experiments.sparse_vit.report import DENSE_SUFFIX, method_blocks, summarise
 from descentlab.report.results import Results
 from descentlab.study.cells import CellStore
+from descentlab.study.jobs import JobRunner
 from descentlab.study.tuning import Round, TuningConfig, lr_alpha_grid, tune_then_replicate
-from descentlab.train.jobs import JobRunner
 from descentlab.train.recipe import MethodConfig
 from descentlab.train.rundir import RunDir
 

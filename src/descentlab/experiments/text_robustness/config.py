@@ -5,7 +5,7 @@ Every method trains on the same split, with the same optimizer, budget and seeds
 :class:`~descentlab.constrained.config.DescentConfig` of each constrained method is chosen among a small grid
 of candidates (override specs) on the *validation* split, trained from ``tune_seed`` (never an evaluation
 seed), never on test. With ``selection.min_binding`` set, only candidates whose constraint binds on their
-own tuning run are eligible (:func:`~descentlab.train.tuning.binding_level`: the time-average of Σ_l λ_l
+own tuning run are eligible (:func:`~descentlab.study.tuning_rules.binding_level`: the time-average of Σ_l λ_l
 over the second half of training exceeds it); the protocol says when none did.
 
 What is judged, and the primary endpoint, are declared in :mod:`.claims`, not here.
@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from descentlab.constrained.config import DescentConfig
 from descentlab.data.text_batches import TextDataConfig
 from descentlab.errors import ConfigError
+from descentlab.evaluation import NoiseEvalConfig
 from descentlab.experiments.text_robustness.claims import CONTROL, ERM
 from descentlab.optim.config import OptimizerConfig
-from descentlab.robustness import NoiseEvalConfig
 from descentlab.study.cells import Design
+from descentlab.study.tuning_rules import CandidateSelection, candidate_methods, check_tune_seed
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, with_overrides
-from descentlab.train.tuning import Selection, candidate_methods, check_tune_seed
 
 # each method is the base `method` edited by its spec (dotted MethodConfig keys). Controls: "erm-readout"
 # trains through the per-layer readout path with λ frozen at 0 (`frozen_zero`), so it differs from the
@@ -78,7 +78,7 @@ class TextRobustnessConfig:
     # the selection's runs (ERM's and every candidate's, validation only) train from it; never one of seeds
     tune_seed: int = 1000
     data: TextDataConfig = field(default_factory=lambda: TextDataConfig(n_train=3000, n_eval=1000))
-    selection: Selection = field(default_factory=Selection)
+    selection: CandidateSelection = field(default_factory=CandidateSelection)
     evaluation: NoiseEvalConfig = field(
         default_factory=lambda: NoiseEvalConfig(
             kinds=["gaussian", "uniform", "discrete", "substitute"],
@@ -177,7 +177,7 @@ PRESETS = {
     # 1000. A constraint that binds: the three candidates all ask for at least the descent ERM achieves on
     # validation (ERM's profile, twice its per-layer descent, a fixed α = 0.1 > the base 0.03), and one is
     # eligible only if its own tuning run keeps λ bound (mean Σ_l λ_l over the second half of training >
-    # 0.05, `Selection.min_binding`); among those the clean margin, then the Gaussian grid mean, chooses.
+    # 0.05, `CandidateSelection.min_binding`); among those the clean margin, then the Gaussian grid mean, chooses.
     # Size: 1 ERM tuning run + 3 candidates (validation) + 4 methods x 5 seeds = 24 jobs. The earlier full
     # run (21 jobs: 6 methods x 3 seeds + ERM's and 2 candidates' tuning runs) took 46 min on 2 workers,
     # 2.2 min of wall time per job (4.4 worker-minutes); half of these jobs (vs two thirds then) train

@@ -11,17 +11,17 @@ from descentlab.constrained.trace import LambdaTrace
 from descentlab.data import load_encoder_classifier
 from descentlab.data.text_batches import Prepared
 from descentlab.errors import ConfigError
+from descentlab.evaluation import RobustnessCurves
+from descentlab.evaluation.layer_profile import layer_loss_examples
+from descentlab.evaluation.text import evaluate_classifier, validation_scores
 from descentlab.experiments.text_robustness.claims import ERM
 from descentlab.experiments.text_robustness.config import TextRobustnessConfig
 from descentlab.models.checkpointing import enable_activation_checkpointing
-from descentlab.robustness import RobustnessCurves
-from descentlab.robustness.layer_profile import layer_loss_examples
-from descentlab.robustness.text_eval import evaluate_classifier, validation_scores
+from descentlab.study.tuning_rules import binding_level
 from descentlab.train.loop import fit, seed_everything
 from descentlab.train.objectives import EmbeddingNoise
 from descentlab.train.recipe import MethodConfig, build_frozen_recipe, build_recipe
 from descentlab.train.rundir import RunDir
-from descentlab.train.tuning import binding_level
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,9 @@ def run_job(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) ->
         )
         if job.label == ERM:  # the reference profile of alpha_from=erm: mean validation loss per layer
             scores["val_profile"] = layer_loss_examples(model, data.val).mean(1).tolist()
-        if constraint is not None:  # a candidate is eligible only if its constraint binds (Selection)
+        if (
+            constraint is not None
+        ):  # a candidate is eligible only if its constraint binds (CandidateSelection)
             scores["binding"] = binding_level(trace["steps"], trace["lambda"])
             scores["lambda_trace"] = trace
         return scores

@@ -27,17 +27,17 @@ from typing import Any
 
 import numpy as np
 
+from descentlab.evaluation import EmbeddingGeometry, NoiseEvalConfig, RobustnessCurves, privacy_rows
 from descentlab.experiments.text_robustness.claims import CONTROL, CORRECT, ERM, LOSS, SEP, claim_arrays
 from descentlab.io import load_arrays
 from descentlab.report.figures import new_figure, save_figure
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import column_mean_std, mean_std, paired_interval
 from descentlab.report.tables import multiplier_tables
-from descentlab.robustness import EmbeddingGeometry, NoiseEvalConfig, RobustnessCurves, privacy_rows
 from descentlab.study.cells import CellStore, cell_key
 from descentlab.study.figures import figure_record, panel_figure, plot_band, plot_multipliers
 from descentlab.study.tables import Table, pm
-from descentlab.train.tuning import binding_level
+from descentlab.study.tuning_rules import binding_level
 
 LAMBDA = "arrays/lambda.npz"
 LAMBDA_SELECTION = "arrays/lambda-selection.npz"
@@ -197,7 +197,7 @@ def privacy(
 def notes(methods: Mapping[str, MethodResult], n_seeds: int, lam: Mapping[str, np.ndarray]) -> list[str]:
     """What was measured, in words: monotone profiles, the clean and high-noise gaps to ERM, and per
     constrained method of ``arrays/lambda.npz`` its λ per layer at the end of training (mean over seeds) and
-    how hard it bound (:func:`~descentlab.train.tuning.binding_level` per seed)."""
+    how hard it bound (:func:`~descentlab.study.tuning_rules.binding_level` per seed)."""
     out = []
     for method, block in methods.items():
         counts = ", ".join(f"{k}: {v}/{n_seeds}" for k, v in block.extra["layer_loss_monotone_seeds"].items())

@@ -21,24 +21,24 @@ import numpy as np
 
 from descentlab.config import config_to_dict
 from descentlab.data.text_batches import Prepared, prepare_data
+from descentlab.evaluation import EmbeddingGeometry, RobustnessCurves, mean_sequence_tokens
 from descentlab.experiments.text_robustness import report
 from descentlab.experiments.text_robustness.claims import CONTROL, CORRECT, ERM, LOSS, SEP
 from descentlab.experiments.text_robustness.config import TextRobustnessConfig
 from descentlab.experiments.text_robustness.jobs import Job, decode_output, load_model, run_job
 from descentlab.report.results import Results
-from descentlab.robustness import EmbeddingGeometry, RobustnessCurves, mean_sequence_tokens
 from descentlab.study.cells import CellStore, Design
+from descentlab.study.jobs import JobRunner
 from descentlab.study.tuning import Round, Tuned, TuningConfig, tune_then_replicate
-from descentlab.train.jobs import JobRunner
-from descentlab.train.recipe import MethodConfig
-from descentlab.train.rundir import RunDir
-from descentlab.train.tuning import (
-    Selection,
+from descentlab.study.tuning_rules import (
+    CandidateSelection,
     candidate_methods,
     choose_candidate,
     settings_diff,
     with_reference,
 )
+from descentlab.train.recipe import MethodConfig
+from descentlab.train.rundir import RunDir
 
 NAME = "text-robustness"
 
@@ -153,7 +153,7 @@ class Setting:
 def follower_settings(
     followers: Mapping[str, str],
     methods: Mapping[str, MethodConfig],
-    sel: Selection,
+    sel: CandidateSelection,
     chosen: Mapping[str, Setting],
     reference: list[float] | None,
 ) -> dict[str, Setting]:
@@ -167,7 +167,7 @@ def follower_settings(
     return out
 
 
-def leader_spec(sel: Selection, chosen: Mapping[str, Setting], leader: str) -> str:
+def leader_spec(sel: CandidateSelection, chosen: Mapping[str, Setting], leader: str) -> str:
     """The override spec of ``leader``'s chosen candidate."""
     pick = chosen[leader].candidate if leader in chosen else None
     return sel.candidates.get(leader, [""])[pick or 0]
@@ -225,7 +225,7 @@ def submit_job(
 
 
 def selection_rule(
-    sel: Selection,
+    sel: CandidateSelection,
     specs: Mapping[str, list[str]],
     erm_clean: float | None,
     arm: str,
@@ -244,7 +244,11 @@ def grid_of(grids: Mapping[str, list[Setting]], arm: str, chosen: Mapping[str, S
 
 
 def pick(
-    sel: Selection, specs: Mapping[str, list[str]], erm_clean: float | None, arm: str, results: Sequence[Any]
+    sel: CandidateSelection,
+    specs: Mapping[str, list[str]],
+    erm_clean: float | None,
+    arm: str,
+    results: Sequence[Any],
 ) -> int:
     """The candidate ``arm`` picks from its validation scores (:func:`selection_rule`)."""
     return selection_rule(sel, specs, erm_clean, arm, results)[0]

@@ -9,15 +9,15 @@ from dataclasses import dataclass, field, replace
 from descentlab.constrained.config import DescentConfig
 from descentlab.data.video_data import VideoDataConfig
 from descentlab.errors import ConfigError
+from descentlab.evaluation.video_baselines import BASELINES
 from descentlab.experiments.video_denoising.claims import budget_name
 from descentlab.experiments.video_denoising.claims import design as cell_design
 from descentlab.models.denoisers import UnrolledConfig
 from descentlab.optim.config import OptimizerConfig
-from descentlab.robustness.video_baselines import BASELINES
 from descentlab.study.cells import Design
+from descentlab.study.tuning_rules import check_equal_budgets, check_tune_seed
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, with_overrides
-from descentlab.train.tuning import check_equal_budgets, check_tune_seed
 
 ARCHITECTURES = ("ut", "dust")
 # "deep-supervision" is a control: the mean of the per-layer losses f_1..f_L, i.e. the same per-layer signal

@@ -17,10 +17,10 @@ from descentlab.constrained.trace import LambdaTrace
 from descentlab.data.video import NoisyClips, noisy_val_clips
 from descentlab.data.video import noisy_test_clips as noisy_levels
 from descentlab.errors import NumericalError
+from descentlab.evaluation.video import ValidationCurve, denoise_frames, evaluate_denoiser
+from descentlab.evaluation.video_baselines import run_baselines
 from descentlab.experiments.video_denoising.config import VideoDenoisingConfig
 from descentlab.models.denoisers import build_denoiser, final_mse
-from descentlab.robustness.video import ValidationCurve, denoise_frames, evaluate_denoiser
-from descentlab.robustness.video_baselines import run_baselines
 from descentlab.train.loop import fit, seed_everything
 from descentlab.train.recipe import build_frozen_recipe, build_recipe, with_overrides
 from descentlab.train.rundir import RunDir
@@ -130,5 +130,5 @@ def baselines_job(cfg: VideoDenoisingConfig, data: dict, run: RunDir) -> dict:
 
 
 def job(kind: str, *args: Any) -> dict:
-    """The one top-level job function of the :class:`~descentlab.train.jobs.JobRunner` (both kinds)."""
+    """The one top-level job function of the :class:`~descentlab.study.jobs.JobRunner` (both kinds)."""
     return {"train": train_and_evaluate, "baselines": baselines_job}[kind](*args)

@@ -27,8 +27,8 @@ from descentlab.experiments.video_denoising.jobs import at_steps, job, job_key
 from descentlab.io import load_arrays
 from descentlab.report.results import Results
 from descentlab.study.cells import CellStore, Design, cell_key
+from descentlab.study.jobs import JobRunner
 from descentlab.study.tuning import Round, TuningConfig, check_equal_budgets, tune_then_replicate
-from descentlab.train.jobs import JobRunner
 from descentlab.train.rundir import RunDir
 
 

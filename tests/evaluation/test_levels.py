@@ -7,7 +7,7 @@ import math
 import pytest
 
 from descentlab.errors import ConfigError
-from descentlab.robustness.levels import levels_for_ratios
+from descentlab.evaluation.levels import levels_for_ratios
 
 
 def test_finds_the_level_of_each_ratio_and_shares_evaluations() -> None:

@@ -1,6 +1,6 @@
 """Where a study's jobs run: this machine's worker processes, or a cluster through submitit.
 
-A study is a set of independent (arm, seed) jobs (:class:`~descentlab.train.jobs.JobRunner`). On a
+A study is a set of independent (arm, seed) jobs (:class:`~descentlab.study.jobs.JobRunner`). On a
 laptop or a 2-core box they run in a local process pool. When a sized design outgrows the machine, the same
 jobs go to a cluster: :class:`SubmititPool` sends each one to a `submitit <https://github.com/facebookincubator/submitit>`_
 executor (SLURM, or submitit's local executor, which runs each job in its own process and is how the tests
@@ -101,7 +101,7 @@ _CURRENT: ContextVar[LauncherConfig | None] = ContextVar("descentlab_launcher", 
 
 @contextmanager
 def launching(config: LauncherConfig | None) -> Iterator[None]:
-    """Within the block, a :class:`~descentlab.train.jobs.JobRunner` made without ``launcher=`` sends its
+    """Within the block, a :class:`~descentlab.study.jobs.JobRunner` made without ``launcher=`` sends its
     jobs where ``config`` says: how ``descentlab run ... launcher.kind=slurm`` reaches every study's runner
     without each study passing it on."""
     token = _CURRENT.set(config)
@@ -159,7 +159,7 @@ def _run_job(
 
 
 class SubmititPool:
-    """The part of :class:`concurrent.futures.Executor` that :class:`~descentlab.train.jobs.JobRunner`
+    """The part of :class:`concurrent.futures.Executor` that :class:`~descentlab.study.jobs.JobRunner`
     uses (``submit`` → Future, ``shutdown``), over a submitit executor.
 
     Args:

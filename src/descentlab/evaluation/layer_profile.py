@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from descentlab.errors import ConfigError, ModelError
-from descentlab.robustness.curves import batch_rows, map_tensors, model_device, replicate_batch
-from descentlab.robustness.perturb import perturb_embeddings
+from descentlab.evaluation.curves import batch_rows, map_tensors, model_device, replicate_batch
+from descentlab.perturbations.hooks import perturb_embeddings
 
 
 def layer_loss_profile(
@@ -41,7 +41,7 @@ def layer_loss_profile(
         draws: noise realisations, averaged (stacked into one pass per batch).
         seed: noise seed; same content-keyed noise as :func:`robustness_curve` for the same (seed, draw).
         readout: passed to ``layer_losses``.
-        perturb: :func:`perturb_embeddings` or :func:`perturb_inputs`.
+        perturb: :func:`perturb_embeddings` or :func:`~descentlab.perturbations.hooks.perturb_inputs`.
         perturb_kwargs: extra keywords for ``perturb``.
 
     Returns:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from descentlab.errors import DataError, NumericalError
-from descentlab.robustness.length_control import (
+from descentlab.evaluation.length_control import (
     fit_length_model,
     fit_length_model_reference,
     length_controlled,

@@ -21,7 +21,7 @@ Two mechanisms act on each token embedding x ∈ R^d independently (the hooked m
 
 The samplers are pure functions of the counter-based keys of :mod:`.noise`, so the noise is keyed by example
 content exactly like the γ kinds: every model sees the same noisy inputs at the same (seed, draw, ε).
-Composition over the tokens of a sequence lives in :mod:`.accounting`.
+Composition over the tokens of a sequence lives in :mod:`descentlab.evaluation.accounting`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from scipy import optimize, special
 from torch import Tensor
 
 from descentlab.errors import ConfigError
-from descentlab.robustness import noise as nz
+from descentlab.perturbations import noise as nz
 
 LDP_KINDS = ("metric_ldp", "gaussian_mechanism")
 _RADIUS_TAG = 0x52414449  # "RADI": folds the radius stream apart from the direction's gaussian streams

@@ -11,16 +11,10 @@ import torch
 from scipy import stats
 
 from descentlab.errors import ConfigError
-from descentlab.robustness import (
-    EmbeddingGeometry,
-    NoiseEvalConfig,
-    ldp,
-    perturb_embeddings,
-    print_gamma_epsilon,
-    robustness_curve,
-)
-from descentlab.robustness import accounting as acc
-from descentlab.robustness import noise as nz
+from descentlab.evaluation import EmbeddingGeometry, NoiseEvalConfig, print_gamma_epsilon, robustness_curve
+from descentlab.evaluation import accounting as acc
+from descentlab.perturbations import ldp, perturb_embeddings
+from descentlab.perturbations import noise as nz
 from tiny_models import tiny_bert
 
 D = 384  # MiniLM's width: the regime the docs talk about

@@ -5,7 +5,7 @@ tie. The win rate of A over B is their mean, so ties are split and
 
     win_rate(A, B) + win_rate(B, A) = 1,      win_rate(A, A) = 1/2.
 
-:func:`preference_summary` turns preferences into a :class:`~descentlab.robustness.winrate.WinRate`.
+:func:`preference_summary` turns preferences into a :class:`~descentlab.evaluation.winrate.WinRate`.
 
 * :class:`LikelihoodJudge` (offline default): the model that gives the reference continuation the lower
   negative log-likelihood wins. NLLs within ``tol`` nats of each other tie.
@@ -14,7 +14,7 @@ tie. The win rate of A over B is their mean, so ties are split and
   shown in both orders and the two verdicts are averaged, which cancels the judge's position bias:
   ``p_i = (v(A, B) + 1 - v(B, A)) / 2`` with v(first, second) the verdict that the first response is better.
 
-Noise (:class:`Noise`) goes through :func:`descentlab.robustness.perturb.perturb_embeddings`, whose draws are
+Noise (:class:`Noise`) goes through :func:`descentlab.perturbations.hooks.perturb_embeddings`, whose draws are
 keyed by example content: both models see the same noise on the same prompt.
 """
 
@@ -30,8 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from descentlab.errors import ConfigError, DataError, NumericalError
+from descentlab.evaluation.winrate import WinRate
 from descentlab.losses import IGNORE_INDEX, next_token_nll
-from descentlab.robustness.winrate import WinRate
 
 Example = Mapping[str, Sequence[int]]
 
@@ -49,7 +49,7 @@ class Noise:
         """A context manager that perturbs ``model``'s input embeddings (a no-op at γ = 0)."""
         if self.gamma == 0:
             return contextlib.nullcontext()
-        from descentlab.robustness.perturb import perturb_embeddings
+        from descentlab.perturbations.hooks import perturb_embeddings
 
         return perturb_embeddings(
             model, self.kind, self.gamma, self.seed, draw=self.draw, pad_token_id=pad_token_id, key=key
@@ -186,7 +186,7 @@ def likelihood_preferences(nll_a: Tensor, nll_b: Tensor, *, tol: float = 1e-6) -
 def preference_summary(preferences: Tensor) -> WinRate:
     """Win rate of A = mean preference (ties count half), with wins/ties/losses and the s.e. over examples.
 
-    For the likelihood judge this equals ``descentlab.robustness.winrate.win_rate`` on the NLLs (lower is
+    For the likelihood judge this equals ``descentlab.evaluation.winrate.win_rate`` on the NLLs (lower is
     better); it also summarises the soft or order-averaged preferences of :class:`GenerativeJudge`.
     """
     if preferences.numel() == 0:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from descentlab.evaluation import layer_loss_profile
+from descentlab.perturbations import perturb_embeddings
 from descentlab.readout import layer_losses
-from descentlab.robustness import layer_loss_profile, perturb_embeddings
 
 
 def test_clean_profile_is_the_weighted_mean_of_batch_losses(tiny_bert, make_batch, random_rows) -> None:

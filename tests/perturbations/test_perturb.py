@@ -7,7 +7,12 @@ import torch
 from torch import nn
 
 from descentlab.errors import ConfigError, DataError, ModelError
-from descentlab.robustness import embedding_rms, perturb_embeddings, perturb_inputs, substitution_probability
+from descentlab.perturbations import (
+    embedding_rms,
+    perturb_embeddings,
+    perturb_inputs,
+    substitution_probability,
+)
 
 
 def _embedding_output(model, batch, **perturbation) -> torch.Tensor:

@@ -17,7 +17,7 @@ from descentlab.errors import ConfigError
 from descentlab.train.recipe import MethodConfig
 
 __all__ = [
-    "Selection",
+    "CandidateSelection",
     "binding_level",
     "candidate_methods",
     "check_equal_budgets",
@@ -163,7 +163,7 @@ def settings_diff(settings: Mapping[str, Any], base: Mapping[str, Any]) -> str:
 
 
 @dataclass
-class Selection:
+class CandidateSelection:
     """Validation-split choice of the constrained settings (on the study's tuning seed only), never on test.
 
     Attributes:

@@ -9,8 +9,8 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from descentlab.data.instructions import collate_causal
-from descentlab.errors import AssetMissingError, ConfigError
-from descentlab.robustness.judge import (
+from descentlab.errors import ConfigError
+from descentlab.evaluation.judge import (
     GenerativeJudge,
     LikelihoodJudge,
     Noise,
@@ -19,7 +19,7 @@ from descentlab.robustness.judge import (
     score_examples,
     score_examples_reference,
 )
-from descentlab.robustness.winrate import win_rate as score_win_rate
+from descentlab.evaluation.winrate import win_rate as score_win_rate
 from tiny_models import PAD, VOCAB
 from tiny_models import tiny_gpt2 as _tiny_gpt2
 
@@ -83,7 +83,7 @@ def test_noise_changes_scores_and_is_shared_across_batchings() -> None:
 
 
 def test_all_token_perplexity_matches_lm_eval() -> None:
-    from descentlab.models.lm_eval import evaluate_lm
+    from descentlab.models.perplexity import evaluate_lm
 
     model = tiny_gpt2(1)
     blocks = torch.randint(1, VOCAB, (5, 12), generator=torch.Generator().manual_seed(2))
@@ -157,28 +157,13 @@ def test_likelihood_judge_prefers_the_model_that_learned_the_text() -> None:
     assert win_rate(judge.preferences(trained, start, examples)) == 1.0
 
 
-def smollm2_tokenizer():
-    from transformers import AutoTokenizer
-
-    from descentlab.data import asset_path, cache_dir
-    from descentlab.data.models import smollm2_cache_ready
-
-    try:
-        gguf = asset_path("smollm2_gguf")
-    except AssetMissingError as e:
-        pytest.skip(f"SmolLM2 tokenizer needed: {e}")
-    if smollm2_cache_ready():
-        tok = AutoTokenizer.from_pretrained(cache_dir() / "smollm2", local_files_only=True)
-    else:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_tokenizer):
+    """The shared SmolLM2 tokenizer (a copy: padding with its end-of-text id here changes no other test)."""
+    tok = copy.deepcopy(smollm2_tokenizer)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return smollm2_tokenizer()
 
 
 def biased_judge(tokenizer, label: str) -> GPT2LMHeadModel:

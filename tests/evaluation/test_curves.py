@@ -11,14 +11,9 @@ import torch
 from torch import nn
 
 from descentlab.errors import ModelError
-from descentlab.robustness import (
-    RobustnessCurves,
-    perturb_embeddings,
-    perturb_inputs,
-    robustness_curve,
-    token_nll_metric,
-)
-from descentlab.robustness.perturb import embedding_rms
+from descentlab.evaluation import RobustnessCurves, robustness_curve, token_nll_metric
+from descentlab.perturbations import perturb_embeddings, perturb_inputs
+from descentlab.perturbations.hooks import embedding_rms
 from tiny_models import tiny_gpt2
 
 GAMMAS = (0.0, 0.5, 2.0)

@@ -5,7 +5,7 @@ training seed), every kind and every γ > 0, ``draws`` independent noise realisa
 (model, draw) pairs, and one summary number per kind (the mean over the grid). Noise is keyed by example
 content, so every model sees the *same* noisy inputs: differences between methods are paired.
 
-The ε kinds of :mod:`.ldp` (``metric_ldp``, ``gaussian_mechanism``) have a curve against ε instead
+The ε kinds of :mod:`descentlab.perturbations.ldp` (``metric_ldp``, ``gaussian_mechanism``) have a curve against ε instead
 (``epsilons=...``, x_name ``epsilon``; every ε > 0 is noisy, so the clean point is not on it).
 ``keep_examples=True`` also keeps the per-example values ``[model, draw, x, example]``, which the paired
 bootstrap CIs of :mod:`descentlab.report.stats` resample.
@@ -28,8 +28,8 @@ from torch import Tensor, nn
 
 from descentlab.errors import ConfigError, ModelError
 from descentlab.losses import next_token_nll
-from descentlab.robustness.ldp import LDP_KINDS, check_epsilon
-from descentlab.robustness.perturb import perturb_embeddings
+from descentlab.perturbations.hooks import perturb_embeddings
+from descentlab.perturbations.ldp import LDP_KINDS, check_epsilon
 
 DEFAULT_GAMMAS: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0)
 DEFAULT_KINDS: tuple[str, ...] = ("gaussian", "uniform", "discrete")
@@ -273,7 +273,7 @@ def robustness_curve(
         epsilons: the ε grid (each finite and > 0) of the ε kinds; used instead of ``gammas``.
         draws: noise realisations per (model, kind, γ > 0); draw d uses ``perturb(..., seed, draw=d)``.
         seed: the noise seed, shared by all models so that comparisons are paired.
-        perturb: :func:`perturb_embeddings` or :func:`perturb_inputs` (or the same signature).
+        perturb: :func:`perturb_embeddings` or :func:`~descentlab.perturbations.hooks.perturb_inputs` (or the same signature).
         perturb_kwargs: extra keywords for ``perturb`` (``sigma=...`` for inputs).
         stack_draws: one forward pass carries all draws of a batch (fast); False: one pass per draw.
         model_seeds: training seeds of ``models``, recorded in the protocol.

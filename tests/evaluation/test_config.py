@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from descentlab.errors import ConfigError
-from descentlab.robustness import DEFAULT_GAMMAS, NoiseEvalConfig
+from descentlab.evaluation import DEFAULT_GAMMAS, NoiseEvalConfig
 
 
 def test_defaults_and_profile_condition() -> None:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from descentlab.robustness import noise as nz
+from descentlab.perturbations import noise as nz
 
 
 def _mix32_numpy(x: np.ndarray) -> np.ndarray:

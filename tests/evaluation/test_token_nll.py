@@ -76,10 +76,10 @@ class TinyLM(nn.Module):
 
 
 def test_callers_match_reference() -> None:
-    from descentlab.models.lm_eval import evaluate_lm, token_nll_sum
-    from descentlab.robustness.curves import token_nll_metric
-    from descentlab.robustness.judge import score_examples
-    from descentlab.robustness.judge import token_nll as judge_nll
+    from descentlab.evaluation.curves import token_nll_metric
+    from descentlab.evaluation.judge import score_examples
+    from descentlab.evaluation.judge import token_nll as judge_nll
+    from descentlab.models.perplexity import evaluate_lm, token_nll_sum
 
     gen = torch.Generator().manual_seed(1)
     model = TinyLM(torch.randn(19, 19, generator=gen))

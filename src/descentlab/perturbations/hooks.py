@@ -22,7 +22,7 @@ Two more embedding kinds are calibrated by a privacy parameter ε instead of γ 
 
 The noise is a pure function of (seed, draw, example content, position): see :mod:`.noise`. ``replicas=k``
 lets one forward pass carry k stacked copies of a batch, copy j receiving draw ``draw + j``; this is the
-batched fast path of :func:`descentlab.robustness.curves.robustness_curve`.
+batched fast path of :func:`descentlab.evaluation.curves.robustness_curve`.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import torch
 from torch import Tensor, nn
 
 from descentlab.errors import ConfigError, DataError, ModelError
+from descentlab.perturbations import ldp
+from descentlab.perturbations import noise as nz
 from descentlab.readout.structure import in_probe
-from descentlab.robustness import ldp
-from descentlab.robustness import noise as nz
 
 EMBEDDING_KINDS = ("gaussian", "uniform", "discrete", "substitute", "neftune")  # levels γ
 LDP_KINDS = ldp.LDP_KINDS  # levels ε
@@ -129,7 +129,7 @@ def neftune_noise(output: Tensor, keys: Tensor, alpha: float, valid: Tensor | No
     """NEFTune's noise for ``output [B, T, d]``: ``(α / √(n_b d)) ν``, ν ~ U(-1, 1), n_b the real tokens of row b.
 
     ``valid [B, T]`` marks the real tokens (None: all T); the noise is the content-keyed uniform stream of
-    :func:`~descentlab.robustness.noise.standard_noise` (√3·U(-1, 1)) divided by √3.
+    :func:`~descentlab.perturbations.noise.standard_noise` (√3·U(-1, 1)) divided by √3.
     """
     rows, width = output.shape[0], output.shape[-1]
     if valid is not None and valid.shape == output.shape[:2]:

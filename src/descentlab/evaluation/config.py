@@ -3,7 +3,7 @@
 An experiment composes it with its own fields (an LLM evaluation adds its judge and generation settings):
 ``kinds`` x ``gammas`` x ``draws`` noise realisations keyed by ``noise_seed``, plus one layer-loss profile
 under ``profile_kind`` at ``profile_gamma``. Optionally, ``ldp_kinds`` x ``epsilons``: the calibrated
-local-DP mechanisms of :mod:`.ldp`, one curve against ε each (off unless listed).
+local-DP mechanisms of :mod:`descentlab.perturbations.ldp`, one curve against ε each (off unless listed).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from descentlab.errors import ConfigError
-from descentlab.robustness.curves import DEFAULT_EPSILONS, DEFAULT_GAMMAS, DEFAULT_KINDS
-from descentlab.robustness.ldp import LDP_KINDS
-from descentlab.robustness.perturb import EMBEDDING_KINDS as NOISE_KINDS
+from descentlab.evaluation.curves import DEFAULT_EPSILONS, DEFAULT_GAMMAS, DEFAULT_KINDS
+from descentlab.perturbations.hooks import EMBEDDING_KINDS as NOISE_KINDS
+from descentlab.perturbations.ldp import LDP_KINDS
 
 
 @dataclass

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from descentlab.errors import ConfigError
-from descentlab.robustness import win_rate
+from descentlab.evaluation import win_rate
 
 
 def test_win_rate_counts_ties_half_and_is_antisymmetric() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from descentlab.robustness.video_baselines import (
+from descentlab.evaluation.video_baselines import (
     BASELINES,
     choose_on_validation,
     denoise_tiles,

@@ -1,8 +1,8 @@
 r"""Causal LMs under embedding noise: per-example NLLs, perplexity curves and head-to-head win rates.
 
 Per model (:func:`evaluate_lm`), for every condition of a
-:class:`~descentlab.robustness.config.NoiseEvalConfig` grid, one batched pass over the held-out examples
-(:func:`~descentlab.robustness.judge.score_examples`) gives
+:class:`~descentlab.evaluation.config.NoiseEvalConfig` grid, one batched pass over the held-out examples
+(:func:`~descentlab.evaluation.judge.score_examples`) gives
 
     perplexity = exp(Σ_i nll_i / Σ_i n_i)        and each example's reference NLL  r_i,
 
@@ -13,7 +13,7 @@ Noise is keyed by example content, so every model sees the same noisy embeddings
 Across models, one evaluation per training seed (``evals[s]``): perplexity curves
 (:func:`perplexity_curves`), the likelihood judge's win rate of A over B (:func:`win_rate_curves`: lower
 r_i wins, ties within ``tol`` nats count half) and the generative judge's (:func:`judged_win_rate_curves`).
-Every curve is mean ± std over (seed, draw) pairs (:class:`~descentlab.robustness.curves.RobustnessCurves`).
+Every curve is mean ± std over (seed, draw) pairs (:class:`~descentlab.evaluation.curves.RobustnessCurves`).
 
 Data code stays outside: callers pass ``collate_fn(examples, pad_token_id)`` (e.g.
 ``descentlab.data.instructions.collate_causal``).
@@ -29,10 +29,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from descentlab.readout import CausalLMReadout, layer_losses
-from descentlab.robustness.config import NoiseEvalConfig
-from descentlab.robustness.curves import RobustnessCurves
-from descentlab.robustness.judge import (
+from descentlab.evaluation.config import NoiseEvalConfig
+from descentlab.evaluation.curves import RobustnessCurves
+from descentlab.evaluation.judge import (
     Collate,
     Example,
     GenerativeJudge,
@@ -40,7 +39,8 @@ from descentlab.robustness.judge import (
     generate_responses,
     score_examples,
 )
-from descentlab.robustness.winrate import WinRate, win_rate
+from descentlab.evaluation.winrate import WinRate, win_rate
+from descentlab.readout import CausalLMReadout, layer_losses
 
 Evaluation = dict[str, Any]  # one model's evaluate_lm output (JSON-able)
 
@@ -200,7 +200,7 @@ def evaluate_levels(
     profiles: Sequence[tuple[str, float]] = (),
 ) -> Evaluation:
     """:func:`evaluate_lm` on a grid with its own levels per kind (e.g. levels found from a baseline's
-    degradation, :mod:`descentlab.robustness.levels`); one clean pass shared by every kind.
+    degradation, :mod:`descentlab.evaluation.levels`); one clean pass shared by every kind.
 
     Returns ``{"perplexity": {key: float}, "nll": {key: [r_i]}, "ref_tokens": [n_i], "layer_loss":
     {"clean" | "<kind>@<level>": [f_0..f_L]}}``, keys from :func:`noise_key`; ``profiles`` lists the noisy

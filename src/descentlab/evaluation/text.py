@@ -2,7 +2,7 @@
 per-example loss read out at every layer, validation numbers, dataset-shift sets and the local-DP curves.
 
 Every model is evaluated on the same fixed batches under the same content-keyed noise
-(:func:`~descentlab.robustness.curves.robustness_curve`), so the per-example values of two models pair up.
+(:func:`~descentlab.evaluation.curves.robustness_curve`), so the per-example values of two models pair up.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from descentlab.robustness.accounting import EmbeddingGeometry
-from descentlab.robustness.config import NoiseEvalConfig
-from descentlab.robustness.curves import robustness_curve
-from descentlab.robustness.layer_profile import layer_loss_examples, layer_loss_profile
+from descentlab.evaluation.accounting import EmbeddingGeometry
+from descentlab.evaluation.config import NoiseEvalConfig
+from descentlab.evaluation.curves import robustness_curve
+from descentlab.evaluation.layer_profile import layer_loss_examples, layer_loss_profile
 
 
 def clean_accuracy(model: Any, batches: list) -> float:

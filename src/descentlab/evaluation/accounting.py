@@ -1,4 +1,4 @@
-"""Privacy accounting for the embedding mechanisms of :mod:`.ldp`: per token, per sequence, and γ ↔ ε.
+"""Privacy accounting for the embedding mechanisms of :mod:`descentlab.perturbations.ldp`: per token, per sequence, and γ ↔ ε.
 
 Per token (one token of the input changed, any token to any other):
 - metric LDP at ε: two tokens at distance ``D`` are ``ε·D``-indistinguishable; over a vocabulary, D is at
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from descentlab.errors import ConfigError
-from descentlab.robustness import ldp
+from descentlab.perturbations import ldp
 
 
 def basic_composition(epsilon: float, delta: float, k: int) -> tuple[float, float]:
@@ -87,7 +87,7 @@ class EmbeddingGeometry:
     @classmethod
     def of(cls, model: nn.Module, module: nn.Module | None = None) -> EmbeddingGeometry:
         """Read it off the model's input-embedding matrix (or ``module.weight``)."""
-        from descentlab.robustness.perturb import input_embedding_module
+        from descentlab.perturbations.hooks import input_embedding_module
 
         target = module if module is not None else input_embedding_module(model)
         weight = getattr(target, "weight", None)
