@@ -396,7 +396,8 @@ def variance_cuts_section(results_dir: Path) -> list[str]:
         "cells): below 1, sharing cancelled that part of the spread. More test examples shrink only the "
         "example piece of Var(mean): the *MDE floor* is what the same seeds would detect with unlimited "
         "examples, MDE · √(seed share). Where the floor is still above the declared effect, only more seeds "
-        "help.",
+        "help. A negative cut means the arms moved against each other across seeds; from 3 to 8 seeds the "
+        "ratio is itself a noisy estimate.",
         "",
         markdown_table(
             [
