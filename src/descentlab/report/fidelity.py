@@ -92,7 +92,7 @@ def render(fidelity: Fidelity, configs: Mapping[str, Any], command: str = "") ->
     ]
     lines = [
         BEGIN,
-        "<!-- generated from the study's fidelity.py and its presets"
+        "<!-- generated from the study's FIDELITY (claims.py) and its presets"
         + (f" by `{command}`" if command else "")
         + "; do not edit by hand -->",
         "",

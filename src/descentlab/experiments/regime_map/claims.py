@@ -50,6 +50,7 @@ import numpy as np
 
 from descentlab.experiments.regime_map.config import condition
 from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
+from descentlab.report.fidelity import Deviation, Fidelity, NotTested
 from descentlab.study.cells import CellStore
 
 PPL_SESOI = 0.05
@@ -277,3 +278,51 @@ CLAIMS = [
         control=True,
     ),
 ]
+
+
+def _widths(c: Any) -> str:
+    return ", ".join(f"{label} ({spec})" for label, spec in c.horst_sizes.items())
+
+
+FIDELITY = Fidelity(
+    [
+        Deviation(
+            "model size (HORST)",
+            "GPT-2 small, one size",
+            lambda c: f"three GPT-2 widths: {_widths(c)}",
+            SOURCE,
+        ),
+        Deviation(
+            "sparsities",
+            "50-90 %, one-shot, layer-wise magnitude, no fine-tuning",
+            lambda c: f"{', '.join(f'{100 * p:g} %' for p in c.sparsities)}, one-shot, layer-wise magnitude",
+            SOURCE,
+        ),
+        Deviation(
+            "tuning",
+            "not stated",
+            lambda c: (
+                f"none per size: every width runs at sparse-lm's {c.horst_preset} settings (tuned at width 128)"
+            ),
+        ),
+        Deviation(
+            "encoder depth (constrained)",
+            "full-depth RoBERTa",
+            lambda c: (
+                f"the first {', '.join(map(str, c.constrained_depths))} layers of the pretrained MiniLM-L6"
+            ),
+            "constrained-learning paper, text classification under embedding noise",
+        ),
+        Deviation(
+            "seeds", "not stated", lambda c: f"{len(c.seeds)} evaluation seeds ({c.seeds[0]}-{c.seeds[-1]})"
+        ),
+    ],
+    [
+        NotTested(
+            "HORST's perplexity after pruning is below AdamW's and HAM's at GPT-2 small",
+            "the map measures three small widths and extrapolates; the paper's size is sparse-lm's paper preset",
+            "descentlab run sparse-lm --preset paper (docs/paper-scale.md), which tests the map's prediction",
+            SOURCE,
+        )
+    ],
+)
