@@ -325,8 +325,9 @@ def sizing_section(results_dir: Path) -> list[str]:
         "understate it: the bound is 2.1× the estimate at 3 seeds, 1.45× at 5). The plug-in figure uses the "
         "run's own estimate. Hours here: the run's measured wall time per evaluation seed (tuning included) "
         "× the seeds the rule asks for, on this 2-core machine; a design that fits in about 6 hours can be "
-        "run here. GPU hours are unmeasured: no GPU has been lent to this project, and no cost model is "
-        "stated without one measured step (`make gpu-check` measures it).",
+        "run here. No GPU has been lent to this project, so no GPU time is measured: "
+        "[../paper-scale.md](../paper-scale.md) gives each paper preset's GPU-hours as an estimate from a "
+        "stated FLOP cost model (`make gpu-check` would measure one step to calibrate it).",
         "",
         markdown_table(
             [
