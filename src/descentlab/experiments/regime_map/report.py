@@ -190,3 +190,35 @@ def _depths(ax: Any, store: CellStore) -> None:
     ax.set_xticks(depths)
     ax.set_xlabel("encoder layers (MiniLM, first k)")
     ax.set_ylabel("constrained − ERM accuracy, γ >= 1")
+
+
+def method_curves(store: CellStore) -> dict[str, dict[str, Any]]:
+    """Each arm's ``results.json`` block: per HORST width, test log-ppl against sparsity (0 = dense); per
+    encoder, noisy and clean accuracy against depth; mean and sd over seeds of the per-seed means."""
+    out: dict[str, dict[str, Any]] = {arm: {"metrics": {}, "curves": {}} for arm in store.design.arms}
+    extra = store.design.extra
+    for arm in ("adamw", "horst"):
+        if arm not in out:
+            continue
+        levels = [0.0, *(float(p) for p in extra["sparsities"])]
+        for size in extra["sizes"]:
+            per_seed = np.stack(
+                [store.get("nll", arm, condition("horst", size, p)).mean(axis=-1) for p in levels]
+            )
+            out[arm]["curves"][f"test_nll_{size}"] = {
+                "x_name": "sparsity", "x": levels, "metric": "test log-ppl",
+                "mean": per_seed.mean(axis=1).tolist(), "std": per_seed.std(axis=1, ddof=1).tolist(),
+            }  # fmt: skip
+    for arm in ("erm", "constrained"):
+        if arm not in out:
+            continue
+        depths = list(extra["depths"])
+        for metric in ("noisy", "clean"):
+            per_seed = np.stack(
+                [store.get(metric, arm, condition("constrained", d)).mean(axis=-1) for d in depths]
+            )
+            out[arm]["curves"][f"{metric}_accuracy"] = {
+                "x_name": "layers", "x": depths, "metric": f"{metric} test accuracy",
+                "mean": per_seed.mean(axis=1).tolist(), "std": per_seed.std(axis=1, ddof=1).tolist(),
+            }  # fmt: skip
+    return out

@@ -18,7 +18,7 @@ import numpy as np
 
 from descentlab.experiments.regime_map.config import RegimeMapConfig, condition, design
 from descentlab.experiments.regime_map.jobs import run_point
-from descentlab.experiments.regime_map.report import tables
+from descentlab.experiments.regime_map.report import method_curves, tables
 from descentlab.study.cells import CellStore
 from descentlab.train.rundir import RunDir
 
@@ -72,7 +72,7 @@ def run(cfg: RegimeMapConfig, run: RunDir) -> dict:
                 "constrained": f"text-robustness --preset {cfg.constrained_preset} {' '.join(cfg.constrained_base)}",
             },
         },
-        "methods": {arm: {} for arm in record.arms},
+        "methods": method_curves(store),
         "tables": [t.to_dict() for t in tables(store)],
     }
 
