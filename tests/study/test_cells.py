@@ -17,7 +17,9 @@ from descentlab.study.cells import (
     Design,
     cell_key,
     condition_name,
+    load_store,
     record_design,
+    require_store,
 )
 
 
@@ -186,3 +188,24 @@ def test_the_store_saves_under_the_record_the_runner_wrote_and_refuses_another_d
             record_design(tmp_path, design)
     assert (tmp_path / CELLS_FILE).read_bytes() == cells_before
     assert CellStore.load(tmp_path).design == saved
+
+
+def test_load_store_prefers_the_store_then_the_legacy_reader_then_nothing(tmp_path) -> None:
+    store = _store()
+    store.save(tmp_path / "new")
+    (tmp_path / "design-only").mkdir()
+    record_design(tmp_path / "design-only", store.design)  # the runner wrote the record; the run saved nothing
+    calls = []
+
+    def legacy(run_dir):
+        calls.append(run_dir.name)
+        return store if run_dir.name == "old" else None
+
+    assert set(load_store(tmp_path / "new", legacy)) == set(store) and calls == []
+    empty = load_store(tmp_path / "design-only", legacy)  # a new-style run: its rows pend, legacy is not asked
+    assert isinstance(empty, CellStore) and len(empty) == 0 and calls == []
+    assert load_store(tmp_path / "old", legacy) is store
+    assert load_store(tmp_path / "none", legacy) == {} and load_store(tmp_path / "none") == {}
+    assert require_store(store) is store
+    with pytest.raises(MissingArrays, match="cell store"):
+        require_store({})

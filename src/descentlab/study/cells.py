@@ -42,7 +42,9 @@ __all__ = [
     "Design",
     "cell_key",
     "condition_name",
+    "load_store",
     "record_design",
+    "require_store",
     "stack_seeds",
 ]
 
@@ -273,3 +275,20 @@ def record_design(run_dir: Path | str, design: Design, *, write: bool = True) ->
 def stack_seeds(per_seed: Sequence[Any], dtype: Any = None) -> np.ndarray:
     """``[seeds, ...]`` from one array per seed."""
     return np.stack([np.asarray(x, dtype=dtype) for x in per_seed])
+
+
+def load_store(run_dir: Path | str, legacy: Callable[[Path], CellStore | None] | None = None) -> CellStore | dict:
+    """What a study's ``claim_arrays(run_dir)`` hands the claims engine: the run's cell store; for a run
+    saved before the store, ``legacy(run_dir)`` (the study's ``legacy.legacy_store``); ``{}`` when neither
+    exists (no run yet: every claim pends). An empty store is falsy, so ``None`` is tested, not truth."""
+    store = CellStore.load(run_dir)
+    if store is None and legacy is not None:
+        store = legacy(Path(run_dir)) or None
+    return {} if store is None else store
+
+
+def require_store(arrays: Mapping[str, Any]) -> CellStore:
+    """``arrays`` as a :class:`CellStore`; MissingArrays (the row pends) when the run saved none."""
+    if not isinstance(arrays, CellStore):
+        raise MissingArrays(f"the cell store ({CELLS_FILE} and {DESIGN_FILE})")
+    return arrays
