@@ -69,14 +69,14 @@ def _study_package(
     pkg = tmp_path / "toy_study"
     pkg.mkdir()
     (pkg / "__init__.py").write_text('"""A toy study."""\n')
-    (pkg / "figures.py").write_text(figures_source)
+    (pkg / "report.py").write_text(figures_source)
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in [m for m in sys.modules if m.startswith("toy_study")]:
         monkeypatch.delitem(sys.modules, name)
     return experiments.Experiment("toy", importlib.import_module("toy_study"))
 
 
-def test_a_study_figures_module_is_found_by_convention(
+def test_a_study_report_module_s_figures_are_found_by_convention(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source = (

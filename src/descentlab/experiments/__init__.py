@@ -9,13 +9,10 @@ A study is one folder, ``experiments/<study>/``, read top to bottom::
     jobs.py      the (arm, seed) job a worker runs: train and evaluate into arrays
     run.py       run(cfg, run: RunDir) -> dict | Results: plan the jobs, save the cells, summarise
     claims.py    CLAIMS: list[ClaimSpec] (one primary endpoint) and their cell functions; optionally
-                 claim_arrays(run_dir) -> the arrays the cells read (default: arrays/claims.npz), and
+                 claim_arrays(run_dir) -> the arrays the cells read (default: the run's cell store), and
                  FIDELITY, what the presets change against the paper
     report.py    tables and figures(results, run_dir) -> [{"path", "caption"}], drawn from saved arrays only
     legacy.py    where needed: readers for the arrays of runs committed before the study's current layout
-
-A part is looked up in its file of this layout first; ``figures.py`` and ``fidelity.py`` are still read
-where a study keeps them as files of their own.
 
 ``run`` returns ``{"protocol": ..., "methods": {...}}`` plus optional ``tables``, ``figures``, ``notes``;
 the runner adds ``experiment``, the resolved ``config`` and the judged ``claims``. A config error is raised
@@ -94,21 +91,11 @@ class Experiment:
 
     @property
     def config_cls(self) -> type:
+        """The study's ``CONFIG`` dataclass."""
         module = self._required("config")
-        explicit = getattr(module, "CONFIG", None)
-        if explicit is not None:
-            return explicit
-        classes = [
-            v
-            for v in vars(module).values()
-            if isinstance(v, type)
-            and dataclasses.is_dataclass(v)
-            and v.__module__ == module.__name__
-            and v.__name__.endswith("Config")
-        ]
-        if len(classes) != 1:
-            raise RuntimeError(f"{module.__name__} must define CONFIG or exactly one *Config dataclass")
-        return classes[0]
+        if getattr(module, "CONFIG", None) is None:
+            raise RuntimeError(f"{module.__name__} must define CONFIG, its config dataclass")
+        return module.CONFIG
 
     @property
     def presets(self) -> dict[str, dict]:
@@ -129,20 +116,15 @@ class Experiment:
         return list(getattr(module, "CLAIMS", [])) if module is not None else []
 
     def claim_arrays(self, run_dir: Path) -> Mapping[str, Any]:
-        """The arrays the claims' cells read: the study's ``claim_arrays(run_dir)``, else
-        ``arrays/claims.npz`` of the run ({} when the run saved none: every claim is then pending)."""
-        from descentlab.io import load_arrays
+        """The arrays the claims' cells read: the study's ``claim_arrays(run_dir)``, else the run's cell store
+        ({} when the run saved none: every claim is then pending)."""
+        from descentlab.study.cells import load_store
 
-        module = self.part("claims")
-        custom = getattr(module, "claim_arrays", None) if module is not None else None
-        if custom is not None:  # a dict, or a study.cells.CellStore (a Mapping that keeps its design record)
-            return custom(Path(run_dir))
-        path = Path(run_dir) / "arrays" / "claims.npz"
-        return load_arrays(path) if path.is_file() else {}
+        return (self.declared("claim_arrays", "claims") or load_store)(Path(run_dir))
 
     def figures(self, results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
-        """The study's own figures (``figures.figures``), drawn from saved data; [] when it has none."""
-        draw = self.declared("figures", "report", "figures")
+        """The study's own figures (``report.figures``), drawn from saved data; [] when it has none."""
+        draw = self.declared("figures", "report")
         if draw is None:
             return []
         (Path(run_dir) / "figures").mkdir(exist_ok=True)

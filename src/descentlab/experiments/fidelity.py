@@ -27,7 +27,7 @@ COLUMNS = ("full", "paper")
 
 def declarations(name: str) -> Fidelity | None:
     """The study's ``FIDELITY`` (None when it declares none, e.g. the smoke study)."""
-    return get(name).declared("FIDELITY", "claims", "fidelity")  # a one-file study declares none
+    return get(name).declared("FIDELITY", "claims")  # a one-file study declares none
 
 
 def preset_configs(name: str) -> dict[str, object]:

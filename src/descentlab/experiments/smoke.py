@@ -48,6 +48,9 @@ class SmokeConfig:
             raise ConfigError("seeds must list at least one seed")
 
 
+CONFIG = SmokeConfig
+
+
 PRESETS = {
     "quick": {"n_train": 1000, "n_test": 500, "train.epochs": 1},
     "full": {"n_train": 20000, "n_test": 5000, "train.epochs": 5, "seeds": [0, 1, 2]},
