@@ -194,7 +194,8 @@ def test_load_store_prefers_the_store_then_the_legacy_reader_then_nothing(tmp_pa
     store = _store()
     store.save(tmp_path / "new")
     (tmp_path / "design-only").mkdir()
-    record_design(tmp_path / "design-only", store.design)  # the runner wrote the record; the run saved nothing
+    # the runner wrote the record; the run saved nothing
+    record_design(tmp_path / "design-only", store.design)
     calls = []
 
     def legacy(run_dir):
@@ -202,7 +203,8 @@ def test_load_store_prefers_the_store_then_the_legacy_reader_then_nothing(tmp_pa
         return store if run_dir.name == "old" else None
 
     assert set(load_store(tmp_path / "new", legacy)) == set(store) and calls == []
-    empty = load_store(tmp_path / "design-only", legacy)  # a new-style run: its rows pend, legacy is not asked
+    # a new-style run: its rows pend, legacy is not asked
+    empty = load_store(tmp_path / "design-only", legacy)
     assert isinstance(empty, CellStore) and len(empty) == 0 and calls == []
     assert load_store(tmp_path / "old", legacy) is store
     assert load_store(tmp_path / "none", legacy) == {} and load_store(tmp_path / "none") == {}

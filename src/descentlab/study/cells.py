@@ -277,7 +277,9 @@ def stack_seeds(per_seed: Sequence[Any], dtype: Any = None) -> np.ndarray:
     return np.stack([np.asarray(x, dtype=dtype) for x in per_seed])
 
 
-def load_store(run_dir: Path | str, legacy: Callable[[Path], CellStore | None] | None = None) -> CellStore | dict:
+def load_store(
+    run_dir: Path | str, legacy: Callable[[Path], CellStore | None] | None = None
+) -> CellStore | dict:
     """What a study's ``claim_arrays(run_dir)`` hands the claims engine: the run's cell store; for a run
     saved before the store, ``legacy(run_dir)`` (the study's ``legacy.legacy_store``); ``{}`` when neither
     exists (no run yet: every claim pends). An empty store is falsy, so ``None`` is tested, not truth."""
