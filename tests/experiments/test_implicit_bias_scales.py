@@ -90,12 +90,13 @@ def test_ham_exponent_follows_the_gradient_scale_and_horst_does_not():
 
 
 def test_the_alpha_search_is_one_toolkit_round_at_equal_budgets() -> None:
-    """run.scales_plan: one round over every (tuned method, spread) arm, each trying its method's grid on the
+    """run.tuning_plan: one round over every (tuned method, spread) arm, each trying its method's grid on the
     validation set (named by the first validation seed); HORST's and HAM's grids must be the same size."""
-    from descentlab.experiments.implicit_bias.jobs import scale_arm, scales_plan
+    from descentlab.experiments.implicit_bias.jobs import scale_arm
+    from descentlab.experiments.implicit_bias.run import tuning_plan
 
     cfg = ImplicitBiasConfig()
-    plan = scales_plan(cfg)
+    plan = tuning_plan(cfg)
     (rnd,) = plan.rounds
     assert rnd.arms == tuple(scale_arm(m, k) for k in cfg.scales.decades for m in ("horst", "ham"))
     assert plan.tune_seed == cfg.scales.validation_seeds[0] and plan.tune_seed not in plan.seeds
@@ -103,4 +104,4 @@ def test_the_alpha_search_is_one_toolkit_round_at_equal_budgets() -> None:
     assert rnd.candidates("horst@3", {}) == cfg.scales.horst_alphas
     cfg.scales.ham_alphas = cfg.scales.ham_alphas[:-1]
     with pytest.raises(ConfigError, match="unequal tuning budgets"):
-        scales_plan(cfg)
+        tuning_plan(cfg)

@@ -16,53 +16,46 @@ maximum-L1-margin separator on separable data. Its conclusion calls the L∞ lim
 descent (p = ∞, the case nearest Adam) is outside it: its rows are exploratory, never a refutation.
 
 Primary endpoint: ``theorem-lp4-mirror``: L4 steepest descent + mirror (the step of L4 length lr_k along
-argmax_{||d||_4 <= 1} <g, d>, then the mirror step) reaches τ = 0.9 of the optimal L1 margin at the end of
-the decaying-step run. p = 4 was chosen a priori, when the L_p operator was asked for and before
-it existed: it is the middle of the finite range the project had no operator for (p = 2
-had normalised GD, p = ∞ sign descent), the geometric mean of the run's other finite p > 2 (3 and 8)
-rather than an end of the range, where the object would sit closest to a case already run. p = 2, 3 and 8
-are secondary rows of the same form; p = ∞ (``theorem-sign-mirror``) and its "still rising" row are
-exploratory.
+argmax_{||d||_4 <= 1} <g, d>, then the mirror step) reaches τ = 0.9 of the optimal L1 margin at the end of the
+decaying-step run. p = 4 was chosen a priori, when the L_p operator was asked for and before it existed: it is
+the middle of the finite range the project had no operator for (p = 2 had normalised GD, p = ∞ sign descent),
+the geometric mean of the run's other finite p > 2 (3 and 8) rather than an end of the range, where the object
+would sit closest to a case already run. p = 2, 3 and 8 are secondary rows of the same form; p = ∞
+(``theorem-sign-mirror``) and its "still rising" row are exploratory.
 
 "Converges" is judged at the end of a finite run as a sized claim: the margin ratio is at least τ = 0.9
 (the threshold fixed before the earlier run; a ratio can only approach 1 from below, and 0.9 is the
 smallest end value read as "near the L1-optimal direction": the SESOI of the sized claim is the distance
 to τ). ``theorem-sign-mirror-rising`` says whether sign + mirror is still approaching.
 
-Power, declared before the full run. The sizing pilot (``descentlab run implicit-bias --preset pilot``:
-the full preset's theorem run, 10^5 decaying steps, every p, on seeds 204-207, which are neither evaluation
-seeds 0-19, validation seeds 100-101 nor the earlier pilot's 200-203; 4 min 27 s wall on the shared 2
-cores) gave the p = 4 ratio per seed 0.924, 0.958, 0.918, 0.956: mean 0.939 [0.906, 0.973] (t, 3 df),
-per-seed sd s = 0.021. Sized conservatively (:func:`pilot_sizing`): the 80 % upper confidence bound of the
-seed sd at n = 4, s_U = s sqrt(3 / χ²_{0.2, 3}) = 1.73 s = 0.036, and the seed-level MDE at the full
-preset's 20 seeds, (t_{0.975, 19} + t_{0.8, 19}) s_U / sqrt(20) = 2.954 · 0.036 / 4.47 = 0.024. Each cell
-is an exact function of its seed (one example), so the seed piece is the whole variance. The pilot's mean
-lies 0.039 above τ, more than the MDE: at the pilot's size the full run can tell "reaches τ" from "does
-not". The other objects in the same pilot (mean [95 % CI], s, MDE at 20 seeds): p = 2 0.990 [0.986, 0.994],
-0.0025, 0.003; p = 3 0.967 [0.956, 0.979], 0.007, 0.008; p = 8 0.828 [0.670, 0.985], 0.099, 0.113; p = ∞
-0.636 [0.449, 0.823], 0.118, 0.134. These are pilot numbers, not results.
+Power, declared before the full run (now committed): the sizing pilot (``--preset pilot``, seeds 204-207,
+apart from the earlier pilot's 200-203; p = 4 per seed 0.924, 0.958, 0.918, 0.956), its p = 4 figures and
+their sizing by :func:`pilot_sizing` (MDE 0.024 at 20 seeds, below the pilot's 0.039 above τ) are restated on
+docs/results/implicit-bias.md ("Pilot, before the run"). The other objects in the same pilot (mean [95 % CI],
+s, MDE at 20 seeds): p = 2 0.990 [0.986, 0.994], 0.0025, 0.003; p = 3 0.967 [0.956, 0.979], 0.007, 0.008;
+p = 8 0.828 [0.670, 0.985], 0.099, 0.113; p = ∞ 0.636 [0.449, 0.823], 0.118, 0.134. These are pilot numbers,
+not results.
 
-Smallest effects of interest (in each metric's units): 0.01 of the optimal L1 margin between HORST and
-HAM (in the earlier run their mean ratios still moved by 0.004 and 0.007 between steps 4,860 and 20,000,
-so a gap under 0.01 is within what more steps could change); 0.01 for "still rising" (the same reason); 0.05 of the optimal
-margin for HORST against Adam (Adam's ratio varies by about 0.04 between seeds: a smaller gain is not the
-L1 bias); 5 non-zeros of 100 coordinates; 0.05 of the minimum L1 norm on regression.
-"""
+Smallest effects of interest (in each metric's units): 0.01 of the optimal L1 margin between HORST and HAM (in
+the earlier run their mean ratios still moved by 0.004 and 0.007 between steps 4,860 and 20,000, so a gap
+under 0.01 is within what more steps could change); 0.01 for "still rising" (the same reason); 0.05 of the
+optimal margin for HORST against Adam (Adam's ratio varies by about 0.04 between seeds: a smaller gain is not
+the L1 bias); 5 non-zeros of 100 coordinates; 0.05 of the minimum L1 norm on regression."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from descentlab.experiments.implicit_bias.legacy import LEGACY_ARRAYS, legacy_store
+from descentlab.experiments.implicit_bias.legacy import legacy_store
 from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays, NotInRun
 from descentlab.report.fidelity import Deviation, Fidelity, NotTested, seeds
 from descentlab.report.stats import sd_upper_bound
-from descentlab.study.cells import CELLS_FILE, CellStore
+from descentlab.study.cells import CellStore, load_store, require_store
 
 SCALES_RATIO = "scales_l1_margin_ratio"
 TAU = 0.9  # "approaches the optimal L1 margin": the fraction fixed before the earlier run
@@ -78,16 +71,8 @@ RATIO = "normalised L1 margin / optimal L1 margin (linprog)"
 END = "end of the decaying-step run"
 
 
-def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
-    """The run's cell store; a run made before the store is read by :func:`legacy.legacy_store`; {} when
-    the run saved neither (every row pending)."""
-    return CellStore.load(run_dir) or legacy_store(run_dir) or {}
-
-
-def _store(arrays: Mapping[str, Any]) -> CellStore:
-    if not isinstance(arrays, CellStore):
-        raise MissingArrays(f"{CELLS_FILE} (or the older {LEGACY_ARRAYS})")
-    return arrays
+# the run's cell store; a run made before the store is read by legacy.py; {} when neither (every row pends)
+claim_arrays = partial(load_store, legacy=legacy_store)
 
 
 def reaches(method: str, metric: str | None, at: str = "") -> CellFunction:
@@ -97,7 +82,7 @@ def reaches(method: str, metric: str | None, at: str = "") -> CellFunction:
     run is labelled a smoke run, not judged."""
 
     def cells(arrays: Mapping[str, Any]) -> list[Cells]:
-        store = _store(arrays)
+        store = require_store(arrays)
         final = theorem_path(store, method)[1][:, -1] if metric is None else store.get(metric, method)
         final = np.asarray(final, dtype=np.float64)
         return [Cells(final, np.zeros_like(final), method, "0", at)]
@@ -120,7 +105,7 @@ def theorem_path(store: CellStore, method: str) -> tuple[np.ndarray, np.ndarray]
 
 def sign_mirror_rising(arrays: Mapping[str, Any]) -> list[Cells]:
     """sign + mirror's ratio at the last step against the recorded step nearest a tenth of the run."""
-    steps, ratio = theorem_path(_store(arrays), SIGN_MIRROR)
+    steps, ratio = theorem_path(require_store(arrays), SIGN_MIRROR)
     tenth = int(np.argmin(np.abs(np.log(steps) - np.log(steps[-1] / 10))))
     end, mid = f"step {int(steps[-1])}", f"step {int(steps[tenth])}"
     return [Cells(ratio[:, -1], ratio[:, tenth], f"{SIGN_MIRROR} at {end}", f"at {mid}")]
@@ -130,7 +115,7 @@ def paired(metric: str, a: str, b: str) -> CellFunction:
     """Cells of ``a − b`` on the main problems' per-seed ``metric``."""
 
     def cells(arrays: Mapping[str, Any]) -> list[Cells]:
-        return [_store(arrays).compare(metric, a, b)]
+        return [require_store(arrays).compare(metric, a, b)]
 
     return cells
 
@@ -141,7 +126,7 @@ def scales(where: str, against: str | None) -> CellFunction:
     or every spread (``"all"``)."""
 
     def cells(arrays: Mapping[str, Any]) -> list[Cells]:
-        store = _store(arrays)
+        store = require_store(arrays)
         decades = np.asarray(store.conditions(numeric=True))
         keep = {"equal": decades == 0, "spread": decades > 0, "all": decades >= 0}[where]
         if not keep.any():  # the design has no such spread: another run of the study judges the row

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from descentlab.errors import ConfigError
 from descentlab.study.cells import Design
 
-# the optimizer geometries a run can name (``jobs.make_geometry`` builds each)
+# the optimizer geometries a run can name (``jobs.make_optimizer`` builds each)
 METHODS = (
     "gd", "sign", "coordinate", "adam", "hyperbolic_md", "horst", "ham", "ngd+mirror_after",
     "sign+mirror_after", "gd+mirror_before", "sign+mirror_before", "adam+mirror_before",
@@ -98,8 +98,7 @@ class ImplicitBiasConfig:
     scales: ScalesConfig = field(default_factory=ScalesConfig)
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.methods) - set(METHODS))
-        if unknown:
+        if unknown := sorted(set(self.methods) - set(METHODS)):
             raise ConfigError(f"unknown methods {unknown}; choose from {list(METHODS)}")
         if self.regression.n >= self.regression.d or self.classification.n >= self.classification.d:
             raise ConfigError("implicit bias needs n < d (under-determined / many separators)")
@@ -138,10 +137,8 @@ PRESETS = {
 
 
 def design(cfg: ImplicitBiasConfig) -> Design:
-    """The design record of a run of ``cfg`` (:mod:`descentlab.study.cells`): the arms are every method of
-    the main problems, of Theorem 4.7's run and of the scale study, once each; the conditions are the scale
-    study's spreads (none when it is skipped); one value per seed (``examples`` 1). ``extra["theorem"]``
-    names the theorem run's objects; the run adds the steps it recorded them at."""
+    """The design record of a run of ``cfg`` (:mod:`descentlab.study.cells`): one value per seed; the run
+    adds the steps it recorded Theorem 4.7's objects at to ``extra["theorem"]``."""
     arms = tuple(dict.fromkeys([*cfg.methods, *cfg.theorem.methods, *cfg.scales.methods]))
     decades = tuple(cfg.scales.decades) if cfg.scales.methods else ()
     extra = {"theorem": {"methods": list(cfg.theorem.methods)}} if cfg.theorem.methods else {}

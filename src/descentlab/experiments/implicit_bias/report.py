@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from descentlab.experiments.implicit_bias.claims import claim_arrays
+from descentlab.experiments.implicit_bias.config import ImplicitBiasConfig
+from descentlab.experiments.implicit_bias.jobs import Outcome, ScalesRun, curve_grids
 from descentlab.io import load_arrays
 from descentlab.report.figures import new_figure, save_figure
 from descentlab.report.results import Curve, MethodResult
@@ -39,34 +41,49 @@ RATIO = "L1 margin / optimal L1 margin"
 # ---- results.json: methods and tables -----------------------------------------------------------------
 
 
-def main_methods(
-    per: Mapping[str, Mapping[str, list]], reg_grid: Sequence[int], cls_grid: Sequence[int]
-) -> dict[str, MethodResult]:
-    """Per method: the mean of every metric over seeds and its two curves (mean ± std over seeds)."""
+def summarise(cfg: ImplicitBiasConfig, outcome: Outcome) -> dict[str, Any]:
+    """``results.json``'s methods, tables, notes and the scale study's block. Per main method: the mean of
+    every metric over seeds and its two curves; per Theorem 4.7 object, ``"<method> (theorem)"``: its end
+    ratio and its path; per scale-study method, ``"<method> (scales)"``: its L1 margin ratio against the
+    spread (every curve mean ± std over seeds)."""
+    reg_grid, cls_grid = curve_grids(cfg)
     methods = {}
-    for name, rec in per.items():
+    for name, rec in outcome.per.items():
         metrics = {k: mean_std(v, impl="numpy")[0] for k, v in rec.items() if not k.endswith("curve")}
-        curves = {}
-        for key, grid, metric in (
-            ("reg_l1_curve", reg_grid, "||w||_1 / min L1 (regression)"),
-            ("cls_margin_curve", cls_grid, "L1 margin / optimal (classification)"),
-        ):
-            mean, std = column_mean_std(rec[key], impl="numpy")
-            curves[key.replace("_curve", "")] = Curve("step", list(grid), metric, mean, std)
+        curves = {
+            "reg_l1": _band("step", reg_grid, "||w||_1 / min L1 (regression)", rec["reg_l1_curve"]),
+            "cls_margin": _band(
+                "step", cls_grid, "L1 margin / optimal (classification)", rec["cls_margin_curve"]
+            ),
+        }
         methods[name] = MethodResult(metrics=metrics, curves=curves)
-    return methods
-
-
-def theorem_methods(grid: list[int], paths: Mapping[str, np.ndarray]) -> dict[str, MethodResult]:
-    """One ``"<method> (theorem)"`` result per object: its end ratio and its path (mean ± std over seeds)."""
-    methods = {}
-    for name, path in paths.items():
-        mean, std = column_mean_std(path, impl="numpy")
-        curve = Curve("step", grid, "L1 margin / optimal (decaying step)", mean, std)
+    for name, path in outcome.theorem.items():
+        curve = _band("step", outcome.theorem_steps, "L1 margin / optimal (decaying step)", path)
         methods[f"{name} (theorem)"] = MethodResult(
-            metrics={"l1_margin_ratio": mean[-1]}, curves={"theorem_margin": curve}
+            metrics={"l1_margin_ratio": curve.mean[-1]}, curves={"theorem_margin": curve}
         )
-    return methods
+    tables, extra = main_tables(outcome.per, cfg.methods), {}
+    if (scales := outcome.scales) is not None:
+        decades = list(scales.per)
+        for name in scales.per[decades[0]]:
+            ratios = [scales.per[k][name]["l1_margin_ratio"] for k in decades]
+            curve = _band("decades", decades, "L1 margin / optimal (heterogeneous)", np.asarray(ratios).T)
+            metrics = {f"l1_margin_ratio@{k:g}": m for k, m in zip(decades, curve.mean, strict=True)}
+            methods[f"{name} (scales)"] = MethodResult(metrics=metrics, curves={"scales_l1_margin": curve})
+        tables += scales_tables(scales)
+        extra["scales"] = {
+            "chosen_alpha": {f"{k:g}": dict(v) for k, v in scales.chosen.items()},
+            "validation": {f"{k:g}": {m: {f"{a:g}": x for a, x in g.items()} for m, g in v.items()}
+                           for k, v in scales.scores.items()},
+            "per_seed": {f"{k:g}": v for k, v in scales.per.items()},
+            "lp_l1_share_large": {f"{k:g}": list(v) for k, v in scales.lp_share.items()},
+        }  # fmt: skip
+    return {"methods": methods, "tables": tables, "notes": list(NOTES), "extra": extra}
+
+
+def _band(x_name: str, x: Sequence[float], metric: str, per_seed: Any) -> Curve:
+    """The curve of ``per_seed`` ``[seeds, len(x)]`` against ``x``: mean ± std over seeds."""
+    return Curve(x_name, list(x), metric, *column_mean_std(per_seed, impl="numpy"))
 
 
 def _cell(values: Sequence[float], digits: int = 3) -> str:
@@ -102,54 +119,33 @@ def main_tables(per: Mapping[str, Mapping[str, Sequence[float]]], methods: Seque
     return [regression.to_dict(), classification.to_dict()]
 
 
-def scales_results(
-    per: Mapping[float, Mapping[str, Mapping[str, Sequence[float]]]],
-    chosen: Mapping[float, Mapping[str, float]],
-    scores: Mapping[float, Mapping[str, Mapping[float, float]]],
-    lp_share: Mapping[float, Sequence[float]],
-) -> tuple[list[dict[str, Any]], dict[str, MethodResult], dict[str, Any]]:
-    """The scale study's tables (margins per spread, the validation grid), one ``"<method> (scales)"``
-    result per method (its L1 margin ratio against the spread) and the ``results.json`` block (chosen
-    alphas, validation grid, per-seed values)."""
-    decades = list(per)
-    methods = {}
-    for name in per[decades[0]] if decades else []:
-        ratios = np.asarray([per[k][name]["l1_margin_ratio"] for k in decades], dtype=float)
-        mean, std = column_mean_std(ratios.T, impl="numpy")
-        curve = Curve("decades", decades, "L1 margin / optimal (heterogeneous)", mean, std)
-        metrics = {f"l1_margin_ratio@{k:g}": m for k, m in zip(decades, mean, strict=True)}
-        methods[f"{name} (scales)"] = MethodResult(metrics=metrics, curves={"scales_l1_margin": curve})
+def scales_tables(scales: ScalesRun) -> list[dict[str, Any]]:
+    """The scale study's tables: margins per spread (with the LP separator's L1 share) and the validation
+    grid."""
     margins = Table(
         "Heterogeneous column scales: margins relative to the linprog optima, mean ± std over seeds (alpha "
         "chosen on the validation seeds)",
         ["decades", "method", "alpha", "L1 margin / optimal", "Linf margin / optimal", "non-zeros",
          "L1 share, upper half of scales"],
     )  # fmt: skip
-    for kappa, by_method in per.items():
+    for kappa, by_method in scales.per.items():
         for name, rec in by_method.items():
-            alpha = chosen.get(kappa, {}).get(name)
+            alpha = scales.chosen.get(kappa, {}).get(name)
             margins.add(f"{kappa:g}", name, "—" if alpha is None else f"{alpha:g}",
                         _cell(rec["l1_margin_ratio"], 4), _cell(rec["linf_margin_ratio"], 4),
                         _cell(rec["nnz"]), _cell(rec["large_share"]))  # fmt: skip
-        margins.add(f"{kappa:g}", "LP optimum (L1)", "—", "1", "—", "—", _cell(lp_share[kappa]))
+        margins.add(f"{kappa:g}", "LP optimum (L1)", "—", "1", "—", "—", _cell(scales.lp_share[kappa]))
     grid = Table(
         "Validation seeds: mean L1 margin / optimal for each alpha (the highest is chosen)",
         ["decades", "method", "grid"],
     )
-    for kappa, by_method in scores.items():
+    for kappa, by_method in scales.scores.items():
         for name, tried in by_method.items():
             cells = [
                 f"α={a:g}: " + ("diverged" if not np.isfinite(m) else f"{m:.3f}") for a, m in tried.items()
             ]
             grid.add(f"{kappa:g}", name, "; ".join(cells))
-    block = {
-        "chosen_alpha": {f"{k:g}": dict(v) for k, v in chosen.items()},
-        "validation": {f"{k:g}": {m: {f"{a:g}": x for a, x in g.items()} for m, g in v.items()}
-                       for k, v in scores.items()},
-        "per_seed": {f"{k:g}": v for k, v in per.items()},
-        "lp_l1_share_large": {f"{k:g}": list(v) for k, v in lp_share.items()},
-    }  # fmt: skip
-    return [margins.to_dict(), grid.to_dict()], methods, block
+    return [margins.to_dict(), grid.to_dict()]
 
 
 # ---- figures ------------------------------------------------------------------------------------------
@@ -221,13 +217,8 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
 
         def margins(ax: Any, _: None) -> None:
             for name, ratios in paths.items():
-                ax.plot(
-                    arrays["margins"]["steps"],
-                    ratios,
-                    label=name,
-                    lw=1.3,
-                    ls="--" if "before" in name else "-",
-                )
+                ls = "--" if "before" in name else "-"  # mirror first (S∘M) dashed
+                ax.plot(arrays["margins"]["steps"], ratios, label=name, lw=1.3, ls=ls)
             ax.axhline(1.0, color="k", lw=0.8)
             ax.set(xscale="log", ylim=(-0.5, 1.05), xlabel="step", ylabel=RATIO)
             ax.set_title("L1 margin, first seed (dashed: mirror first)", fontsize=9)

@@ -1,102 +1,170 @@
 """implicit-bias: which norm each optimizer geometry implicitly favours, against exact references.
 
-The main problems, Theorem 4.7's own run and the heterogeneous-scale study (``jobs.py``), each from every
-evaluation seed; the per-seed values the claims read go to a cell store (``arrays/cells.npz`` +
-``arrays/design.json``, ``claims.py``) and the figure data (``report.py``) under ``arrays/``.
+The main problems, Theorem 4.7's own run and the heterogeneous-scale study (``jobs.py``) on every evaluation
+seed; the claims' cells (``claims.py``) and the figure data (``report.py``) are saved under ``arrays/``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
-from torch import Tensor
 
 from descentlab.config import config_to_dict
+from descentlab.data.synthetic import l1_max_margin_separator, l1_share, make_classification, make_regression
 from descentlab.experiments.implicit_bias.claims import SCALES_RATIO
 from descentlab.experiments.implicit_bias.config import ImplicitBiasConfig, design
 from descentlab.experiments.implicit_bias.jobs import (
-    MainRun,
+    Outcome,
     ScalesRun,
-    curve_grids,
     figure_grids,
-    run_main,
-    run_scales,
-    run_theorem,
+    log_grid,
+    scale_arm,
+    scale_job,
+    scale_problem,
+    theorem_path,
+    train_job,
 )
-from descentlab.experiments.implicit_bias.report import (
-    NOTES,
-    main_methods,
-    main_tables,
-    scales_results,
-    theorem_methods,
-)
+from descentlab.experiments.implicit_bias.report import summarise
 from descentlab.report.results import Results
 from descentlab.study.cells import CellStore
+from descentlab.study.tuning import Round, TuningConfig, tune_then_replicate
 from descentlab.train.rundir import RunDir
 
 CLAIM_METRICS = ("cls_l1_margin_ratio", "cls_nnz", "reg_l1_ratio")  # the main problems' cells (claims.py)
+TUNED_ON_SCALES = ("horst", "ham")  # the methods whose alpha the scale study chooses per spread
 
 
 def run(cfg: ImplicitBiasConfig, run: RunDir) -> dict:
-    main = run_main(cfg, run)
-    methods = main_methods(main.per, *curve_grids(cfg))
-    tables = main_tables(main.per, cfg.methods)
-    theorem = run_theorem(cfg, run) if cfg.theorem.methods else None
-    if theorem is not None:
-        methods.update(theorem_methods(*theorem))
-    scales, extra = (run_scales(cfg, run) if cfg.scales.methods else None), {}
-    if scales is not None:
-        scale_tables, scale_methods, extra["scales"] = scales_results(
-            scales.per, scales.chosen, scales.scores, scales.lp_share
-        )
-        tables += scale_tables
-        methods.update(scale_methods)
-    cell_store(cfg, main, theorem, scales).save(run.path, writer=run.writer)
-    save_figure_data(cfg, run, main, scales)
+    outcome = seed_runs(cfg, run)
+    if cfg.scales.methods:
+        outcome.scales = scales_run(cfg, run)
+    cell_store(cfg, outcome).save(run.path, writer=run.writer)
+    save_figure_data(cfg, run, outcome)
     return Results(
         experiment="implicit-bias",
         config=config_to_dict(cfg),
         protocol=protocol(cfg),
-        methods=methods,
-        tables=tables,
-        notes=list(NOTES),
-        extra=extra,
+        **summarise(cfg, outcome),
     ).to_dict()
 
 
-def cell_store(
-    cfg: ImplicitBiasConfig, main: MainRun, theorem: tuple | None, scales: ScalesRun | None
-) -> CellStore:
+def seed_runs(cfg: ImplicitBiasConfig, run: RunDir) -> Outcome:
+    """On every evaluation seed's draw: every method on both main problems (:func:`~.jobs.train_job`, the
+    first seed's figure data kept) and Theorem 4.7's objects (:func:`~.jobs.theorem_path`)."""
+    rc, cc, th = cfg.regression, cfg.classification, cfg.theorem
+    record, margin_grid = figure_grids(cfg)
+    figures = {"trajectories": {"steps": record}, "margins": {"steps": margin_grid}, "final-weights": {}}
+    grid = log_grid(th.steps, th.points) if th.methods else []
+    outcome = Outcome({m: {} for m in cfg.methods}, figures, grid)
+    paths: dict[str, list[list[float]]] = {m: [] for m in th.methods}
+    for seed in cfg.seeds:
+        x, y = make_regression(rc.n, rc.d, rc.support, seed)
+        z = make_classification(cc.n, cc.d, cc.support, seed)
+        for name in cfg.methods:
+            metrics, figure = train_job(name, cfg, x, y, z)
+            for stem, data in figure.items() if seed == cfg.seeds[0] else ():
+                outcome.figures[stem][name] = data
+            for key, val in metrics.items():
+                outcome.per[name].setdefault(key, []).append(val)
+            run.log(seed=seed, method=name, **{k: v for k, v in metrics.items() if not k.endswith("curve")})
+        for name in th.methods:
+            paths[name].append(theorem_path(name, z, cfg, grid))
+            run.log(seed=seed, method=f"theorem/{name}", l1_margin_ratio=paths[name][-1][-1])
+    outcome.theorem = {m: np.asarray(v, dtype=np.float64) for m, v in paths.items()}
+    return outcome
+
+
+# ---- heterogeneous scales: alpha tuned on the validation seeds, then every evaluation seed -------------
+
+
+def candidates(cfg: ImplicitBiasConfig, arm: str, chosen: dict) -> list[float]:
+    """The alphas a tuned arm tries: its method's grid."""
+    return list(cfg.scales.horst_alphas if arm.startswith("horst@") else cfg.scales.ham_alphas)
+
+
+def tuning_plan(cfg: ImplicitBiasConfig) -> TuningConfig:
+    """One round over every tuned (method, spread) arm; HORST and HAM compared at equal budgets. The tuning
+    seed is the first validation seed: it names the validation set (:func:`~.jobs.scale_job`)."""
+    sc = cfg.scales
+    tuned = [m for m in TUNED_ON_SCALES if m in sc.methods]
+    arms = tuple(scale_arm(m, k) for k in sc.decades for m in tuned)
+    budgets = {arm: len(candidates(cfg, arm, {})) for arm in arms} if len(tuned) > 1 else {}
+    rounds = [Round(arms, partial(candidates, cfg))] if arms else []
+    return TuningConfig(cfg.seeds, sc.validation_seeds[0], rounds, budgets)
+
+
+def choose(arm: str, results: Sequence[float]) -> int:
+    """The first alpha with the highest mean validation ratio."""
+    return max(range(len(results)), key=results.__getitem__)
+
+
+def submit_job(cfg: ImplicitBiasConfig, run: RunDir, arm: str, alpha: float | None, seed: int) -> Future:
+    """One job of the plan (:func:`~.jobs.scale_job`), run now."""
+    done: Future = Future()
+    done.set_result(scale_job(cfg, run, arm, alpha, seed))
+    return done
+
+
+def scales_run(cfg: ImplicitBiasConfig, run: RunDir) -> ScalesRun:
+    """Alpha per spread on the validation seeds, then every method on every (spread, evaluation seed)."""
+    sc = cfg.scales
+    start = {scale_arm(m, k): None for k in sc.decades for m in sc.methods}
+    tuned = tune_then_replicate(start, tuning_plan(cfg), partial(submit_job, cfg, run), choose)
+    out = ScalesRun({}, {}, {}, {}, {})
+    for kappa in sc.decades:
+        runs = {m: tuned.per_seed[scale_arm(m, kappa)] for m in sc.methods}  # (metrics, weights) per seed
+        out.per[kappa] = {m: {key: [r[key] for r, _ in rs] for key in rs[0][0]} for m, rs in runs.items()}
+        tuned_arms = {m: arm for m in sc.methods if (arm := scale_arm(m, kappa)) in tuned.picks}
+        out.chosen[kappa] = {m: tuned.chosen[arm] for m, arm in tuned_arms.items()}
+        out.scores[kappa] = {
+            m: dict(zip(tuned.tried[arm], tuned.results[arm], strict=True)) for m, arm in tuned_arms.items()
+        }
+        problems = [scale_problem(sc.n, sc.d, sc.support, seed, kappa) for seed in cfg.seeds]
+        out.lp_share[kappa] = [l1_share(l1_max_margin_separator(z), large) for z, _, _, large in problems]
+    # the figure's data: the first seed's column scales, LP separator and final weights at the largest spread
+    z, s, _, _ = scale_problem(sc.n, sc.d, sc.support, cfg.seeds[0], kappa := max(sc.decades))
+    out.weights = {"scales": s, "LP optimum (L1)": l1_max_margin_separator(z)}
+    for method in sc.methods:
+        if (w := tuned.per_seed[scale_arm(method, kappa)][0][1]) is not None:
+            out.weights[method] = w
+    return out
+
+
+# ---- what the run saves -------------------------------------------------------------------------------
+
+
+def cell_store(cfg: ImplicitBiasConfig, outcome: Outcome) -> CellStore:
     """The claims' cells (``claims.py``) under the design record of ``cfg``, with the theorem run's steps."""
     record = design(cfg)
-    if theorem is not None:
-        steps = [float(k) for k in theorem[0]]
-        record = replace(record, extra={"theorem": {"steps": steps, "methods": list(theorem[1])}})
+    if outcome.theorem:
+        steps = [float(k) for k in outcome.theorem_steps]
+        record = replace(record, extra={"theorem": {"steps": steps, "methods": list(outcome.theorem)}})
     store = CellStore(record)
-    for name, rec in main.per.items():
+    for name, rec in outcome.per.items():
         for metric in CLAIM_METRICS:
             store.put(metric, name, None, np.asarray(rec[metric], dtype=np.float64))
-    for name, path in (theorem[1] if theorem is not None else {}).items():
+    for name, path in outcome.theorem.items():
         store.put("theorem_ratio", name, None, path)
-    for kappa, methods in (scales.per if scales is not None else {}).items():
+    for kappa, methods in (outcome.scales.per if outcome.scales is not None else {}).items():
         for name, rec in methods.items():
             store.put(SCALES_RATIO, name, kappa, np.asarray(rec["l1_margin_ratio"], dtype=np.float64))
     return store
 
 
-def save_figure_data(cfg: ImplicitBiasConfig, run: RunDir, main: MainRun, scales: ScalesRun | None) -> None:
+def save_figure_data(cfg: ImplicitBiasConfig, run: RunDir, outcome: Outcome) -> None:
     """The first seed's arrays ``report.figures`` draws (and the scale study's margins and weights)."""
-    record, margin_grid = figure_grids(cfg)
-    run.save_arrays("arrays/trajectories.npz", steps=np.asarray(record), **_numpy(main.trajectories))
-    run.save_arrays("arrays/margins.npz", steps=np.asarray(margin_grid), **_numpy(main.margin_paths))
-    run.save_arrays("arrays/final-weights.npz", **_numpy(main.final_cls))
-    if scales is not None:
+    figures = dict(outcome.figures)
+    if (scales := outcome.scales) is not None:
         sc = cfg.scales
         ratios = {m: [scales.per[k][m]["l1_margin_ratio"] for k in sc.decades] for m in sc.methods}
-        run.save_arrays("arrays/scales-margins.npz", decades=np.asarray(sc.decades), **_numpy(ratios))
-        run.save_arrays("arrays/scales-weights.npz", **_numpy(scales.weights))
+        figures |= {"scales-margins": {"decades": sc.decades, **ratios}, "scales-weights": scales.weights}
+    for stem, arrays in figures.items():
+        run.save_arrays(f"arrays/{stem}.npz", **arrays)
 
 
 def protocol(cfg: ImplicitBiasConfig) -> dict[str, Any]:
@@ -116,7 +184,3 @@ def protocol(cfg: ImplicitBiasConfig) -> dict[str, Any]:
         "replication; primary: L4 steepest descent + mirror reaches >= 0.9 of the optimal L1 margin "
         "(Theorem 4.7 at finite p; p = inf is exploratory)",
     }
-
-
-def _numpy(arrays: dict[str, Tensor | list[float]]) -> dict[str, np.ndarray]:
-    return {name: np.asarray(a.numpy() if isinstance(a, Tensor) else a) for name, a in arrays.items()}
