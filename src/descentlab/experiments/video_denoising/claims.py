@@ -24,20 +24,11 @@ per-seed statistics (so :func:`~descentlab.report.stats.paired_interval`'s seed 
 per-seed pooled differences) and the spread over sequences is the delta-method share of the test set. A
 one-seed run (the ``budget`` preset) gets "one seed: a smoke run, not judged".
 
-Power, declared before the full run (the ``full`` preset: UT at 16,000 steps, evaluation seeds 100-102,
-tuning seed 1000). The pilot is the 2,000-step protocol's run (seeds 0-2, ``full-2000``): its per-seed
-primary differences were -0.0457, -0.0451 and -0.0437 RMSE, sd 0.00099. With 3 evaluation seeds the
-seed-level minimum detectable effect (80 % power, 95 % t interval on 2 degrees of freedom) is
-4.303 · 0.00099 / √3 · (1.96 + 0.84) / 1.96 = 0.0035 RMSE, above the 0.002 smallest effect of interest: the
-run can reproduce a gain of 0.0035 or more, and refute the claim if the difference sits at or above 0
-(the one-seed budget curve put it at +0.0040 at 16,000 steps). The pilot's sd is from 2,000 steps; the run
-reports its own. DUST (``full-dust``, secondary rows) had sd 0.0018 in the pilot: MDE 0.0065.
-
-Power of ``full-dust-same-lr`` (DUST, ERM and the hard constraint both at lr 3e-3, seeds 100-102), declared
-before it. The pilot is ``full-dust`` itself: its ``lower-rmse-ood-variants`` interval, −0.0030 [−0.0048,
-−0.0012], puts the per-seed sd at 0.0018 · √3 / 4.303 = 0.00072, so the MDE with 3 seeds is 4.303 · 0.00072 /
-√3 · 2.80 / 1.96 = 0.0026 RMSE, above the 0.002 smallest effect of interest: the run can show a gain of
-0.0026 or more at the same lr, and refutes the claim only if ERM at 3e-3 is as good or better.
+Power. What was declared before the committed runs is restated on docs/results/video-denoising.md
+("Declared before the run"): for ``full`` (UT, 16,000 steps, seeds 100-102, tuning seed 1000), from the
+``full-2000`` pilot's per-seed sd 0.00099, an MDE of 0.0035 RMSE with 3 seeds; for ``full-dust-same-lr``, from
+``full-dust``'s interval, sd 0.00072 and MDE 0.0026. DUST (``full-dust``, secondary rows) had sd 0.0018 in the
+pilot: MDE 0.0065.
 
 The cell store. ``mse/<arm>``: the final estimate's MSE of every test sequence, ``[seeds, G, N]`` over the
 run's γ levels (the design's ``extra["gammas"]``) and its N test sequences; ``layer_mse/<arm>``: every
@@ -45,9 +36,8 @@ layer's estimate's MSE at γ = 1, ``[seeds, L+1, N]`` (learned methods only); ``
 test RMSE per seed, ``[seeds, G]``. An arm is a learned method ``<architecture>-<label>``, a classical
 baseline, or a point of the budget curve :func:`budget_name` (first evaluation seed only: ``[1, ...]``). The
 design record's ``extra`` holds ``gammas``, ``methods`` (the learned arms, in report order), ``baselines``
-and ``budget_steps``. Runs made before the store are read by :mod:`.legacy`; those that saved no
-per-sequence errors are judged from the per-seed pooled RMSE of their ``results.json`` (``rmse``): cells
-``[seeds, 1]``, the seed t-interval alone; the per-layer claim is then "pending re-run".
+and ``budget_steps``. Runs made before the store are read by :mod:`.legacy`; those that saved only the pooled
+RMSE per seed (``rmse``) give cells ``[seeds, 1]``, the seed t-interval alone, and no per-layer row.
 
 ``FIDELITY`` (end of the module): what the presets change against the paper's video experiments, and which
 of its claims no row judges (rendered into docs/results/video-denoising.md).
@@ -65,7 +55,7 @@ import numpy as np
 
 from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays, NotInRun
 from descentlab.report.fidelity import Deviation, Fidelity, NotTested, lagrangian, seeds
-from descentlab.study.cells import CellStore, Design
+from descentlab.study.cells import CellStore, Design, load_store, require_store
 
 Stat = Callable[[np.ndarray, int, list[int]], np.ndarray]  # (RMSE cells [S, G, N], i(γ=1), i(γ>1)) -> [S, N]
 
@@ -114,17 +104,10 @@ def design(
 
 
 def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
-    """The run's cell store; a run made before it is read by :func:`.legacy.legacy_store`; {} when there is
-    no run (every claim pends)."""
+    """:func:`~descentlab.study.cells.load_store` with :func:`.legacy.legacy_store` for older runs."""
     from descentlab.experiments.video_denoising.legacy import legacy_store  # legacy imports this module
 
-    return CellStore.load(run_dir) or legacy_store(run_dir) or {}
-
-
-def _store(arrays: Any) -> CellStore:
-    if not isinstance(arrays, CellStore):
-        raise MissingArrays("the cell store (arrays/cells.npz and arrays/design.json)")
-    return arrays
+    return load_store(run_dir, legacy_store)
 
 
 def _gammas(store: CellStore) -> tuple[int, list[int]]:
@@ -172,19 +155,12 @@ def _as_rmse(metric: str, values: np.ndarray) -> np.ndarray:
     return linearised_rmse(values) if metric == MSE else np.asarray(values, dtype=np.float64)[..., None]
 
 
-def _reduce(metric: str, stat: Stat, one: int, ood: list[int], values: np.ndarray) -> np.ndarray:
-    return stat(_as_rmse(metric, values), one, ood)
-
-
 def _compare(store: CellStore, stat: Stat, a: str, b: str, at: str = "") -> Cells:
     """``stat`` of ``a``'s and ``b``'s RMSE cells, paired (:meth:`CellStore.compare`)."""
-    metric = _rmse_metric(store, a, b)
-    return store.compare(metric, a, b, label=at, reduce=partial(_reduce, metric, stat, *_gammas(store)))
-
-
-def _stat(stat: Stat, store: CellStore, name: str) -> np.ndarray:
-    metric = _rmse_metric(store, name)
-    return _reduce(metric, stat, *_gammas(store), np.asarray(store.get(metric, name), dtype=np.float64))
+    metric, gammas = _rmse_metric(store, a, b), _gammas(store)
+    return store.compare(
+        metric, a, b, label=at, reduce=lambda values: stat(_as_rmse(metric, values), *gammas)
+    )
 
 
 def rmse_cells(store: CellStore, name: str) -> np.ndarray:
@@ -192,6 +168,10 @@ def rmse_cells(store: CellStore, name: str) -> np.ndarray:
     ``[seeds, G, 1]`` pooled values when only those were saved."""
     metric = _rmse_metric(store, name)
     return _as_rmse(metric, store.get(metric, name))
+
+
+def _stat(stat: Stat, store: CellStore, name: str) -> np.ndarray:
+    return stat(rmse_cells(store, name), *_gammas(store))
 
 
 ood_rmse = partial(_stat, _ood)  # RMSE averaged over γ > 1, [seeds, N]
@@ -232,7 +212,7 @@ def _pairs(store: CellStore, labels: tuple[str, ...], reference: str = "erm") ->
 
 
 def _lower_ood_primary(arrays: Any) -> list[Cells]:
-    store = _store(arrays)
+    store = require_store(arrays)
     trained = store.design.extra["methods"]
     if not {"ut-constrained", "ut-erm"} <= set(trained):
         raise NotInRun(f"the run trained no ut-constrained and ut-erm pair (it trained {', '.join(trained)})")
@@ -244,39 +224,36 @@ def _each(stat: Stat, labels: tuple[str, ...], shift: float = 0.0, skip: str = "
     ``(1 + shift)`` times ERM's with a margin."""
 
     def cells(arrays: Any) -> list[Cells]:
-        store = _store(arrays)
-        rows = [_compare(store, stat, m, e) for m, e in _pairs(store, labels) if m != skip]
-        return [_margin(c, shift) for c in rows] if shift else rows
+        store = require_store(arrays)
+        return [_margin(_compare(store, stat, m, e), shift) for m, e in _pairs(store, labels) if m != skip]
 
     return cells
 
 
 def _margin(cells: Cells, shift: float) -> Cells:
-    """``cells`` against ``(1 + shift)`` times its reference (a non-inferiority margin)."""
+    """``cells`` against ``(1 + shift)`` times its reference (a non-inferiority margin; none at 0)."""
+    if not shift:
+        return cells
     return replace(cells, b=(1 + shift) * cells.b, reference=f"{1 + shift:g} x {cells.reference}")
 
 
 def _monotone(arrays: Any) -> list[Cells]:
-    store = _store(arrays)
+    store = require_store(arrays)
     out = []
     for m, e in _pairs(store, CONSTRAINED):
-        for name in (m, e):
-            if f"{LAYER_MSE}/{name}" not in store:
-                raise MissingArrays(f"the per-layer test errors of {name} per seed")
-        cells = store.compare(LAYER_MSE, m, e, reduce=layer_rise)
-        flat = bool(np.all(cells.b.mean(1) == 0))
+        cells = Cells(rise_cells(store, m), rise_cells(store, e), m, e)
         why = (
             f"{e}'s pooled per-layer MSE already falls at every layer in every seed: its rise sits at the "
             "bound 0, which no method can go below"
         )
-        out.append(replace(cells, untestable=why if flat else None))
+        out.append(replace(cells, untestable=why if np.all(cells.b.mean(1) == 0) else None))
     return out
 
 
 def _beats_classical(arrays: Any) -> list[Cells]:
     """Against the classical baseline of lowest mean test RMSE over the row's γ (chosen on the test set,
     which only makes the reference stronger)."""
-    store = _store(arrays)
+    store = require_store(arrays)
     baselines = store.design.extra["baselines"]
     if not baselines:
         return []
@@ -293,15 +270,14 @@ def _saved(store: CellStore, name: str) -> bool:
 
 def _budget(stat: Stat, shift: float = 0.0):
     def cells(arrays: Any) -> list[Cells]:
-        store = _store(arrays)
+        store = require_store(arrays)
         out = []
         for n in store.design.extra["budget_steps"]:
             for m, e in _pairs(store, ("constrained",)):
                 mb, eb = budget_name(m, n), budget_name(e, n)
                 if not (_saved(store, mb) and _saved(store, eb)):
                     continue  # a long run that diverged has no point on the curve
-                cells = _compare(store, stat, mb, eb, f"{n} steps")
-                out.append(_margin(cells, shift) if shift else cells)
+                out.append(_margin(_compare(store, stat, mb, eb, f"{n} steps"), shift))
         return out
 
     return cells

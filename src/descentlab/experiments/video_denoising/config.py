@@ -10,7 +10,7 @@ from descentlab.constrained.config import DescentConfig
 from descentlab.data.video_data import VideoDataConfig
 from descentlab.errors import ConfigError
 from descentlab.evaluation.video_baselines import BASELINES
-from descentlab.experiments.video_denoising.claims import budget_name
+from descentlab.experiments.video_denoising.claims import ARCHITECTURES, budget_name
 from descentlab.experiments.video_denoising.claims import design as cell_design
 from descentlab.models.denoisers import UnrolledConfig
 from descentlab.optim.config import OptimizerConfig
@@ -19,7 +19,6 @@ from descentlab.study.tuning_rules import check_equal_budgets, check_tune_seed
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, with_overrides
 
-ARCHITECTURES = ("ut", "dust")
 # "deep-supervision" is a control: the mean of the per-layer losses f_1..f_L, i.e. the same per-layer signal
 # as the constrained objective with fixed, equal weights instead of multipliers. "blind" is ERM on a range of
 # noise levels (see `blind`).
@@ -74,7 +73,7 @@ class VideoDenoisingConfig:
     grid: dict[str, list[str]] = field(default_factory=dict)
     val_every: int = 50  # steps between validation points
     # Has ERM converged? Its chosen setting retrains (first seed) for this many times the steps, the cosine
-    # schedule stretched to match; the gain in validation RMSE is reported (budget.py). 0: off.
+    # schedule stretched to match; the gain in validation RMSE is reported (report.py). 0: off.
     budget_check: float = 2.0
     # Is a gain over ERM a budget effect? These labels retrain (first seed, the setting each chose) at each of
     # these step budgets, each compared with ERM of the same budget (claims.py, budget-*). []: off.
@@ -87,7 +86,7 @@ class VideoDenoisingConfig:
     alpha: dict[str, float] = field(default_factory=lambda: {"ut": 0.1, "dust": 0.5})
     architectures: list[str] = field(default_factory=lambda: list(ARCHITECTURES))
     seeds: list[int] = field(default_factory=lambda: [0])  # the evaluation seeds, every one reported
-    # every grid of more than one candidate trains from this seed, never an evaluation seed (train.tuning)
+    # every grid of more than one candidate trains from this seed, never an evaluation seed (study.tuning)
     tune_seed: int = 1000
     gammas: list[float] = field(default_factory=lambda: [0.5, 1.0, 1.5, 2.0, 3.0])
     eval_batch_size: int = 250
@@ -315,16 +314,9 @@ PRESETS = {
 
 
 def design(cfg: VideoDenoisingConfig) -> Design:
-    """The design record of a run of ``cfg`` (:mod:`.claims`): the arms are every learned method
-    ``<architecture>-<label>``, every classical baseline, and every point of the budget curve (each of
-    ``budget_labels`` per architecture at the base budget and at each of ``budget_curve``); no conditions
-    (the γ grid is ``extra["gammas"]``, an axis of every cell); ``seeds``. The number of test sequences is
-    left to the run (``data.n_test`` only caps it).
-
-    Raises:
-        ConfigError: a budget curve without ``train.max_steps``: its base-budget point is named by a step
-            count that only the data would fix.
-    """
+    """The design record of a run of ``cfg`` (:func:`.claims.design`); a budget-curve point is each of
+    ``budget_labels`` per architecture at the base budget and at each of ``budget_curve``. The number of
+    test sequences is left to the run (``data.n_test`` only caps it)."""
     methods = [f"{arch}-{label}" for arch in cfg.architectures for label in cfg.labels]
     steps: list[int] = []
     if cfg.budget_curve:

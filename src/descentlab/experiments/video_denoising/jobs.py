@@ -1,12 +1,13 @@
-"""The jobs of the video-denoising study, each run inline or in a one-thread worker (``train.jobs``): train
+"""The jobs of the video-denoising study, each run inline or in a one-thread worker (``study.jobs``): train
 one (architecture, method, candidate, seed) and evaluate it on validation and test, or run every classical
-baseline. Each job saves its per-sequence test errors under ``jobs/`` in the run directory."""
+baseline. Each job saves its per-sequence test errors under ``jobs/`` in the run directory. :class:`Outcome`
+is what the run gathers from them."""
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -21,6 +22,7 @@ from descentlab.evaluation.video import ValidationCurve, denoise_frames, evaluat
 from descentlab.evaluation.video_baselines import run_baselines
 from descentlab.experiments.video_denoising.config import VideoDenoisingConfig
 from descentlab.models.denoisers import build_denoiser, final_mse
+from descentlab.study.tuning import Tuned
 from descentlab.train.loop import fit, seed_everything
 from descentlab.train.recipe import build_frozen_recipe, build_recipe, with_overrides
 from descentlab.train.rundir import RunDir
@@ -44,7 +46,7 @@ def noisy_test_clips(test: Tensor, cfg: VideoDenoisingConfig, seed: int) -> list
     return noisy_levels(test, gammas=cfg.gammas, sigma=cfg.data.sigma_train, seed=seed)
 
 
-def train_and_evaluate(
+def train_job(
     cfg: VideoDenoisingConfig,
     arch: str,
     label: str,
@@ -71,9 +73,7 @@ def train_and_evaluate(
     sigma = cfg.data.sigma_train
     lo, hi = cfg.blind.get(label, (1.0, None))  # a blind label: σ ~ U(lo, hi)·σ_train per example
     train = NoisyClips(data["train"], lo * sigma, sigma_max=None if hi is None else hi * sigma)
-    train_cfg = replace(cfg.train, seed=seed)
-    if steps is not None:
-        train_cfg = replace(train_cfg, max_steps=steps)
+    train_cfg = replace(cfg.train, seed=seed, max_steps=cfg.train.max_steps if steps is None else steps)
     method = with_overrides(cfg.method_config(arch, label), spec)
     total = train_cfg.total_steps(len(train))
     build = build_recipe if lam is None else partial(build_frozen_recipe, lam=lam)
@@ -131,4 +131,29 @@ def baselines_job(cfg: VideoDenoisingConfig, data: dict, run: RunDir) -> dict:
 
 def job(kind: str, *args: Any) -> dict:
     """The one top-level job function of the :class:`~descentlab.study.jobs.JobRunner` (both kinds)."""
-    return {"train": train_and_evaluate, "baselines": baselines_job}[kind](*args)
+    return {"train": train_job, "baselines": baselines_job}[kind](*args)
+
+
+BudgetKey = tuple[str, str, int]  # a point of the budget curve: (architecture, label, steps)
+
+
+@dataclass
+class Outcome:
+    """What the run gathered from its jobs: the input of :func:`.report.summarise`.
+
+    Attributes:
+        tuned: the tuning planner's record: every tuned arm's grid results on the tuning seed and its pick.
+        per_seed: arm -> its evaluation runs, one per seed (the frozen controls' included), in report order.
+        baselines: the classical baselines' job result ({} when none ran).
+        budget: architecture -> ERM's budget-check run, with its ``steps`` and ``base_steps``.
+        curve: every point of the budget curve -> its run (first evaluation seed).
+        jobs: every arm and budget-curve point (:func:`.claims.budget_name`) -> the keys of the jobs that
+            saved its errors, one per seed.
+    """
+
+    tuned: Tuned
+    per_seed: dict[str, list[dict]]
+    baselines: dict[str, Any]
+    budget: dict[str, dict]
+    curve: dict[BudgetKey, dict]
+    jobs: dict[str, list[str]]

@@ -29,18 +29,12 @@ OLD_NAMES = ("gammas", "methods", "baselines", "budget_steps")  # claims.npz's n
 def legacy_store(run_dir: Path | str) -> CellStore | None:
     """The old run's cells: ``arrays/claims.npz`` when it saved one, and the pooled RMSE per seed of its
     ``results.json``; None when the run has neither."""
-    run_dir = Path(run_dir)
-    path = run_dir / "arrays" / "claims.npz"
+    path, results_path = Path(run_dir) / "arrays" / "claims.npz", Path(run_dir) / "results.json"
     arrays: dict[str, Any] = dict(load_arrays(path)) if path.is_file() else {}
-    results_path = run_dir / "results.json"
-    if results_path.is_file():
-        arrays = _with_results(arrays, json.loads(results_path.read_text()))
-    if not arrays:
-        return None
-    seeds = None
-    if results_path.is_file():
-        seeds = json.loads(results_path.read_text()).get("config", {}).get("seeds")
-    return store_from_arrays(arrays, seeds)
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    if results:
+        arrays = _with_results(arrays, results)
+    return store_from_arrays(arrays, results.get("config", {}).get("seeds")) if arrays else None
 
 
 def _with_results(arrays: dict[str, Any], results: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,11 +1,7 @@
 """video-denoising's report: the ``results.json`` body (every method's block, the baselines, the selection,
-the budget check and curve), its tables and the figures, drawn from ``results.json`` and saved arrays only.
-Method names are ``<architecture>-<label>``; the claims are judged separately (:mod:`.claims`).
-
-The budget check retrains ERM's choice (first seed) for ``budget_check`` times the steps on a stretched
-cosine schedule: does longer training still help? The budget curve retrains ERM and the constrained labels
-(first seed) at longer budgets S, each judged against ERM *of the same budget* (``budget-*`` claims): a
-gain that shrinks to nothing as S grows was a budget effect.
+the budget check and curve of the config's ``budget_check`` and ``budget_curve``), its tables and the
+figures, drawn from ``results.json`` and saved arrays only. Method names are ``<architecture>-<label>``;
+the claims are judged separately (:mod:`.claims`).
 """
 
 from __future__ import annotations
@@ -18,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from descentlab.experiments.video_denoising.claims import arch_of, label_of
+from descentlab.experiments.video_denoising.config import VideoDenoisingConfig
+from descentlab.experiments.video_denoising.jobs import BudgetKey, Outcome
 from descentlab.io import load_arrays
 from descentlab.report.figures import new_figure, save_figure
 from descentlab.report.results import Curve, MethodResult
@@ -33,77 +31,59 @@ NOTES = [
 ]
 
 Methods = Mapping[str, Mapping[str, Any]]
-BudgetKey = tuple[str, str, int]  # (architecture, label, steps)
-
-
-def seed_stats(rows: Any) -> tuple[list[float], list[float]]:
-    """Mean and sample std (ddof = 1) over seeds of a ``[seeds, points]`` table."""
-    return column_mean_std(rows, ddof=1, impl="torch")
 
 
 # --- the results body ----------------------------------------------------------------------------------
 
 
-def summarise(
-    per_seed: Mapping[str, list[dict]],
-    grids: Mapping[str, Any],
-    baselines: Mapping[str, Any],
-    gammas: Sequence[float],
-    tune_seed: int,
-    *,
-    budget: Mapping[str, Mapping[str, Any]],
-    curve: Mapping[BudgetKey, Mapping[str, Any]],
-) -> dict[str, Any]:
-    """The study's results body: ``methods``, ``tables``, ``baselines``, ``selection``, ``versus_baselines``
-    and, when run, ``budget_check`` (:func:`budget_checks` of ``budget``) and ``budget_curve``.
-
-    ``grids``: tuned method -> (its candidates, the chosen index, the ``tune_seed`` result of every
-    candidate); a method that had one candidate has no entry.
-    """
-    grids = {
-        m: {
-            "candidates": list(c),
-            "chosen": i,
-            "val_rmse": [r["val_rmse"] for r in runs],
-            "failed": {c[k]: r["failed"] for k, r in enumerate(runs) if "failed" in r},
+def summarise(cfg: VideoDenoisingConfig, outcome: Outcome) -> dict[str, Any]:
+    """The study's results body: ``methods``, ``tables``, ``notes`` and, in ``extra``, ``baselines``,
+    ``selection``, ``versus_baselines`` and, when run, ``budget_check`` (:func:`budget_checks`) and
+    ``budget_curve``. A tuned method's block holds its grid: the candidates, the chosen index, the tuning
+    seed's validation RMSE of each and the failures."""
+    gammas, per_seed, baselines, tuned = cfg.gammas, outcome.per_seed, outcome.baselines, outcome.tuned
+    grids, selection = {}, {}
+    for m, chosen in tuned.picks.items():
+        candidates, runs = cfg.candidates(label_of(m)), tuned.results[m]
+        val = [r["val_rmse"] for r in runs]
+        grids[m] = {
+            "candidates": candidates,
+            "chosen": chosen,
+            "val_rmse": val,
+            "failed": {candidates[k]: r["failed"] for k, r in enumerate(runs) if "failed" in r},
         }
-        for m, (c, i, runs) in grids.items()
-    }
+        selection[m] = {"chosen": candidates[chosen], **dict(zip(candidates, val, strict=True))}
     methods = {m: method_result(evs, gammas, grids.get(m)) for m, evs in per_seed.items()}
     method_dicts = {m: r.to_dict() for m, r in methods.items()}
     noisy_mean, _ = column_mean_std([ev["noisy_rmse"] for ev in next(iter(per_seed.values()))])
     per_seed_rmse = {m: [ev["rmse"] for ev in evs] for m, evs in per_seed.items()}
     vs = versus_baselines(per_seed_rmse, baselines, gammas)
-    selection = {
-        m: {"chosen": g["candidates"][g["chosen"]], **dict(zip(g["candidates"], g["val_rmse"], strict=True))}
-        for m, g in grids.items()
-    }
     for b in baselines.values():
-        b["rmse_mean"] = seed_stats(b["rmse"])[0]
+        b["rmse_mean"] = column_mean_std(b["rmse"])[0]
     tables = [
         rmse_table(method_dicts, noisy_mean, gammas, baselines),
         paired_table(per_seed_rmse, gammas),
         *([versus_table(vs, gammas)] if vs["best"] else []),
-        *([selection_table(selection, tune_seed)] if selection else []),
+        *([selection_table(selection, cfg.tune_seed)] if selection else []),
         convergence_table(method_dicts),
     ]
-    body = {"methods": methods, "baselines": dict(baselines), "selection": selection, "versus_baselines": vs}
-    if checks := budget_checks(budget, per_seed, gammas):
-        body["budget_check"] = checks
+    extra = {"baselines": dict(baselines), "selection": selection, "versus_baselines": vs}
+    if checks := budget_checks(outcome.budget, per_seed, gammas):
+        extra["budget_check"] = checks
         tables.append(budget_table(checks))
-    if curve:
-        body["budget_curve"] = budget_curve(curve)
-        tables.append(budget_curve_table(body["budget_curve"], gammas))
-    return body | {"tables": [t.to_dict() for t in tables]}
+    if outcome.curve:
+        extra["budget_curve"] = budget_curve(outcome.curve)
+        tables.append(budget_curve_table(extra["budget_curve"], gammas))
+    return {"methods": methods, "tables": [t.to_dict() for t in tables], "notes": list(NOTES), "extra": extra}
 
 
 def method_result(evs: list[dict], gammas: Sequence[float], grid: Mapping[str, Any] | None) -> MethodResult:
     """Mean ± std over seeds of one method's RMSE curve; per-layer MSE at γ = 1 and the largest γ."""
-    mean, std = seed_stats([ev["rmse"] for ev in evs])
+    mean, std = column_mean_std([ev["rmse"] for ev in evs])
     one = list(gammas).index(1.0)
     ood = [i for i, g in enumerate(gammas) if g > 1.0]
     layer = {
-        f"gamma={gamma:g}": seed_stats([ev["layer_mse"][i] for ev in evs])[0]
+        f"gamma={gamma:g}": column_mean_std([ev["layer_mse"][i] for ev in evs])[0]
         for i, gamma in enumerate(gammas)
         if gamma in (1.0, max(gammas))
     }
@@ -135,7 +115,7 @@ def method_result(evs: list[dict], gammas: Sequence[float], grid: Mapping[str, A
 def differences(evs: Sequence[Sequence[float]], base: Sequence[Sequence[float]]) -> list[str]:
     """``evs − base`` per seed and γ: mean ± std over seeds and, in brackets, the seeds where it is below 0."""
     diffs = np.asarray(evs, dtype=np.float64) - np.asarray(base, dtype=np.float64)
-    mean, std = seed_stats(diffs)
+    mean, std = column_mean_std(diffs)
     wins = (diffs < 0).sum(0)
     return [f"{pm(m, s, signed=True)} ({w}/{len(diffs)})" for m, s, w in zip(mean, std, wins, strict=True)]
 
@@ -200,7 +180,6 @@ def budget_curve(jobs: Mapping[BudgetKey, Mapping[str, Any]]) -> dict[str, Any]:
 def rmse_table(
     methods: Methods, noisy_rmse: Sequence[float], gammas: Sequence[float], baselines: Mapping[str, Any]
 ) -> Table:
-    """Test RMSE against γ, mean ± std over seeds: the noisy input, the classical baselines, every method."""
     table = Table(
         "Test RMSE vs gamma (mean ± std over seeds); classical baselines tuned on validation",
         ["method", *map(str, gammas)],
@@ -208,7 +187,7 @@ def rmse_table(
     table.add("noisy input", *[f"{v:.4f}" for v in noisy_rmse])
     for name, b in baselines.items():
         params = ", ".join(f"{k}={v:g}" for k, v in b["params"].items())
-        table.add(f"{name} ({params})", *[pm(a, s) for a, s in zip(*seed_stats(b["rmse"]), strict=True)])
+        table.add(f"{name} ({params})", *[pm(a, s) for a, s in zip(*column_mean_std(b["rmse"]), strict=True)])
     for method, block in methods.items():
         c = block["curves"]["gaussian"]
         table.add(method, *[pm(a, s) for a, s in zip(c["mean"], c["std"], strict=True)])
@@ -258,7 +237,6 @@ def selection_table(selection: Mapping[str, Mapping[str, Any]], tune_seed: int) 
 
 
 def convergence_table(methods: Methods) -> Table:
-    """Validation RMSE at 50 %, 75 % and 100 % of training (mean over seeds) and the last quarter's gain."""
     table = Table(
         "Validation RMSE (gamma = 1) during training, mean over seeds: has it stopped improving?",
         ["method", "at 50 %", "at 75 %", "at 100 %", "gain over the last quarter"],
@@ -290,7 +268,6 @@ def budget_table(checks: Mapping[str, Mapping[str, Any]]) -> Table:
 
 
 def budget_curve_table(curve: Mapping[str, Any], gammas: Sequence[float]) -> Table:
-    """The RMSE of every (architecture, method, steps) of a :func:`budget_curve`."""
     return Table(
         "Budget curve: validation and test RMSE of the chosen settings (seed 0) at each step budget",
         ["architecture", "method", "steps", "val RMSE", *[f"test gamma={g:g}" for g in gammas]],
@@ -337,20 +314,12 @@ GAMMA_AXIS = "gamma (test sigma / sigma_train)"
 
 
 def relative_figure(run_dir: Path, methods: Methods, archs: Sequence[str]) -> list[dict[str, str]]:
-    """RMSE / RMSE of ERM against γ, one panel per architecture, one line per method label."""
-
     def draw(ax: Any, arch: str) -> None:
         base = methods.get(f"{arch}-erm")
         for method, block in _of(methods, arch) if base is not None else []:
             b, c = np.asarray(base["curves"]["gaussian"]["mean"]), block["curves"]["gaussian"]
-            plot_band(
-                ax,
-                c["x"],
-                np.asarray(c["mean"]) / b,
-                np.asarray(c["std"]) / b,
-                label=label_of(method),
-                alpha=0.2,
-            )
+            mean, sd = np.asarray(c["mean"]) / b, np.asarray(c["std"]) / b
+            plot_band(ax, c["x"], mean, sd, label=label_of(method), alpha=0.2)
         ax.axvline(1.0, color="grey", lw=0.8, ls=":")
         _axes(ax, arch, GAMMA_AXIS, "RMSE / RMSE of ERM")
 
@@ -362,8 +331,6 @@ def relative_figure(run_dir: Path, methods: Methods, archs: Sequence[str]) -> li
 
 
 def layer_figure(run_dir: Path, methods: Methods, archs: Sequence[str]) -> list[dict[str, str]]:
-    """Per-layer test MSE on a log scale, one panel per architecture; solid: γ = 1, dashed: the largest γ."""
-
     def draw(ax: Any, arch: str) -> None:
         for k, (method, block) in enumerate(_of(methods, arch)):
             for j, (condition, values) in enumerate(block["layer_loss"].items()):
@@ -381,7 +348,6 @@ def layer_figure(run_dir: Path, methods: Methods, archs: Sequence[str]) -> list[
 def baselines_figure(
     run_dir: Path, methods: Methods, baselines: Mapping[str, Any], archs: Sequence[str]
 ) -> list[dict[str, str]]:
-    """Test RMSE against γ: every learned method (solid) and classical baseline (dashed), per architecture."""
     x = next(iter(methods.values()))["curves"]["gaussian"]["x"]
 
     def draw(ax: Any, arch: str) -> None:
@@ -399,9 +365,6 @@ def baselines_figure(
 def validation_figure(
     run_dir: Path, methods: Methods, archs: Sequence[str], budget: Mapping[str, Mapping[str, Any]]
 ) -> list[dict[str, str]]:
-    """Validation RMSE at γ = 1 against the training step (mean over seeds), one panel per architecture;
-    ERM's budget check (first seed, longer schedule) dashed."""
-
     def draw(ax: Any, arch: str) -> None:
         for method, block in _of(methods, arch):
             if curves := block.get("val_curves") or []:
@@ -420,9 +383,6 @@ def validation_figure(
 
 
 def lambda_figure(run_dir: Path, methods: Methods) -> list[dict[str, str]]:
-    """λ_l against the training step for every method that saved its trace, one panel each: per layer the
-    mean over seeds (thick) and each seed (thin, same colour); a layer whose λ is 0 throughout is named in
-    the panel's title."""
     traced = {m: b["lambda_trace"] for m, b in methods.items() if b.get("lambda_trace")}
 
     def draw(ax: Any, method: str) -> None:
@@ -442,8 +402,6 @@ def lambda_figure(run_dir: Path, methods: Methods) -> list[dict[str, str]]:
 def budget_figure(
     run_dir: Path, rows: Sequence[Mapping[str, Any]], gammas: Sequence[float]
 ) -> list[dict[str, str]]:
-    """Test RMSE against the step budget (log scale), one panel per architecture, at γ = 1 (solid) and at
-    the largest γ (dashed), one colour per method."""
     one, top = list(gammas).index(1.0), len(gammas) - 1
     budgets = sorted({r["steps"] for r in rows})
 

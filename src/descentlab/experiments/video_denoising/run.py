@@ -7,7 +7,7 @@ into the cell store (keyed as :mod:`.claims` reads it) and the results.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -23,12 +23,12 @@ from descentlab.errors import NumericalError
 from descentlab.experiments.video_denoising import report
 from descentlab.experiments.video_denoising.claims import LAYER_MSE, MSE, arch_of, budget_name, label_of
 from descentlab.experiments.video_denoising.config import VideoDenoisingConfig, design
-from descentlab.experiments.video_denoising.jobs import at_steps, job, job_key
+from descentlab.experiments.video_denoising.jobs import BudgetKey, Outcome, at_steps, job, job_key
 from descentlab.io import load_arrays
 from descentlab.report.results import Results
-from descentlab.study.cells import CellStore, Design, cell_key
+from descentlab.study.cells import CellStore, cell_key
 from descentlab.study.jobs import JobRunner
-from descentlab.study.tuning import Round, TuningConfig, check_equal_budgets, tune_then_replicate
+from descentlab.study.tuning import Round, Tuned, TuningConfig, check_equal_budgets, tune_then_replicate
 from descentlab.train.rundir import RunDir
 
 
@@ -47,55 +47,37 @@ def run(cfg: VideoDenoisingConfig, run: RunDir) -> dict:
         job, workers=cfg.workers, cache_dir=run.path / "jobs", threads=max(cfg.torch_threads, 1)
     ) as runner:
         baselines = runner.submit("baselines", "baselines", cfg, data, run) if cfg.baselines else None
-        submit = partial(submit_train, runner, cfg, data, run)
-        follow = FollowUps(cfg, submit, base_steps)
+        follow = FollowUps(cfg, partial(submit_job, runner, cfg, data, run), base_steps)
         tuned = tune_then_replicate(
             {arm: 0 for arm in arms(cfg, cfg.trained_labels)},
             tuning_plan(cfg),
-            submit=submit,
-            choose=lowest_val_rmse,
+            submit=follow.submit,
+            choose=choose,
             then=follow.then,
         )
-        base = baselines.result() if baselines is not None else {}
-        per_seed = {arm: tuned.per_seed.get(arm) or follow.frozen_results(arm) for arm in arms(cfg)}
-        budget = follow.budget_results()
-        curve = follow.curve_results(per_seed)
+        outcome = follow.outcome(tuned, baselines.result() if baselines is not None else {})
 
-    # 3. the arrays: sample frames, every reported run's per-sequence errors and the budget points
-    keys = job_keys(cfg, tuned.chosen)
-    errors, base_errors, denoised = load_job_arrays(run.path / "jobs", keys, list(base))
+    # 3. the arrays: the cell store, and the sample frames every reported method and baseline denoised
+    jobs_dir = run.path / "jobs"
+    cell_store(cfg, jobs_dir, outcome).save(run.path, writer=run.writer)
+    denoised = [
+        load_arrays(jobs_dir / f"{outcome.jobs[arm][0]}-frames.npz")["denoised"] for arm in outcome.per_seed
+    ]
+    denoised += [load_arrays(jobs_dir / f"baselines-{b}.npz")["denoised"] for b in outcome.baselines]
     run.save_arrays(
         report.SAMPLE_FRAMES,
         clean=sample_clean,
         noisy=data["sample_noisy"],
         gammas=np.asarray(sample_gammas),
         seed=np.asarray(cfg.seeds[0]),
-        methods=np.asarray([*keys, *base]),
-        denoised=denoised,
+        methods=np.asarray([*outcome.per_seed, *outcome.baselines]),
+        denoised=np.stack(denoised),
     )
-    points = budget_errors(run.path / "jobs", cfg.seeds[0], curve, follow.long_results(), errors)
-    # the design the runner recorded from the config; a budget point whose run diverged saved no cells
-    examples = int(next(iter(errors.values())).shape[-1])
-    record = replace(design(cfg), examples=examples)
-    cell_store(record, {**errors, **points}, base_errors).save(run.path, writer=run.writer)
-
-    # 4. results: the methods' blocks and tables, the budget check and curve (report.summarise)
-    grids = {
-        arm: (cfg.candidates(label_of(arm)), tuned.picks[arm], tuned.results[arm]) for arm in tuned.picks
-    }
-    body = report.summarise(per_seed, grids, base, cfg.gammas, cfg.tune_seed, budget=budget, curve=curve)
     return Results(
         experiment="video-denoising",
         config=config_to_dict(cfg),
         protocol=protocol(cfg, data_protocol, base_steps),
-        methods=body["methods"],
-        tables=body["tables"],
-        notes=report.NOTES,
-        extra={
-            k: body[k]
-            for k in ("baselines", "selection", "versus_baselines", "budget_check", "budget_curve")
-            if k in body
-        },
+        **report.summarise(cfg, outcome),
     ).to_dict()
 
 
@@ -109,15 +91,15 @@ def tuning_plan(cfg: VideoDenoisingConfig) -> TuningConfig:
     the tuning seed; a method with one candidate has nothing to choose and trains on the evaluation seeds
     only. The compared methods' grids are of one size (checked by the config)."""
     tuned = tuple(arm for arm in arms(cfg, cfg.trained_labels) if len(cfg.candidates(label_of(arm))) > 1)
-    return TuningConfig(cfg.seeds, cfg.tune_seed, [Round(tuned, partial(grid_indices, cfg))] if tuned else [])
+    return TuningConfig(cfg.seeds, cfg.tune_seed, [Round(tuned, partial(candidates, cfg))] if tuned else [])
 
 
-def grid_indices(cfg: VideoDenoisingConfig, arm: str, chosen: Mapping[str, int]) -> range:
+def candidates(cfg: VideoDenoisingConfig, arm: str, chosen: Mapping[str, int]) -> range:
     """The candidates of ``arm``: the indices of its label's grid (:meth:`VideoDenoisingConfig.candidates`)."""
     return range(len(cfg.candidates(label_of(arm))))
 
 
-def lowest_val_rmse(arm: str, results: Sequence[Mapping[str, Any]]) -> int:
+def choose(arm: str, results: Sequence[Mapping[str, Any]]) -> int:
     """The candidate of lowest final validation RMSE at γ = 1, the first on ties; a failed one (NaN) ranks
     last."""
     return min(
@@ -125,7 +107,7 @@ def lowest_val_rmse(arm: str, results: Sequence[Mapping[str, Any]]) -> int:
     )
 
 
-def submit_train(
+def submit_job(
     runner: JobRunner,
     cfg: VideoDenoisingConfig,
     data: dict,
@@ -154,10 +136,10 @@ class FollowUps:
     from that seed's final multipliers)."""
 
     cfg: VideoDenoisingConfig
-    submit: Any  # submit_train with its runner bound
+    submit: Callable[..., Future]  # submit_job with its runner bound
     base_steps: int
     budget: dict[str, Future] = field(default_factory=dict)
-    curve: dict[tuple[str, str, int], Future] = field(default_factory=dict)
+    curve: dict[BudgetKey, Future] = field(default_factory=dict)
     frozen: dict[tuple[str, int], Future] = field(default_factory=dict)
 
     def then(self, arm: str, candidate: int, per_seed: list[dict]) -> None:
@@ -179,88 +161,48 @@ class FollowUps:
                     arm, candidate, s, job_label=frozen, lam=ev["lambda"]
                 )
 
-    def frozen_results(self, arm: str) -> list[dict]:
-        return [self.frozen[arm, s].result() for s in self.cfg.seeds]
-
-    def budget_results(self) -> dict[str, dict]:
-        """architecture -> ERM's budget-check run, with its ``steps`` and the ``base_steps``."""
-        steps = round(self.cfg.budget_check * self.base_steps)
-        return {
+    def outcome(self, tuned: Tuned, baselines: dict[str, Any]) -> Outcome:
+        """Every result, once the jobs are done. A point of the budget curve at the base budget is the first
+        evaluation seed's run, any other (and that one, when the curve retrains it) its own run; a diverged
+        run has no point. A frozen control's jobs are keyed by its own label, without a grid index."""
+        cfg, seed0 = self.cfg, self.cfg.seeds[0]
+        frozen = {arm: [self.frozen[arm, s].result() for s in cfg.seeds] for arm, _ in self.frozen}
+        per_seed = {arm: tuned.per_seed.get(arm) or frozen[arm] for arm in arms(cfg)}
+        jobs = {
+            arm: [job_key(arch_of(arm), label_of(arm), tuned.chosen.get(arm), s) for s in cfg.seeds]
+            for arm in arms(cfg)
+        }
+        steps = round(cfg.budget_check * self.base_steps)
+        budget = {
             a: {"steps": steps, "base_steps": self.base_steps, **f.result()} for a, f in self.budget.items()
         }
-
-    def long_results(self) -> dict[tuple[str, str, int], dict]:
-        """(architecture, label, steps) -> the budget curve's own run at ``steps`` (a diverged one is left out)."""
-        return {k: ev for k, f in self.curve.items() if "failed" not in (ev := f.result())}
-
-    def curve_results(self, per_seed: Mapping[str, list[dict]]) -> dict[tuple[str, str, int], dict]:
-        """Every point of the budget curve: at the base budget the first evaluation seed's run, at the
-        others (and at the base budget, when the curve retrains it) their own runs."""
-        out = {(a, lab, self.base_steps): per_seed[f"{a}-{lab}"][0] for a, lab, _ in self.curve}
-        return out | self.long_results()
-
-
-def job_keys(cfg: VideoDenoisingConfig, chosen: Mapping[str, int]) -> dict[str, list[str]]:
-    """arm -> the job keys of its reported runs, one per evaluation seed (a frozen control is keyed by its
-    own label, without a grid index)."""
-    return {
-        arm: [
-            job_key(arch_of(arm), label, None if label in cfg.frozen else chosen[arm], s) for s in cfg.seeds
-        ]
-        for arm in arms(cfg)
-        for label in [label_of(arm)]
-    }
+        curve = {}
+        for arch, label, _ in self.curve:
+            arm = f"{arch}-{label}"
+            curve[arch, label, self.base_steps] = per_seed[arm][0]
+            jobs[budget_name(arm, self.base_steps)] = jobs[arm][:1]
+        for (arch, label, n), future in self.curve.items():
+            if "failed" not in (ev := future.result()):
+                curve[arch, label, n] = ev
+                jobs[budget_name(f"{arch}-{label}", n)] = [job_key(arch, at_steps(label, n), None, seed0)]
+        return Outcome(tuned, per_seed, baselines, budget, curve, jobs)
 
 
-def budget_errors(
-    jobs_dir: Path,
-    seed0: int,
-    curve: Mapping[tuple[str, str, int], Any],
-    long: Mapping[tuple[str, str, int], Any],
-    errors: Mapping[str, np.ndarray],
-) -> dict[str, np.ndarray]:
-    """:func:`budget_name` -> ``[1, G, L+1, N]`` errors of every budget-curve point (first evaluation seed):
-    a point with its own run (``long``) from that job's saved errors, the base budget's from the method's."""
-    out = {}
-    for arch, label, n in curve:
-        arm = f"{arch}-{label}"
-        if (arch, label, n) not in long:
-            out[budget_name(arm, n)] = errors[arm][:1]
-        else:
-            path = jobs_dir / f"{job_key(arch, at_steps(label, n), None, seed0)}-errors.npz"
-            out[budget_name(arm, n)] = load_arrays(path)["example_mse"][None]
-    return out
-
-
-def load_job_arrays(
-    jobs_dir: Path, keys: Mapping[str, Sequence[str]], baselines: Sequence[str]
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
-    """The arrays the jobs saved under ``jobs_dir``: per method (its job keys, one per seed), ``errors`` stacks
-    ``<key>-errors.npz``'s ``example_mse`` over seeds (``[S, G, L+1, N]``); per baseline,
-    ``baselines-<name>.npz``'s ``example_mse`` (``[S, G, N]``); ``denoised`` stacks the first key's
-    ``<key>-frames.npz`` of every method, then every baseline's frames, in that order."""
-    runs = {
-        name: [load_arrays(jobs_dir / f"{k}-errors.npz")["example_mse"] for k in ks]
-        for name, ks in keys.items()
-    }
-    base = {b: load_arrays(jobs_dir / f"baselines-{b}.npz") for b in baselines}
-    frames = [load_arrays(jobs_dir / f"{ks[0]}-frames.npz")["denoised"] for ks in keys.values()]
-    denoised = np.stack(frames + [base[b]["denoised"] for b in baselines])
-    return {k: np.stack(v) for k, v in runs.items()}, {b: base[b]["example_mse"] for b in baselines}, denoised
-
-
-def cell_store(
-    record: Design, errors: Mapping[str, np.ndarray], baseline_errors: Mapping[str, np.ndarray]
-) -> CellStore:
-    """The run's cells: per learned arm (``errors``: name -> ``[S, G, L+1, N]``) ``mse`` and ``layer_mse``
-    at γ = 1, per baseline (``[S, G, N]``) ``mse``. Budget points keep their one seed (``[1, ...]``: not
-    through :meth:`CellStore.put`, which asks for every seed)."""
-    one = record.extra["gammas"].index(1.0)
+def cell_store(cfg: VideoDenoisingConfig, jobs_dir: Path, outcome: Outcome) -> CellStore:
+    """The run's cells from the errors its jobs saved under ``jobs_dir`` (``example_mse`` ``[G, L+1, N]``
+    per job): per learned arm and budget-curve point (``[1, ...]``: not through :meth:`CellStore.put`, which
+    asks for every seed) ``mse`` of the final estimate and ``layer_mse`` at γ = 1; per baseline ``mse``
+    (``[S, G, N]``)."""
+    one = cfg.gammas.index(1.0)
     arrays = {}
-    for name, e in errors.items():
+    for name, keys in outcome.jobs.items():
+        e = np.stack([load_arrays(jobs_dir / f"{k}-errors.npz")["example_mse"] for k in keys])
         arrays |= {cell_key(MSE, name): e[:, :, -1], cell_key(LAYER_MSE, name): e[:, one]}
-    arrays |= {cell_key(MSE, b): e for b, e in baseline_errors.items()}
-    for name in [*errors, *baseline_errors]:
+    for b in outcome.baselines:
+        arrays[cell_key(MSE, b)] = load_arrays(jobs_dir / f"baselines-{b}.npz")["example_mse"]
+    # the design the runner recorded from the config; a budget point whose run diverged saved no cells
+    record = replace(design(cfg), examples=int(next(iter(arrays.values())).shape[-1]))
+    for name in [*outcome.jobs, *outcome.baselines]:
         record.require(name)
     return CellStore(record, arrays)
 
