@@ -32,13 +32,8 @@ judged: it is no claim of the paper, and the full preset does not evaluate it.
 ``FIDELITY`` (end of the module): what the presets change against the paper's text experiments, and which
 of its claims no row judges (rendered into docs/results/text-robustness.md).
 
-Power, declared before the full run of the binding-constraint protocol (tuning seed 1000, evaluation seeds
-100-104). Its pilot is the earlier full run (seeds 0-2, α = 0.03, not binding): per seed, constrained −
-``erm-readout`` under Gaussian noise at γ >= 1 was −0.0035, +0.0018 and −0.0020 (sd 0.0027). With 5
-evaluation seeds the seed-level minimum detectable effect (80 % power, 95 % interval) is
-(t_{0.975,4} + t_{0.8,4}) · 0.0027 / √5 = 0.0045, under half the smallest effect of interest (0.01): the
-run can reproduce a one-point gain, and refute it if the true effect is near 0. A binding constraint may
-spread the seeds more; the run's own interval says by how much.
+Power: declared before the full run from the earlier run's pilot; docs/results/text-robustness.md ("Power,
+declared before the run") gives both and what the run's own spread turned out to be.
 
 Smallest effects of interest (the units are the metric's):
 
@@ -65,7 +60,7 @@ import numpy as np
 
 from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays, NotInRun
 from descentlab.report.fidelity import Deviation, Fidelity, NotTested, lagrangian, seeds
-from descentlab.study.cells import CellStore
+from descentlab.study.cells import CellStore, load_store, require_store
 
 ERM, CONTROL = "erm", "erm-readout"  # the paper's reference; the matched λ ≡ 0 control
 CONSTRAINED, RESILIENT = "constrained", "resilient"
@@ -83,37 +78,30 @@ ROBUST_METRIC = "test accuracy under embedding noise, mean over γ >= 1"
 
 
 def claim_arrays(run_dir: Path) -> CellStore | dict:
-    """The run's cell store; a run made before the store is read by :func:`.legacy.legacy_store`; {} when
-    there is no run (every claim pends)."""
+    """The run's cell store (:func:`~descentlab.study.cells.load_store`; older runs: :mod:`.legacy`)."""
     from descentlab.experiments.text_robustness.legacy import legacy_store  # legacy imports this module
 
-    return CellStore.load(run_dir) or legacy_store(run_dir) or {}
-
-
-def _store(arrays: Mapping[str, np.ndarray]) -> CellStore:
-    if not isinstance(arrays, CellStore):
-        raise MissingArrays("the cell store (arrays/cells.npz and arrays/design.json)")
-    return arrays
+    return load_store(run_dir, legacy_store)
 
 
 def gammas(arrays: Mapping[str, np.ndarray]) -> list[float]:
-    return list(_store(arrays).design.extra["gammas"])
+    return list(require_store(arrays).design.extra["gammas"])
 
 
 def trained(arrays: Mapping[str, np.ndarray], methods: tuple[str, ...]) -> list[str]:
     """Those of ``methods`` the run trained (its design has them), in the order given."""
-    arms = _store(arrays).design.arms
+    arms = require_store(arrays).design.arms
     return [m for m in methods if m in arms]
 
 
 def kinds(arrays: Mapping[str, np.ndarray]) -> list[str]:
     """The noise kinds the run evaluated every method under (the design's conditions)."""
-    return _store(arrays).conditions()
+    return require_store(arrays).conditions()
 
 
 def correctness(arrays: Mapping[str, np.ndarray], method: str, kind: str) -> np.ndarray:
     """0/1 correctness ``[seed, draw, γ, example]``."""
-    return np.asarray(_store(arrays).get(CORRECT, method, kind), dtype=np.float64)
+    return np.asarray(require_store(arrays).get(CORRECT, method, kind), dtype=np.float64)
 
 
 def robust(arrays: Mapping[str, np.ndarray], method: str, kind: str) -> np.ndarray:
@@ -141,7 +129,7 @@ def layer_rise(arrays: Mapping[str, np.ndarray], method: str) -> np.ndarray:
     """Each review's share of its seed's rise, ``[seed, example]``: with L⁺_s the layers where seed s's
     test-mean profile rises, ``r[s, e] = Σ_{l ∈ L⁺_s} (loss[s, l, e] − loss[s, l−1, e])``, whose mean over
     the reviews is exactly ``R`` of that seed's profile."""
-    loss = np.asarray(_store(arrays).get(LOSS, method), dtype=np.float64)
+    loss = np.asarray(require_store(arrays).get(LOSS, method), dtype=np.float64)
     steps = np.diff(loss, axis=1)  # [seed, L, example]
     rising = steps.mean(axis=-1) > 0  # [seed, L]
     return (steps * rising[:, :, None]).sum(axis=1)
@@ -177,7 +165,7 @@ def _monotone(arrays: Mapping[str, np.ndarray]) -> list[Cells]:
         a, b = layer_rise(arrays, m), layer_rise(arrays, ERM)
         erm_rise = b.mean(axis=-1)  # per seed
         untestable = None
-        val_profile = _store(arrays).design.extra.get("erm_val_profile")
+        val_profile = require_store(arrays).design.extra.get("erm_val_profile")
         if val_profile is not None and bool(np.all(np.diff(np.asarray(val_profile, dtype=np.float64)) <= 0)):
             untestable = (
                 "ERM's per-layer validation loss (tuning seed) is already monotone (non-increasing over "

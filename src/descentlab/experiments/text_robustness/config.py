@@ -3,10 +3,8 @@ the noise evaluation, the training budget and the validation selection; and the 
 
 Every method trains on the same split, with the same optimizer, budget and seeds. The
 :class:`~descentlab.constrained.config.DescentConfig` of each constrained method is chosen among a small grid
-of candidates (override specs) on the *validation* split, trained from ``tune_seed`` (never an evaluation
-seed), never on test. With ``selection.min_binding`` set, only candidates whose constraint binds on their
-own tuning run are eligible (:func:`~descentlab.study.tuning_rules.binding_level`: the time-average of Σ_l λ_l
-over the second half of training exceeds it); the protocol says when none did.
+of candidates (override specs, :class:`~descentlab.study.tuning_rules.CandidateSelection`) on the
+*validation* split, trained from ``tune_seed`` (never an evaluation seed), never on test.
 
 What is judged, and the primary endpoint, are declared in :mod:`.claims`, not here.
 """
@@ -178,10 +176,7 @@ PRESETS = {
     # validation (ERM's profile, twice its per-layer descent, a fixed α = 0.1 > the base 0.03), and one is
     # eligible only if its own tuning run keeps λ bound (mean Σ_l λ_l over the second half of training >
     # 0.05, `CandidateSelection.min_binding`); among those the clean margin, then the Gaussian grid mean, chooses.
-    # Size: 1 ERM tuning run + 3 candidates (validation) + 4 methods x 5 seeds = 24 jobs. The earlier full
-    # run (21 jobs: 6 methods x 3 seeds + ERM's and 2 candidates' tuning runs) took 46 min on 2 workers,
-    # 2.2 min of wall time per job (4.4 worker-minutes); half of these jobs (vs two thirds then) train
-    # through the per-layer readout, so 24 x 2.2 ≈ 53 min is an upper estimate on 2 idle cores.
+    # 24 jobs: docs/results/text-robustness.md gives the declared size estimate and the wall time.
     "full": {
         "methods": [ERM, CONTROL, "constrained", "erm-noise"],
         "seeds": [100, 101, 102, 103, 104],

@@ -1,17 +1,20 @@
 """text-robustness's (method, seed) job: train one model (or resume it from the run's checkpoint), then
-evaluate it on the validation split (selection numbers only) or on test (the full evaluation)."""
+evaluate it on the validation split (selection numbers only) or on test (the full evaluation); and the
+:class:`Outcome` of a run, what the report is drawn from."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 from descentlab.constrained.trace import LambdaTrace
 from descentlab.data import load_encoder_classifier
 from descentlab.data.text_batches import Prepared
 from descentlab.errors import ConfigError
-from descentlab.evaluation import RobustnessCurves
+from descentlab.evaluation import EmbeddingGeometry, RobustnessCurves
 from descentlab.evaluation.layer_profile import layer_loss_examples
 from descentlab.evaluation.text import evaluate_classifier, validation_scores
 from descentlab.experiments.text_robustness.claims import ERM
@@ -22,6 +25,16 @@ from descentlab.train.loop import fit, seed_everything
 from descentlab.train.objectives import EmbeddingNoise
 from descentlab.train.recipe import MethodConfig, build_frozen_recipe, build_recipe
 from descentlab.train.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What one arm trains: its method, the spec that edited the arm's own constraint into it, and for a
+    tuned arm's candidate its index (two specs may give one method: each is still its own tuning run)."""
+
+    method: MethodConfig
+    spec: str = ""
+    candidate: int | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +113,7 @@ def train_model(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir
     return model.eval(), constraint, trace
 
 
-def run_job(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) -> dict[str, Any]:
+def train_job(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) -> dict[str, Any]:
     """One job end to end; returns JSON-able numbers (the JobRunner caches them under ``jobs/``)."""
     model, constraint, trace = train_model(cfg, job, data, run)
     if job.split == "validation":
@@ -109,9 +122,7 @@ def run_job(cfg: TextRobustnessConfig, job: Job, data: Prepared, run: RunDir) ->
         )
         if job.label == ERM:  # the reference profile of alpha_from=erm: mean validation loss per layer
             scores["val_profile"] = layer_loss_examples(model, data.val).mean(1).tolist()
-        if (
-            constraint is not None
-        ):  # a candidate is eligible only if its constraint binds (CandidateSelection)
+        if constraint is not None:  # eligible only if its constraint binds (CandidateSelection)
             scores["binding"] = binding_level(trace["steps"], trace["lambda"])
             scores["lambda_trace"] = trace
         return scores
@@ -129,3 +140,27 @@ def decode_output(out: dict[str, Any]) -> dict[str, Any]:
         if out.get(key) is not None:
             out = {**out, key: RobustnessCurves.from_dict(out[key])}
     return out
+
+
+@dataclass
+class Outcome:
+    """What a run gathered, per method in the order of ``cfg.methods``."""
+
+    chosen: dict[str, Setting]  # the setting each method trained on the evaluation seeds
+    outputs: dict[str, list[dict[str, Any]]]  # train_job's output on each evaluation seed
+    tried: dict[str, list[dict[str, Any]]]  # a tuned method -> each candidate's validation scores
+    # ERM's clean validation accuracy and per-layer validation loss on the tuning seed (the clean margin
+    # and the alpha_from=erm profile); None when ERM did not train on it
+    erm_clean: float | None
+    reference: list[float] | None
+    sizes: dict[str, int] = field(default_factory=dict)  # n_train, n_val
+    geometry: EmbeddingGeometry | None = None  # the pretrained embeddings (the ε kinds only)
+    tokens: int | None = None  # the mean test sequence length (the ε kinds only)
+
+    def curves(self, key: str = "curves") -> dict[str, RobustnessCurves]:
+        """Each method's curves joined over seeds (``key``: ``curves``, or ``ldp_curves`` for the ε kinds)."""
+        return {m: RobustnessCurves.concat([o[key] for o in outs]) for m, outs in self.outputs.items()}
+
+    def losses(self) -> dict[str, np.ndarray]:
+        """Each method's clean per-review loss at every layer, ``[seed, L+1, example]``."""
+        return {m: np.asarray([o["layer_examples"] for o in outs]) for m, outs in self.outputs.items()}

@@ -21,29 +21,85 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
-from descentlab.evaluation import EmbeddingGeometry, NoiseEvalConfig, RobustnessCurves, privacy_rows
+from descentlab.evaluation import NoiseEvalConfig, RobustnessCurves, privacy_rows
 from descentlab.experiments.text_robustness.claims import CONTROL, CORRECT, ERM, LOSS, SEP, claim_arrays
 from descentlab.io import load_arrays
 from descentlab.report.figures import new_figure, save_figure
 from descentlab.report.results import Curve, MethodResult
-from descentlab.report.stats import column_mean_std, mean_std, paired_interval
+from descentlab.report.stats import PairedInterval, column_mean_std, mean_std, paired_interval
 from descentlab.report.tables import multiplier_tables
 from descentlab.study.cells import CellStore, cell_key
 from descentlab.study.figures import figure_record, panel_figure, plot_band, plot_multipliers
 from descentlab.study.tables import Table, pm
-from descentlab.study.tuning_rules import binding_level
+from descentlab.study.tuning_rules import binding_level, choose_candidate
+
+if TYPE_CHECKING:  # the report reads saved arrays: no training runtime at import
+    from descentlab.experiments.text_robustness.config import TextRobustnessConfig
+    from descentlab.experiments.text_robustness.jobs import Outcome
 
 LAMBDA = "arrays/lambda.npz"
 LAMBDA_SELECTION = "arrays/lambda-selection.npz"
 LDP = "arrays/ldp.npz"
 
 # --- the method blocks, tables and notes -----------------------------------------------------------------
+
+
+def summarise(cfg: TextRobustnessConfig, outcome: Outcome) -> dict[str, Any]:
+    """``results.json``'s method blocks (each with the seed-level interval of its per-layer loss, its
+    constraint and its ε curves), tables and notes."""
+    curves, losses = outcome.curves(), outcome.losses()
+    ldp = outcome.curves("ldp_curves") if outcome.geometry is not None else {}
+    blocks = {}
+    for m, outs in outcome.outputs.items():
+        profiles = {k: [o["profiles"][k] for o in outs] for k in outs[0]["profiles"]}
+        extra = {k: [o["extra"][k] for o in outs] for k in outs[0]["extra"]}
+        lams = [o["multipliers"] for o in outs if o["multipliers"] is not None and m not in cfg.frozen_zero]
+        block = blocks[m] = method_block(curves[m], profiles, extra, lams, cfg.evaluation.kinds[0])
+        block.extra["layer_loss_ci"] = [[iv.low, iv.high] for iv in intervals(losses[m], axis=1)]
+        if (setting := outcome.chosen[m].method).constrained:
+            block.extra["constraint"] = asdict(setting.constraint)
+        for kind, c in (ldp[m].curves() if m in ldp else {}).items():  # x_name "epsilon"
+            block.curves[kind] = Curve.from_dict(c)
+            block.metrics[f"{kind}_mean_over_epsilons"] = c["summary"]
+    # the tables: the paired gaps, the dataset shift, the selection, the final multipliers, the ε accounting
+    out: list[Table] = []
+    if gap := paired_gap_rows(curves):
+        title = "Accuracy minus ERM's (paired: same seeds, same noise), mean ± std over (seed, draw)"
+        out.append(Table(title, ["method", "kind", *[f"γ={g:g}" for g in cfg.evaluation.gammas]], gap))
+    if shift := list(cfg.data.shift):
+        title = "Dataset shift: clean accuracy on extra test sets (mean over seeds)"
+        out.append(Table(title, ["method", "in-distribution", *shift]))
+        for m, b in blocks.items():
+            out[-1].add(m, b.metrics["accuracy"], *[b.metrics.get(f"shift:{s}", "") for s in shift])
+    if rows := [row for m, r in outcome.tried.items() for row in selection(cfg, outcome.erm_clean, m, r)[1]]:
+        columns = ["method", "candidate", "val clean acc", "val acc, gaussian grid mean"]
+        columns += ["binding: mean Σλ over the 2nd half", "chosen"]
+        title = f"Selection on the validation split (tuning seed {cfg.tune_seed}, never an evaluation seed)"
+        out.append(Table(title, columns, rows))
+    tables = [t.to_dict() for t in out] + multiplier_tables({m: b.to_dict() for m, b in blocks.items()})
+    if ldp:
+        tables.append(privacy(outcome, cfg.evaluation).to_dict())
+    lam = side_arrays(cfg, outcome)[LAMBDA]
+    return {"methods": blocks, "tables": tables, "notes": notes(blocks, len(cfg.seeds), lam)}
+
+
+def selection(
+    cfg: TextRobustnessConfig, erm_clean: float | None, arm: str, results: Sequence[Mapping[str, Any]]
+) -> tuple[int, list[list[Any]], str]:
+    """:func:`~descentlab.study.tuning_rules.choose_candidate` under the config's selection rule, on the
+    validation scores of ``arm``'s candidates: (pick, selection-table rows, reason)."""
+    sel = cfg.selection
+    return choose_candidate(
+        arm, sel.candidates[arm], results, erm_clean,
+        criterion=sel.criterion, max_clean_drop=sel.max_clean_drop, min_binding=sel.min_binding,
+    )  # fmt: skip
 
 
 def is_monotone(values: Sequence[float]) -> bool:
@@ -86,22 +142,6 @@ def method_block(
     )
 
 
-def add_ldp_curves(block: MethodResult, curves: RobustnessCurves | None) -> None:
-    """Put the ε curves (x_name ``epsilon``) into a method block, and their grid means into its metrics."""
-    for kind, c in (curves.curves() if curves is not None else {}).items():
-        block.curves[kind] = Curve.from_dict(c)
-        block.metrics[f"{kind}_mean_over_epsilons"] = c["summary"]
-
-
-def layer_loss_ci(losses: np.ndarray) -> list[list[float]]:
-    """Per layer ``[low, high]`` of the seed-level 95 % interval of the mean clean loss (``losses``:
-    ``[seed, L+1, example]``)."""
-    return [
-        list(mean_interval(np.asarray(losses[:, layer], dtype=np.float64))[1:])
-        for layer in range(losses.shape[1])
-    ]
-
-
 def paired_gaps(values: Mapping[str, Mapping[str, np.ndarray]]) -> dict[tuple[str, str], np.ndarray]:
     """``(method, kind) -> δ`` of shape ``[seed · draw, γ]`` (module docstring); {} without ERM."""
     if ERM not in values:
@@ -123,75 +163,57 @@ def paired_gap_rows(curves: Mapping[str, RobustnessCurves]) -> list[list[Any]]:
     return rows
 
 
-def tables(
-    curves: Mapping[str, RobustnessCurves],
-    methods: Mapping[str, MethodResult],
-    selection_rows: list[list[Any]],
-    shift_names: Sequence[str],
-    *,
-    tune_seed: int,
-) -> list[dict[str, Any]]:
-    """The paired gaps, the dataset shift, the selection (``tune_seed``: the seed it trained from) and the
-    final multipliers."""
-    gammas = next(iter(curves.values())).gammas
-    out: list[Table] = []
-    if gap := paired_gap_rows(curves):
-        title = "Accuracy minus ERM's (paired: same seeds, same noise), mean ± std over (seed, draw)"
-        out.append(Table(title, ["method", "kind", *[f"γ={g:g}" for g in gammas]], gap))
-    if shift_names:
-        shift = Table(
-            "Dataset shift: clean accuracy on extra test sets (mean over seeds)",
-            ["method", "in-distribution", *shift_names],
-        )
-        for m, b in methods.items():
-            shift.add(m, b.metrics["accuracy"], *[b.metrics.get(f"shift:{s}", "") for s in shift_names])
-        out.append(shift)
-    if selection_rows:
-        columns = ["method", "candidate", "val clean acc", "val acc, gaussian grid mean"]
-        columns += ["binding: mean Σλ over the 2nd half", "chosen"]
-        title = f"Selection on the validation split (tuning seed {tune_seed}, never an evaluation seed)"
-        out.append(Table(title, columns, selection_rows))
-    return [t.to_dict() for t in out] + multiplier_tables({m: b.to_dict() for m, b in methods.items()})
-
-
-def privacy(
-    outputs: Mapping[str, Sequence[Mapping[str, Any]]],
-    geometry: EmbeddingGeometry,
-    ev: NoiseEvalConfig,
-    tokens: int,
-) -> tuple[dict[str, RobustnessCurves], Table, dict[str, Any]]:
-    """From each method's job outputs (one per seed, with ``ldp_curves`` and ``embedding_max_norm``): the ε
-    curves joined over seeds, the accounting table of the ε grid (for each (kind, ε): the equivalent γ,
-    E‖z‖, per-token and per-sequence ε of sequences of ``tokens`` tokens) and the protocol entry.
-    ``ev.clip`` must be resolved; ``geometry`` is the pretrained model's, its D widened to cover every
-    evaluated model (fine-tuning moves the rows a little)."""
-    assert ev.clip is not None
-    curves = {m: RobustnessCurves.concat([o["ldp_curves"] for o in outs]) for m, outs in outputs.items()}
-    max_norm = max([geometry.max_norm] + [o["embedding_max_norm"] for outs in outputs.values() for o in outs])
-    geometry = replace(geometry, max_norm=max_norm)
+def privacy(outcome: Outcome, ev: NoiseEvalConfig) -> Table:
+    """The accounting table of the ε grid: for each (kind, ε) the equivalent γ, E‖z‖, per-token and
+    per-sequence ε of sequences of ``outcome.tokens`` tokens. ``ev.clip`` must be resolved; the geometry is
+    the pretrained model's, its D widened to cover every evaluated model (fine-tuning moves the rows a
+    little)."""
+    assert ev.clip is not None and outcome.geometry is not None
+    norms = [o["embedding_max_norm"] for outs in outcome.outputs.values() for o in outs]
+    geometry = replace(outcome.geometry, max_norm=max([outcome.geometry.max_norm, *norms]))
     table = Table(
         title=f"Privacy of the ε kinds: d = {geometry.d}, σ_E = {geometry.sigma_e:.4g}, token distance "
         f"D <= {geometry.diameter:.4g}, Gaussian clip C = {ev.clip:.4g} and δ = {ev.delta:g} per token; "
-        f"sequences of T = {tokens} tokens",
+        f"sequences of T = {outcome.tokens} tokens",
         columns=["kind", "epsilon", "equivalent γ", "E‖noise‖", "per-token ε", "per-sequence ε", "seq. δ"],
     )
     for kind in ev.ldp_kinds:
-        for r in privacy_rows(kind, ev.epsilons, geometry, tokens=tokens, delta=ev.delta, clip=ev.clip):
+        rows = privacy_rows(kind, ev.epsilons, geometry, tokens=outcome.tokens, delta=ev.delta, clip=ev.clip)
+        for r in rows:
             table.add(
                 r.kind, r.epsilon, f"{r.gamma:.3g}", f"{r.noise_norm:.3g}", f"{r.token_epsilon:.4g}",
                 f"{r.sequence_epsilon:.4g}", f"{r.sequence_delta:.2g}",
             )  # fmt: skip
-    protocol = {
-        "kinds": list(ev.ldp_kinds),
-        "epsilons": list(ev.epsilons),
-        "delta_per_token": ev.delta,
-        "clip": ev.clip,
-        "sequence_tokens": tokens,
-        "mechanisms": "metric_ldp: e + z, p(z) ∝ exp(-ε‖z‖) (E‖z‖ = d/ε); gaussian_mechanism: clip_C(e) + "
-        "N(0, σ²I), σ from the analytic Gaussian mechanism at (ε, δ) with Δ = 2C; both on the word-embedding "
-        "output, every position, keyed by content; ε is absolute, the same for every model",
+    return table
+
+
+def side_arrays(cfg: TextRobustnessConfig, outcome: Outcome) -> dict[str, dict[str, np.ndarray]]:
+    """The arrays beside the cell store, by file (module docstring): λ of the evaluation runs (seeds cut to
+    the shortest trace), λ of each candidate's tuning run, and the local-DP correctness."""
+    lam = {}
+    for m, outs in outcome.outputs.items():
+        traces = [o["lambda_trace"] for o in outs]
+        if m not in cfg.frozen_zero and all(t and t["steps"] for t in traces):
+            n = min(len(t["steps"]) for t in traces)
+            lam[f"{m}{SEP}steps"] = np.asarray(traces[0]["steps"][:n], dtype=np.float64)
+            lam[m] = np.asarray([t["lambda"][:n] for t in traces], dtype=np.float64)
+    tuning = {
+        f"{m}{SEP}cand{i}{suffix}": np.asarray(trace[key], dtype=np.float64)
+        for m, cands in outcome.tried.items()
+        for i, s in enumerate(cands)
+        if (trace := s.get("lambda_trace")) and trace["steps"]
+        for suffix, key in ((f"{SEP}steps", "steps"), ("", "lambda"))
     }
-    return curves, table, protocol
+    ldp: dict[str, np.ndarray] = {}
+    if outcome.geometry is not None:
+        curves = outcome.curves("ldp_curves")
+        if any(c.examples is None for c in curves.values()):
+            raise ValueError("the ε curves kept no per-example values (keep_examples=True)")
+        ldp["epsilons"] = np.asarray(next(iter(curves.values())).gammas, dtype=np.float64)
+        ldp |= {
+            f"{m}{SEP}{k}": v.astype(np.float32) for m, c in curves.items() for k, v in c.examples.items()
+        }
+    return {LAMBDA: lam, LAMBDA_SELECTION: tuning, LDP: ldp}
 
 
 def notes(methods: Mapping[str, MethodResult], n_seeds: int, lam: Mapping[str, np.ndarray]) -> list[str]:
@@ -254,27 +276,17 @@ def load(run_dir: Path | str, name: str) -> dict[str, np.ndarray]:
     return load_arrays(path) if path.is_file() else {}
 
 
-def by_method(arrays: Mapping[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
-    """``{"<m>__<kind>": x}`` -> ``{m: {kind: x}}`` (names without the separator are left out)."""
-    out: dict[str, dict[str, np.ndarray]] = {}
-    for name, v in arrays.items():
-        if SEP in name:
-            method, kind = name.split(SEP, 1)
-            out.setdefault(method, {})[kind] = v
-    return out
+def intervals(cells: np.ndarray, axis: int) -> list[PairedInterval]:
+    """The seed-level 95 % interval of the mean of ``cells`` (``[seed, ..., example]``) at each index along
+    ``axis``: :func:`~descentlab.report.stats.paired_interval` against 0, symmetric about the mean."""
+    cells = np.moveaxis(np.asarray(cells, dtype=np.float64), axis, 0)
+    return [paired_interval(c, np.zeros_like(c)) for c in cells]
 
 
-def mean_interval(x: np.ndarray, reference: np.ndarray | None = None) -> tuple[float, float, float]:
-    """Mean of ``x − reference`` (``reference`` 0 when None) with its seed-level 95 % interval."""
-    iv = paired_interval(x, np.zeros_like(x) if reference is None else reference)
-    return iv.mean, iv.low, iv.high
-
-
-def interval_band(ax: Any, x: Any, columns: Sequence[np.ndarray], *, label: str, **style: Any) -> None:
-    """One column of cells per x (``[seed, ...]`` each): its mean and seed-level 95 % band."""
-    stats = np.array([mean_interval(c) for c in columns])
-    (line,) = ax.plot(x, stats[:, 0], marker="o", ms=3, label=label, **style)
-    ax.fill_between(x, stats[:, 1], stats[:, 2], alpha=0.15, color=line.get_color())
+def interval_band(ax: Any, x: Any, cells: np.ndarray, axis: int, *, label: str) -> None:
+    """:func:`~descentlab.study.figures.plot_band` of the means along ``axis`` and their :func:`intervals`."""
+    ivs = intervals(cells, axis)
+    plot_band(ax, x, [iv.mean for iv in ivs], [iv.high - iv.mean for iv in ivs], label=label)
 
 
 def _saved(store: CellStore, metric: str, kinds: list[str] | None = None) -> list[str]:
@@ -288,43 +300,31 @@ def _accuracy(store: CellStore, run_dir: Path) -> list[dict[str, Any]]:
 
     def draw(ax: Any, kind: str) -> None:
         for m in _saved(store, CORRECT, kinds):
-            x = store.get(CORRECT, m, kind)
-            interval_band(ax, gammas, [x[:, :, g] for g in range(len(gammas))], label=m)
+            interval_band(ax, gammas, store.get(CORRECT, m, kind), 2, label=m)
         ax.set(title=kind, xlabel="gamma", ylabel="test accuracy" if kind == kinds[0] else "")
 
     caption = "Test accuracy against γ per noise kind, mean and seed-level 95 % interval"
-    return panel_figure(
-        run_dir,
-        "figures/accuracy-ci.png",
-        kinds if _saved(store, CORRECT, kinds) else [],
-        draw,
-        caption,
-        sharey=True,
-    )
+    panels = kinds if _saved(store, CORRECT, kinds) else []
+    return panel_figure(run_dir, "figures/accuracy-ci.png", panels, draw, caption, sharey=True)
 
 
 def _layer_loss(store: CellStore, run_dir: Path) -> list[dict[str, Any]]:
     arrays = {m: store.get(LOSS, m) for m in _saved(store, LOSS)}
-    if not arrays:
-        return []
-    depth = max(x.shape[1] for x in arrays.values())
-    fig, axes = new_figure(1, 1, panel_size=(max(4.2, 0.28 * depth), 3.4))
-    ax = axes[0][0]
-    for m, x in arrays.items():  # [seed, L+1, example]: every layer, 0..L
-        interval_band(ax, np.arange(x.shape[1]), [x[:, layer] for layer in range(x.shape[1])], label=m)
     caption = "Per-layer clean test loss at every layer, mean and seed-level 95 % interval"
     # the paper: ERM's loss spikes at layer 19 of its RoBERTa (deeper than base; it names no size)
     if (spike := largest_rise(arrays[ERM]) if ERM in arrays else None) is not None:
         layer, rise = spike
-        ax.axvline(layer, color="grey", ls=":", lw=1.0)
         caption += f"; dotted: ERM's largest rise, at layer {layer} (+{rise:.3g} nats over layer {layer - 1})"
-    ax.set_xticks(np.arange(depth))
-    ax.set(xlabel="layer (0 = embedding output)", ylabel="clean test loss read out at the layer")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    save_figure(fig, run_dir / "figures" / "layer-loss-ci.png")
-    return [figure_record("figures/layer-loss-ci.png", caption)]
+
+    def draw(ax: Any, _: None) -> None:
+        for m, x in arrays.items():  # [seed, L+1, example]: every layer, 0..L
+            interval_band(ax, np.arange(x.shape[1]), x, 1, label=m)
+        if spike is not None:
+            ax.axvline(spike[0], color="grey", ls=":", lw=1.0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(xlabel="layer (0 = embedding output)", ylabel="clean test loss read out at the layer")
+
+    return panel_figure(run_dir, "figures/layer-loss-ci.png", [None] if arrays else [], draw, caption)
 
 
 def largest_rise(losses: np.ndarray) -> tuple[int, float] | None:
@@ -369,10 +369,8 @@ def _paired_gap(results: dict[str, Any], store: CellStore, run_dir: Path) -> lis
 
     caption = "Accuracy minus ERM's against γ (paired: same seeds, same noise), mean ± std over (seed, draw)"
     suptitle = str(results.get("experiment", ""))
-    panels = kinds if gaps else []
-    return panel_figure(
-        run_dir, "figures/paired-gap.png", panels, draw, caption, sharey=True, suptitle=suptitle
-    )
+    path = "figures/paired-gap.png"
+    return panel_figure(run_dir, path, kinds if gaps else [], draw, caption, sharey=True, suptitle=suptitle)
 
 
 def _ldp(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
@@ -383,28 +381,22 @@ def _ldp(results: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
         return []
     epsilons = arrays.pop("epsilons")
     by_kind: dict[str, dict[str, np.ndarray]] = {}
-    for method, per_kind in by_method(arrays).items():
-        for kind, v in per_kind.items():
-            by_kind.setdefault(kind, {})[method] = np.asarray(v, dtype=np.float64)
+    for name, v in arrays.items():  # "<method>__<kind>"
+        method, kind = name.split(SEP, 1)
+        by_kind.setdefault(kind, {})[method] = np.asarray(v, dtype=np.float64)
     reference = next((r for r in (CONTROL, ERM) if all(r in v for v in by_kind.values())), None)
     fig, axes = new_figure(2 if reference else 1, len(by_kind), sharex=True)
     clean = {m: b.get("metrics", {}).get("accuracy") for m, b in results.get("methods", {}).items()}
     for col, (kind, values) in enumerate(by_kind.items()):
-        for i, (method, v) in enumerate(values.items()):
-            interval_band(
-                axes[0][col],
-                epsilons,
-                [v[:, :, j] for j in range(len(epsilons))],
-                label=method,
-                color=f"C{i}",
-            )
+        top = axes[0][col]
+        for method, v in values.items():
+            interval_band(top, epsilons, v, 2, label=method)
             if clean.get(method) is not None:
-                axes[0][col].axhline(clean[method], color=f"C{i}", ls="--", lw=0.8)
+                top.axhline(clean[method], color=top.lines[-1].get_color(), ls="--", lw=0.8)
             if reference is not None and method != reference:
-                ref = values[reference]
-                diffs = [v[:, :, j] - ref[:, :, j] for j in range(len(epsilons))]
-                interval_band(axes[1][col], epsilons, diffs, label=f"{method} − {reference}", color=f"C{i}")
-        axes[0][col].set(xscale="log", title=kind, ylabel="accuracy")
+                diff = v - values[reference]
+                interval_band(axes[1][col], epsilons, diff, 2, label=f"{method} − {reference}")
+        top.set(xscale="log", title=kind, ylabel="accuracy")
         if reference is not None:
             axes[1][col].axhline(0.0, color="grey", lw=0.8)
             axes[1][col].set(ylabel=f"accuracy minus {reference}'s")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
 
@@ -21,23 +21,23 @@ import numpy as np
 
 from descentlab.config import config_to_dict
 from descentlab.data.text_batches import Prepared, prepare_data
-from descentlab.evaluation import EmbeddingGeometry, RobustnessCurves, mean_sequence_tokens
+from descentlab.evaluation import EmbeddingGeometry, mean_sequence_tokens
 from descentlab.experiments.text_robustness import report
-from descentlab.experiments.text_robustness.claims import CONTROL, CORRECT, ERM, LOSS, SEP
-from descentlab.experiments.text_robustness.config import TextRobustnessConfig
-from descentlab.experiments.text_robustness.jobs import Job, decode_output, load_model, run_job
-from descentlab.report.results import Results
-from descentlab.study.cells import CellStore, Design
-from descentlab.study.jobs import JobRunner
-from descentlab.study.tuning import Round, Tuned, TuningConfig, tune_then_replicate
-from descentlab.study.tuning_rules import (
-    CandidateSelection,
-    candidate_methods,
-    choose_candidate,
-    settings_diff,
-    with_reference,
+from descentlab.experiments.text_robustness.claims import CORRECT, ERM, LOSS
+from descentlab.experiments.text_robustness.config import TextRobustnessConfig, design
+from descentlab.experiments.text_robustness.jobs import (
+    Job,
+    Outcome,
+    Setting,
+    decode_output,
+    load_model,
+    train_job,
 )
-from descentlab.train.recipe import MethodConfig
+from descentlab.report.results import Results
+from descentlab.study.cells import CellStore
+from descentlab.study.jobs import JobRunner
+from descentlab.study.tuning import Round, TuningConfig, tune_then_replicate
+from descentlab.study.tuning_rules import candidate_methods, settings_diff, with_reference
 from descentlab.train.rundir import RunDir
 
 NAME = "text-robustness"
@@ -51,159 +51,115 @@ def run(cfg: TextRobustnessConfig, run: RunDir) -> dict:
         geometry = EmbeddingGeometry.of(load_model(cfg, data.num_labels))
         clip = cfg.evaluation.clip if cfg.evaluation.clip is not None else geometry.max_norm
         cfg = replace(cfg, evaluation=replace(cfg.evaluation, clip=clip))
-    methods, sel = cfg.resolved_methods(), cfg.selection
-    leaders, followers = selection_roles(cfg, methods)
-    specs = {m: sel.candidates.get(m, [""]) for m in leaders}
 
-    with JobRunner(run_job, workers=cfg.workers, cache_dir=run.path / "jobs", decode=decode_output) as jobs:
+    with JobRunner(train_job, workers=cfg.workers, cache_dir=run.path / "jobs", decode=decode_output) as jobs:
         submit = partial(submit_job, jobs, cfg, data, run)
         # 2. ERM on the tuning seed (validation only), when a candidate is chosen or a setting takes ERM's
         # per-layer validation profile (alpha_from=erm); its evaluation runs are queued beside it
-        erm_clean, reference = erm_tuning_run(cfg, methods, leaders, followers, submit)
-        grids = {  # each leader's candidate settings, alpha_from=erm resolved
-            m: [
-                Setting(with_reference(c, reference), i)
-                for i, c in enumerate(candidate_methods(m, methods[m], sel))
-            ]
-            for m in leaders
+        erm_clean, reference = erm_tuning_run(cfg, submit)
+        # 3. every method with several candidates tuned on validation (tuning seed), then every method on
+        # every evaluation seed at its chosen setting; a follower takes its leader's choice, so one whose
+        # leader is tuned runs once that choice is known
+        plan, follow = tuning_plan(cfg, reference), followers(cfg)
+        tuned_arms = {arm for rnd in plan.rounds for arm in rnd.arms}
+        first = [m for m in cfg.methods if follow.get(m) not in tuned_arms]
+        start = {m: candidates(cfg, m, {}, reference=reference)[0] for m in first}
+        pick = partial(choose, cfg, erm_clean)
+        tuned = tune_then_replicate(start, plan, submit, pick)
+        late = {
+            m: candidates(cfg, m, tuned.chosen, reference=reference)[0] for m in cfg.methods if m not in start
         }
-        # 3. every leader with several candidates tuned on validation (tuning seed), then every arm on every
-        # evaluation seed at its chosen setting; a follower takes its leader's choice, so one whose leader
-        # is tuned runs once that choice is known
-        settings = {
-            m: Setting(with_reference(methods[m], reference)) for m in cfg.methods if m not in followers
-        }
-        settings |= {m: g[0] for m, g in grids.items()}
-        selecting = tuple(m for m in leaders if len(grids[m]) > 1)
-        early = {m: ld for m, ld in followers.items() if ld not in selecting}
-        rounds = [Round(selecting, partial(grid_of, grids))] if selecting else []
-        choose = partial(pick, sel, specs, erm_clean)
-        tuned = tune_then_replicate(
-            settings | follower_settings(early, methods, sel, settings, reference),
-            TuningConfig(cfg.seeds, cfg.tune_seed, rounds),
-            submit,
-            choose,
-        )
-        late = {m: ld for m, ld in followers.items() if m not in early}
-        after = tune_then_replicate(
-            follower_settings(late, methods, sel, tuned.chosen, reference),
-            TuningConfig(cfg.seeds, cfg.tune_seed),
-            submit,
-            choose,
-        )
-    chosen = {m: s.method for m, s in (tuned.chosen | after.chosen).items()}
-    outputs = {m: (tuned.per_seed | after.per_seed)[m] for m in cfg.methods}
+        after = tune_then_replicate(late, TuningConfig(cfg.seeds, cfg.tune_seed), submit, pick)
+    outcome = Outcome(
+        chosen={m: (tuned.chosen | after.chosen)[m] for m in cfg.methods},
+        outputs={m: (tuned.per_seed | after.per_seed)[m] for m in cfg.methods},
+        tried={m: r for m, r in tuned.results.items() if r},
+        erm_clean=erm_clean,
+        reference=reference,
+        sizes={"n_train": len(data.train), "n_val": sum(len(b["labels"]) for b in data.val)},
+        geometry=geometry,
+        tokens=mean_sequence_tokens(data.test) if geometry is not None else None,
+    )
 
     # 4. the cell store (the runner judges the claims from it) and the arrays the report reads
-    joined = {m: RobustnessCurves.concat([o["curves"] for o in outs]) for m, outs in outputs.items()}
-    losses = {m: np.asarray([o["layer_examples"] for o in outs]) for m, outs in outputs.items()}
-    cell_store(cfg, joined, losses, reference).save(run.path, writer=run.writer)
-    ldp_joined, ldp_tables, protocol = {}, [], {}  # type: ignore[var-annotated]
-    if geometry is not None:
-        tokens = mean_sequence_tokens(data.test)
-        ldp_joined, privacy, protocol["ldp"] = report.privacy(outputs, geometry, cfg.evaluation, tokens)
-        ldp_tables = [privacy.to_dict()]
-    tried = {m: r for m, r in tuned.results.items() if m in grids and r}
-    lam = save_arrays(run, cfg, outputs, tried, ldp_joined)
-
-    # 5. results: the method blocks, the protocol with each method's selection, the tables and notes
-    blocks = {
-        m: method_block(cfg, m, outs, joined[m], losses[m], chosen[m], ldp_joined.get(m))
-        for m, outs in outputs.items()
-    }
-    rows, selection = selection_outcome(cfg, specs, tuned, followers, erm_clean, chosen)
-    sizes = {
-        "n_train": len(data.train),
-        "n_eval": int(joined[cfg.methods[0]].protocol["n_eval"]),
-        "n_val": sum(len(b["labels"]) for b in data.val),
-    }
-    tables = report.tables(joined, blocks, rows, list(cfg.data.shift), tune_seed=cfg.tune_seed)
+    cell_store(cfg, outcome).save(run.path, writer=run.writer)
+    for name, arrays in report.side_arrays(cfg, outcome).items():
+        if arrays:
+            run.save_arrays(name, **arrays)
     return Results(
         experiment=NAME,
         config=config_to_dict(cfg),
-        protocol=protocol_record(cfg, sizes, selection) | protocol,
-        methods=blocks,
-        tables=tables + ldp_tables,
-        notes=report.notes(blocks, len(cfg.seeds), lam),
+        protocol=protocol(cfg, outcome),
+        **report.summarise(cfg, outcome),
     ).to_dict()
 
 
-def selection_roles(
-    cfg: TextRobustnessConfig, methods: Mapping[str, MethodConfig]
-) -> tuple[list[str], dict[str, str]]:
-    """``(leaders, followers)``: the constrained methods that choose among their own candidates (not
-    frozen at λ ≡ 0, following no other), and ``follower -> leader`` for those that take another's choice."""
+def followers(cfg: TextRobustnessConfig) -> dict[str, str]:
+    """``follower -> leader`` for the methods that take another's chosen spec (``selection.follow``)."""
     follow = cfg.selection.follow
-    followers = {m: follow[m] for m in methods if m in follow and follow[m] in methods}
-    leaders = [
-        m for m, mc in methods.items() if mc.constrained and m not in followers and m not in cfg.frozen_zero
-    ]
-    return leaders, followers
+    return {m: follow[m] for m in cfg.methods if follow.get(m) in cfg.methods}
 
 
-@dataclass(frozen=True)
-class Setting:
-    """What one arm trains: its method and, for a tuning candidate, its index in the arm's grid (two specs
-    may give one method; each is still its own tuning run and row of the selection table)."""
-
-    method: MethodConfig
-    candidate: int | None = None
-
-
-def follower_settings(
-    followers: Mapping[str, str],
-    methods: Mapping[str, MethodConfig],
-    sel: CandidateSelection,
+def candidates(
+    cfg: TextRobustnessConfig,
+    arm: str,
     chosen: Mapping[str, Setting],
-    reference: list[float] | None,
-) -> dict[str, Setting]:
-    """Each follower's own constraint edited by the spec its leader chose (the leader's first, or only,
-    candidate when the leader is not tuned)."""
-    out = {}
-    for m, leader in followers.items():
-        spec = leader_spec(sel, chosen, leader)
-        (own,) = candidate_methods(m, methods[m], replace(sel, candidates={m: [spec]}))
-        out[m] = Setting(with_reference(own, reference))
-    return out
+    *,
+    reference: list[float] | None = None,
+) -> list[Setting]:
+    """The settings ``arm`` tries: each override spec of its grid applied to its own constraint, with
+    ``alpha_from=erm`` resolved against ``reference`` (ERM's validation profile; None: left unresolved).
+
+    The grid is ``selection.candidates[arm]``; a follower's is its leader's chosen spec (``chosen``), or,
+    before that choice, its leader's grid; a method frozen at λ ≡ 0 has one, its own setting.
+    """
+    sel, leader = cfg.selection, followers(cfg).get(arm)
+    if leader is not None:
+        specs = [chosen[leader].spec] if leader in chosen else sel.candidates.get(leader, [""])
+    else:
+        specs = [""] if arm in cfg.frozen_zero else sel.candidates.get(arm, [""])
+    method, settings = cfg.resolved_methods()[arm], []
+    for i, spec in enumerate(specs):
+        (own,) = candidate_methods(arm, method, replace(sel, candidates={arm: [spec]}))
+        own = with_reference(own, reference) if reference is not None else own
+        settings.append(Setting(own, spec, i if len(specs) > 1 else None))
+    return settings
 
 
-def leader_spec(sel: CandidateSelection, chosen: Mapping[str, Setting], leader: str) -> str:
-    """The override spec of ``leader``'s chosen candidate."""
-    pick = chosen[leader].candidate if leader in chosen else None
-    return sel.candidates.get(leader, [""])[pick or 0]
+def tuning_plan(cfg: TextRobustnessConfig, reference: list[float] | None = None) -> TuningConfig:
+    """One search round over the methods, not followers, with several candidates (none: no round)."""
+    follow = followers(cfg)
+    arms = tuple(m for m in cfg.methods if m not in follow and len(candidates(cfg, m, {})) > 1)
+    rounds = [Round(arms, partial(candidates, cfg, reference=reference))] if arms else []
+    return TuningConfig(cfg.seeds, cfg.tune_seed, rounds)
 
 
 def erm_tuning_run(
-    cfg: TextRobustnessConfig,
-    methods: Mapping[str, MethodConfig],
-    leaders: Sequence[str],
-    followers: Mapping[str, str],
-    submit: Callable[[str, Setting, int], Future],
+    cfg: TextRobustnessConfig, submit: Callable[[str, Setting, int], Future]
 ) -> tuple[float | None, list[float] | None]:
     """ERM's clean validation accuracy and per-layer validation loss profile on the tuning seed (the
-    ``alpha_from=erm`` reference); ``(None, None)`` when nothing needs them. ERM's evaluation runs, which
-    need nothing from it, are queued beside it so the other workers keep busy (the planner's later
-    submission of the same job gets the same Future: JobRunner keys). The profile is needed when a setting
-    the run may train takes it (``alpha_from=erm``): a leader's candidates, a follower with each of its
-    leader's candidates, or a method as configured."""
-    sel = cfg.selection
-    settings = [c for m in leaders for c in candidate_methods(m, methods[m], sel)]
-    for m, leader in followers.items():
-        for spec in sel.candidates.get(leader, [""]):
-            settings += candidate_methods(m, methods[m], replace(sel, candidates={m: [spec]}))
-    settings += [mc for m, mc in methods.items() if m not in leaders and m not in followers]
+    ``alpha_from=erm`` reference); ``(None, None)`` when nothing needs them: no method is tuned and no
+    setting the run may train takes the profile. ERM's evaluation runs, which need nothing from it, are
+    queued beside it so the other workers keep busy (the planner's later submission of the same job gets
+    the same Future: JobRunner keys)."""
+    grids = [s.method for m in cfg.methods for s in candidates(cfg, m, {})]
     takes_profile = any(
         c.constrained and c.constraint.alpha_from == ERM and c.constraint.alpha_reference is None
-        for c in settings
+        for c in grids
     )
-    selecting = any(len(sel.candidates.get(m, [""])) > 1 for m in leaders)
-    if ERM not in methods or not (selecting or takes_profile):
+    if ERM not in cfg.methods or not (tuning_plan(cfg).rounds or takes_profile):
         return None, None
-    tuning = submit(ERM, Setting(methods[ERM]), cfg.tune_seed)
+    erm = candidates(cfg, ERM, {})[0]
+    tuning = submit(ERM, erm, cfg.tune_seed)
     for seed in cfg.seeds:
-        submit(ERM, Setting(methods[ERM]), seed)
+        submit(ERM, erm, seed)
     scores = tuning.result()
     return scores["clean"], scores["val_profile"]
+
+
+def choose(cfg: TextRobustnessConfig, erm_clean: float | None, arm: str, results: Sequence[Any]) -> int:
+    """The candidate ``arm`` picks from its validation scores (:func:`.report.selection`)."""
+    return report.selection(cfg, erm_clean, arm, results)[0]
 
 
 def submit_job(
@@ -224,185 +180,68 @@ def submit_job(
     return jobs.submit(f"{job.tag}-{job.split}", cfg, job, data, run)
 
 
-def selection_rule(
-    sel: CandidateSelection,
-    specs: Mapping[str, list[str]],
-    erm_clean: float | None,
-    arm: str,
-    results: Sequence[Mapping[str, Any]],
-) -> tuple[int, list[list[Any]], str]:
-    """:func:`choose_candidate` under the config's selection rule: (pick, selection-table rows, reason)."""
-    return choose_candidate(
-        arm, specs[arm], results, erm_clean,
-        criterion=sel.criterion, max_clean_drop=sel.max_clean_drop, min_binding=sel.min_binding,
-    )  # fmt: skip
+def cell_store(cfg: TextRobustnessConfig, outcome: Outcome) -> CellStore:
+    """The claims' cells (:mod:`.claims`): each method's per-review correctness per noise kind and its
+    per-layer clean loss ``[seed, L+1, example]``, under the design record with the number of reviews and
+    ERM's validation profile (the monotone claim is untestable when that profile never rises)."""
+    curves, record = outcome.curves(), design(cfg)
+    first = curves[cfg.methods[0]].examples
+    if first is None:
+        raise ValueError("the accuracy curves kept no per-example values (keep_examples=True)")
+    if outcome.reference is not None:
+        record.extra["erm_val_profile"] = [float(v) for v in outcome.reference]
+    store = CellStore(replace(record, examples=int(next(iter(first.values())).shape[-1])))
+    for m, losses in outcome.losses().items():
+        for kind, correct in (curves[m].examples or {}).items():
+            store.put(CORRECT, m, kind, np.asarray(correct, dtype=np.float32))
+        store.put(LOSS, m, None, np.asarray(losses, dtype=np.float32))
+    return store
 
 
-def grid_of(grids: Mapping[str, list[Setting]], arm: str, chosen: Mapping[str, Setting]) -> list[Setting]:
-    """The tuning round's candidates of ``arm``: its whole grid (one round, nothing depends on ``chosen``)."""
-    return grids[arm]
-
-
-def pick(
-    sel: CandidateSelection,
-    specs: Mapping[str, list[str]],
-    erm_clean: float | None,
-    arm: str,
-    results: Sequence[Any],
-) -> int:
-    """The candidate ``arm`` picks from its validation scores (:func:`selection_rule`)."""
-    return selection_rule(sel, specs, erm_clean, arm, results)[0]
-
-
-def selection_outcome(
-    cfg: TextRobustnessConfig,
-    specs: Mapping[str, list[str]],
-    tuned: Tuned[Setting],
-    followers: Mapping[str, str],
-    erm_clean: float | None,
-    chosen: Mapping[str, MethodConfig],
-) -> tuple[list[list[Any]], dict[str, str]]:
-    """The selection table's rows and, per leader and follower, the reason for its setting, its candidates
-    and where its chosen constraint differs from its own."""
-    rows: list[list[Any]] = []
-    reasons = {m: f"only candidate {specs[m][0] or '(defaults)'!r}" for m in specs}
-    for m, results in tuned.results.items():
-        if m in specs and results:
-            _, found, reasons[m] = selection_rule(cfg.selection, specs, erm_clean, m, results)
-            rows += found
-    for m, leader in followers.items():
-        spec = leader_spec(cfg.selection, tuned.chosen, leader)
-        reasons[m] = f"follows {leader}: {spec or '(defaults)'!r}"
-    methods = cfg.resolved_methods()
-    for m in reasons:
-        diff = settings_diff(asdict(chosen[m].constraint), asdict(methods[m].constraint))
-        reasons[m] += (
-            f"; candidates {cfg.selection.candidates.get(m, [''])}; settings differ from the base in: {diff}"
-        )
-    return rows, reasons
-
-
-def protocol_record(
-    cfg: TextRobustnessConfig, sizes: Mapping[str, int], selection: Mapping[str, str]
-) -> dict[str, Any]:
+def protocol(cfg: TextRobustnessConfig, outcome: Outcome) -> dict[str, Any]:
     """The run's ``protocol``: what ``config.json`` does not say (the split, the sizes, how the noise and
-    the per-layer loss are measured, the controls, each method's selection)."""
-    sel = cfg.selection
-    criterion = (
-        "accuracy averaged over the gaussian γ grid" if sel.criterion == "robust" else "clean accuracy"
-    )
-    rule = (
-        f"rule: highest validation {criterion} among candidates within {sel.max_clean_drop} clean validation "
-        f"accuracy of ERM, every run trained from the tuning seed {cfg.tune_seed} (never an evaluation seed; "
-        "its runs are not reported)"
-    )
+    the per-layer loss are measured, each method's selection and why, the ε accounting)."""
+    sel, methods, follow = cfg.selection, cfg.resolved_methods(), followers(cfg)
+    rule = f"candidates trained from the tuning seed {cfg.tune_seed} (never an evaluation seed; not reported)"
     if sel.min_binding is not None:
         rule += (
-            f"; eligible only if the candidate's constraint binds on its tuning run: the time-average of "
-            f"Σ_l λ_l over the second half of training > {sel.min_binding:g} (if none binds, among all)"
+            "; eligible only if its constraint binds on its tuning run: the time-average of Σ_l λ_l over the "
+            f"second half of training > {sel.min_binding:g} (if none binds, among all)"
+        )
+    selection = {}
+    for m, setting in outcome.chosen.items():
+        if m in follow:
+            why = f"follows {follow[m]}: {setting.spec or '(defaults)'!r}"
+        elif m in outcome.tried:
+            why = report.selection(cfg, outcome.erm_clean, m, outcome.tried[m])[2]
+        elif methods[m].constrained and m not in cfg.frozen_zero:
+            why = f"only candidate {setting.spec or '(defaults)'!r}"
+        else:
+            continue
+        diff = settings_diff(asdict(setting.method.constraint), asdict(methods[m].constraint))
+        selection[m] = (
+            f"{why}; candidates {sel.candidates.get(m, [''])}; settings differ from the base in: {diff}; {rule}"
         )
     scored = "test" if cfg.evaluate_on == "test" else "validation (a search: no test example is scored)"
-    return {
-        "dataset": cfg.data.name,
+    out = {
         "split": f"{scored}; constraint settings selected on validation (tuning seed {cfg.tune_seed})",
-        **sizes,
+        "n_train": outcome.sizes["n_train"],
+        "n_eval": int(outcome.curves()[cfg.methods[0]].protocol["n_eval"]),
+        "n_val": outcome.sizes["n_val"],
         "seeds": list(cfg.seeds),
         "noise": "added to the input-embedding output, per-coordinate variance (γ σ_E)², σ_E = RMS of the "
         "embedding matrix; keyed by example content, so all methods see the same noise",
         "layer_loss": "test mean of the per-example cross-entropy read out at layers 0..L through the "
         "model's own pooling and head, clean; mean over seeds",
-        "controls": {
-            CONTROL: "trained through the per-layer readout with λ frozen at 0 (frozen_zero)",
-            "deep-supervision": "fixed equal weights (1/L) Σ_l f_l, no multipliers",
-            "erm-noise": f"ERM on gaussian embedding noise, γ_train = {cfg.train_noise} (positive control)",
-        },
-        "selection": {m: f"{why}; {rule}" for m, why in selection.items()},
-        "shift_sets": list(cfg.data.shift)
-        or "none: no second offline text set with the fresh/rotten label space installs "
-        "(descentlab.data.ASSETS)",
+        "selection": selection,
     }
-
-
-def cell_store(
-    cfg: TextRobustnessConfig,
-    curves: Mapping[str, RobustnessCurves],
-    losses: Mapping[str, np.ndarray],
-    erm_val_profile: Sequence[float] | None,
-) -> CellStore:
-    """The claims' cells (:mod:`.claims`): each method's per-review correctness per noise kind and its
-    per-layer clean loss ``[seed, L+1, example]``, under the design record."""
-    first = curves[cfg.methods[0]]
-    if first.examples is None:
-        raise ValueError("the accuracy curves kept no per-example values (keep_examples=True)")
-    extra: dict[str, Any] = {"gammas": [float(g) for g in first.gammas]}
-    if erm_val_profile is not None:  # the monotone claim is untestable when ERM's own profile never rises
-        extra["erm_val_profile"] = [float(v) for v in erm_val_profile]
-    examples = int(next(iter(first.examples.values())).shape[-1])
-    store = CellStore(Design(tuple(curves), tuple(first.examples), tuple(cfg.seeds), examples, extra))
-    for m, c in curves.items():
-        for kind, correct in (c.examples or {}).items():
-            store.put(CORRECT, m, kind, np.asarray(correct, dtype=np.float32))
-        store.put(LOSS, m, None, np.asarray(losses[m], dtype=np.float32))
-    return store
-
-
-def save_arrays(
-    run: RunDir,
-    cfg: TextRobustnessConfig,
-    outputs: Mapping[str, list[dict[str, Any]]],
-    tried: Mapping[str, list[dict[str, Any]]],
-    ldp: Mapping[str, RobustnessCurves],
-) -> dict[str, np.ndarray]:
-    """The arrays beside the cell store (:mod:`.report`): λ of the evaluation runs (returned; seeds cut to
-    the shortest trace) and of each candidate's tuning run (``tried``: method -> each candidate's
-    validation scores), and the local-DP correctness."""
-    lam = {}
-    for m, outs in outputs.items():
-        traces = [o["lambda_trace"] for o in outs]
-        if m not in cfg.frozen_zero and all(t and t["steps"] for t in traces):
-            n = min(len(t["steps"]) for t in traces)
-            lam[f"{m}{SEP}steps"] = np.asarray(traces[0]["steps"][:n], dtype=np.float64)
-            lam[m] = np.asarray([t["lambda"][:n] for t in traces], dtype=np.float64)
-    tuning = {
-        f"{m}{SEP}cand{i}{suffix}": np.asarray(trace[key], dtype=np.float64)
-        for m, cands in tried.items()
-        for i, s in enumerate(cands)
-        if (trace := s.get("lambda_trace")) and trace["steps"]
-        for suffix, key in ((f"{SEP}steps", "steps"), ("", "lambda"))
-    }
-    for name, arrays in ((report.LAMBDA, lam), (report.LAMBDA_SELECTION, tuning)):
-        if arrays:
-            run.save_arrays(name, **arrays)
-    if ldp:
-        if any(c.examples is None for c in ldp.values()):
-            raise ValueError("the ε curves kept no per-example values (keep_examples=True)")
-        epsilons = np.asarray(next(iter(ldp.values())).gammas, dtype=np.float64)
-        correct = {
-            f"{m}{SEP}{k}": v.astype(np.float32)
-            for m, c in ldp.items()
-            for k, v in (c.examples or {}).items()
+    if outcome.geometry is not None:
+        out["ldp"] = {
+            "kinds": list(cfg.evaluation.ldp_kinds),
+            "clip": cfg.evaluation.clip,
+            "sequence_tokens": outcome.tokens,
+            "mechanisms": "metric_ldp: e + z, p(z) ∝ exp(-ε‖z‖) (E‖z‖ = d/ε); gaussian_mechanism: clip_C(e) + "
+            "N(0, σ²I), σ from the analytic Gaussian mechanism at (ε, δ) with Δ = 2C; both on the "
+            "word-embedding output, every position, keyed by content; ε is absolute, the same for every model",
         }
-        run.save_arrays(report.LDP, epsilons=epsilons, **correct)
-    return lam
-
-
-def method_block(
-    cfg: TextRobustnessConfig,
-    label: str,
-    outs: list[dict[str, Any]],
-    curves: RobustnessCurves,
-    losses: np.ndarray,
-    setting: MethodConfig,
-    ldp_curves: RobustnessCurves | None,
-) -> Any:
-    """One method's results block from its per-seed outputs (:func:`.report.method_block`), with the
-    seed-level interval of its per-layer loss, its constraint and its local-DP curves."""
-    profiles = {k: [o["profiles"][k] for o in outs] for k in outs[0]["profiles"]}
-    extra = {k: [o["extra"][k] for o in outs] for k in outs[0]["extra"]}
-    lams = [o["multipliers"] for o in outs if o["multipliers"] is not None and label not in cfg.frozen_zero]
-    block = report.method_block(curves, profiles, extra, lams, cfg.evaluation.kinds[0])
-    block.extra["layer_loss_ci"] = report.layer_loss_ci(losses)
-    if setting.constrained:
-        block.extra["constraint"] = asdict(setting.constraint)
-    report.add_ldp_curves(block, ldp_curves)  # no-op without the ε kinds
-    return block
+    return out
