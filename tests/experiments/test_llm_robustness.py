@@ -98,7 +98,7 @@ def test_constraints_come_from_the_pretrained_profile() -> None:
 
 
 def test_head_to_head_statistics() -> None:
-    from descentlab.experiments.llm_robustness.run import head_to_head, outcomes
+    from descentlab.experiments.llm_robustness.report import head_to_head, outcomes
 
     n = 400
     g = torch.Generator().manual_seed(0)
@@ -124,7 +124,7 @@ def test_head_to_head_statistics() -> None:
 
 def test_seeds_pair_by_index_and_widen_the_interval() -> None:
     """Method on seed s against ERM on seed s; the interval is the seed-level one of the engine."""
-    from descentlab.experiments.llm_robustness.run import head_to_head, shifted
+    from descentlab.experiments.llm_robustness.report import head_to_head, shifted
     from descentlab.report.stats import paired_interval
 
     n = 300
@@ -200,17 +200,17 @@ class _PlantedJobs:
         if kind == "reference":
             out = {"val_profile": [2.0, 1.5, 1.0], "sigma_e": 0.02}
         elif kind == "train":
-            out = {"tag": args[7], "candidate": args[6]}
+            out = {"tag": args[4], "candidate": args[3]}  # (inputs, label, seed, candidate, tag, reference)
         elif kind == "grid":
             out = {
                 "kinds": {k: {"levels": [0.1 * (i + 1) for i in range(len(g.ratios_of(k)))]} for k in g.kinds}
             }
-        elif kind == "validate":
+        elif kind == "validate":  # (inputs, tag, grid)
             edge = self.wins.get(args[1], 0.0)
             out = {
                 "nll": {
                     noise_key(k, x, d): np.full(4, 1.0 - (edge if x > 0 else 0.0))
-                    for k, xs in args[3].items()
+                    for k, xs in lm_finetune.validation_levels(self.cfg, args[2]).items()
                     for x in xs
                     for d in range(1 if x == 0 else self.cfg.selection.draws)
                 }
@@ -238,7 +238,7 @@ def test_plan_tunes_first_and_the_choice_trains_the_chosen_candidate() -> None:
         keys.index(k) for k in keys if k.endswith(("-seed0", "-seed1"))
     )
     specs = {
-        k: args[6] for k, args in jobs.submitted if k.startswith("train-") and not k.endswith("-seed1000")
+        k: args[3] for k, args in jobs.submitted if k.startswith("train-") and not k.endswith("-seed1000")
     }
     assert specs == {
         **{f"train-{m}-seed{s}": "" for m in ("erm", "erm-neftune") for s in (0, 1)},

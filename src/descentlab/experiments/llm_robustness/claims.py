@@ -36,24 +36,9 @@ win rate under noise, so the endpoint is a win rate. Gaussian noise is the paper
 (×10). ``hard`` is the constrained method the paper describes; ``resilient`` is our relaxation and a
 secondary row.
 
-Power, declared before the full run. The pilot preset (ERM, hard and resilient at the full preset's
-budget, pilot seeds 900 and 901, apart from the tuning seed 1000 and the evaluation seeds 1-3; 50 held-out
-examples) gave hard's win rate against ERM of the same seed at gaussian ×3 of 0.74 and 0.84 (sd 0.071;
-clean 0.40 and 0.38). With the full preset's 3 evaluation seeds the seed-level minimum detectable effect
-(80 % power, 95 % t interval, 2 degrees of freedom) is 4.303 · 0.071 / √3 · (1.96 + 0.84) / 1.96 = 0.25 at
-that sd, about 0.22 with the full preset's 80 examples per seed if the part of the sd that is example
-noise (binomial, 0.058 at 50) shrinks as it should. Both are far above the 0.05 of interest: the run can reproduce an effect
-the size of the pilot's (+0.29), and cannot refute one. The fine-tunes' validation loss changed by −0.1 % and
-−2.1 % (ERM), −0.1 % and −2.0 % (hard), +0.0 % and +0.4 % (resilient) over the last doubling of steps, at
-the edge of the 2 % rule; 100 steps stay (200 would not fit the hour).
-
-Power of the ``full-seeds`` run, declared before it (ERM and hard only, at the full run's choice
-alpha_fraction 0.25, no tuning round; fresh evaluation seeds 4-10). The pilot is the full run itself: hard's
-per-seed win rates against ERM at gaussian ×3 were 0.700, 0.725 and 0.600 (sd 0.066, 80 examples), so with 7
-seeds the repeated primary row has an MDE of 2.447 · 0.066 / √7 · 2.80 / 1.96 = 0.087, half the full run's
-estimate (+0.175): a true gain of that size would be reproduced with at least 80 % power. It stays above the
-0.05 of interest, so a gain of five points can be reproduced there but only refuted if the estimate is near 0.
-The run has no resilient or NEFTune arm, so their rows read "not in this run".
+Power of the ``full`` and ``full-seeds`` runs: declared before each run (the pilot's per-seed spread, the
+MDE), and restated with the observed figures, on docs/results/llm-robustness.md ("Power, declared before
+the run" and "Declared before the run").
 
 Smallest effect of interest and parity margin: 0.05, five points of win rate. A win rate of 55 % means a
 net preference on 10 % of the examples; less is not worth a fine-tune that costs 1.6× ERM's step time. It is
@@ -76,7 +61,7 @@ from descentlab.experiments.llm_robustness.config import MARGIN
 from descentlab.io import load_arrays
 from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
 from descentlab.report.fidelity import Deviation, Fidelity, NotTested, lagrangian, seeds
-from descentlab.study.cells import CELLS_FILE, CellStore, cell_key
+from descentlab.study.cells import CELLS_FILE, CellStore, cell_key, load_store
 
 BASELINE, POSITIVE = "erm", "erm-neftune"
 NULL = "erm (another seed)"  # the null control's arm: ERM on the next evaluation seed
@@ -297,17 +282,14 @@ CLAIMS: list[ClaimSpec] = [
 
 
 def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
-    """The cells the claims read: the run's :class:`~descentlab.study.cells.CellStore`, or an older run's
-    arrays read by :func:`.legacy.legacy_store`, with the passages' chapters (``arrays/clusters.npz``) when
-    the run has them; {} when the run saved none."""
+    """The run's cell store (an older run's arrays: :func:`.legacy.legacy_store`; {} when it saved none),
+    with the passages' chapters (``arrays/clusters.npz``) when the run has them."""
     from descentlab.experiments.llm_robustness.legacy import legacy_store
 
-    run_dir = Path(run_dir)
-    store = CellStore.load(run_dir) or legacy_store(run_dir)
-    if store is None:
-        return {}
-    clusters = run_dir / CLUSTER_FILE
-    return CellStore(store.design, {**store, **load_arrays(clusters)}) if clusters.is_file() else store
+    store, clusters = load_store(run_dir, legacy_store), Path(run_dir) / CLUSTER_FILE
+    if store and clusters.is_file():
+        return CellStore(store.design, {**store, **load_arrays(clusters)})
+    return store
 
 
 # -- fidelity: what the presets change against the paper's LLM fine-tuning experiment, and which of its claims

@@ -19,7 +19,12 @@ from descentlab.optim.config import OptimizerConfig
 from descentlab.perturbations.hooks import EMBEDDING_KINDS
 from descentlab.readout import CausalLMReadout
 from descentlab.study.cells import Design
-from descentlab.study.tuning_rules import CandidateSelection, check_equal_budgets, check_tune_seed
+from descentlab.study.tuning_rules import (
+    CandidateSelection,
+    candidate_methods,
+    check_equal_budgets,
+    check_tune_seed,
+)
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, with_overrides
 
@@ -282,8 +287,7 @@ class LlmRobustnessConfig:
                 raise ConfigError(
                     f"selection.candidates.{label} is empty; give one spec at least ('' = as is)"
                 )
-            for spec in specs:
-                self.constraint_candidate(label, spec)  # a bad spec fails here
+            candidate_methods(label, self.method_config(label), sel)  # a bad spec fails here
         constrained = [m for m in self.methods if self.method_config(m).constrained]
         check_equal_budgets({m: sel.candidates.get(m, [""]) for m in constrained})
 
@@ -325,8 +329,7 @@ FULL_RUN: dict[str, Any] = {
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # the demo's budget (a few minutes on 2 cores): ERM and hard constraints on 2 seeds (and ERM's tuning run
-    # for the levels), 16 steps, 24 held-out examples, the x3 level of each kind and NEFTune's 1.5
+    # the demo's budget (a few minutes on 2 cores)
     "quick": {
         "methods": ["erm", "hard"],
         "seeds": [0, 1],  # two: the null control and every row get a seed-level interval
@@ -342,17 +345,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         "grid.val_examples": 8,
         "eval.layer_examples": 2,
     },
-    # ERM, hard, resilient and the positive control erm-neftune on 3 fresh evaluation seeds (1, 2, 3), each
-    # compared with ERM of its own seed; the null control is ERM on seed s against ERM on the next seed.
-    # Tuning seed 1000 (validation only): ERM's run (the noise levels) and 2 candidates each for hard and
-    # resilient. 100 steps of 2 x 64 tokens per fine-tune (the `pilot` preset checks convergence by then).
-    # 36 jobs, about 6,600 worker-seconds (from the pilot's step times): 55 min on 2 cores.
+    # Every method on 3 evaluation seeds, 2 candidates each for hard and resilient on the tuning seed; the
+    # `pilot` preset checks convergence by 100 steps. 36 jobs, about 6,600 worker-seconds (from the pilot's
+    # step times): 55 min on 2 cores.
     "full": {**FULL_RUN, "seeds": [1, 2, 3]},
-    # The primary endpoint again, on fresh seeds: ERM and `hard` only, at what the full run chose on tuning
-    # seed 1000 (hard: alpha_fraction 0.25; one candidate, so no tuning round), the full preset's data,
-    # budget and noise grid (its levels come from the same ERM tuning run), 7 evaluation seeds no run has used
-    # (4-10). 17 fine-tunes and 14 held-out evaluations, about 48 min on 2 idle cores. Its power is declared
-    # in claims.py.
+    # The primary endpoint again, on 7 seeds no run has used: ERM and `hard` at what the full run chose on
+    # tuning seed 1000 (one candidate, so no tuning round), the full preset's data, budget and noise grid.
+    # About 48 min on 2 idle cores; its power, declared before it, is on docs/results/llm-robustness.md.
     "full-seeds": {
         **FULL_RUN,
         "methods": ["erm", "hard"],
@@ -375,12 +374,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "grid.ratios": [1.5, 3.0, 10.0],
         "grid.neftune_ratios": [3.0],
     },
-    # The paper's scale (docs/paper-scale.md): Llama 3.1 8B Instruct (any causal-LM id or local folder) fine-tuned
-    # on Alpaca (the hub's tatsu-lab/alpaca with DESCENTLAB_ONLINE=1, or a local Alpaca-format JSON; held-out
-    # prompts from data.eval_path, e.g. AlpacaEval's 805, else 805 held out of the file), bf16 autocast,
-    # activation checkpointing, 8 micro-batches of 8 per step, DataLoader workers; the likelihood judge of
-    # record, and generate-then-judge by a judge LM (raw and length-controlled win rates). FSDP2 across GPUs:
-    # accelerate launch --config_file examples/accelerate/fsdp2.yaml (docs/paper-scale.md).
+    # The paper's scale (docs/paper-scale.md, which gives the FSDP2 launch): the hub's tatsu-lab/alpaca with
+    # DESCENTLAB_ONLINE=1, or a local Alpaca-format JSON (held-out prompts from data.eval_path, e.g.
+    # AlpacaEval's 805, else 805 held out of the file); the likelihood judge of record beside the judge LM's.
     "paper": {
         "model.name": "meta-llama/Llama-3.1-8B-Instruct",
         "model.gradient_checkpointing": True,
@@ -431,11 +427,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def design(cfg: LlmRobustnessConfig) -> Design:
-    """The design record of a run of ``cfg`` (:mod:`descentlab.study.cells`): every method of ``methods``,
-    and with two seeds or more the null control ``erm (another seed)`` (ERM against ERM of the next seed,
-    ``claims.NULL``); the conditions are ``clean``, ``<kind>-x<ratio>`` for every perplexity growth of
-    ``grid`` (its level is found on ERM's tuning run) and ``<kind>@<level>`` for every fixed level of
-    ``grid.extra``; ``seeds``. The number of held-out examples is left to the run (``data.n_eval`` caps it)."""
+    """The design record of a run of ``cfg``: ``methods`` and, with two seeds or more, the null control
+    (``claims.NULL``); the conditions ``clean``, ``<kind>-x<ratio>`` for every perplexity growth of ``grid``
+    and ``<kind>@<level>`` for every fixed level of ``grid.extra``. The run records the number of examples."""
     g = cfg.grid
     conditions = ["clean"]
     for kind in g.kinds:

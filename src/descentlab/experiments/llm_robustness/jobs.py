@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -36,6 +36,32 @@ from descentlab.train.rundir import RunDir
 _WORKER: dict[str, Any] = {}
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """What the jobs of one run read: the config, the run directory and the three example sets."""
+
+    cfg: Any
+    run: RunDir
+    train: list[dict]
+    val: list[dict]
+    held: list[dict]
+
+
+@dataclass
+class Outcome:
+    """What a run gathered, for :func:`.report.summarise`: per method its held-out evaluations and its
+    fine-tunes, one per evaluation seed in the order of ``cfg.seeds``; the pretrained reference profile, the
+    noise grid found on ERM's tuning run, the selection record, and the generate-then-judge results (None
+    when the judge did not run)."""
+
+    evaluations: dict[str, list[dict]]
+    facts: dict[str, list[dict]]
+    reference: dict
+    grid: dict
+    selection: dict
+    judged: dict | None = None
+
+
 def model_for(cfg: Any) -> tuple[torch.nn.Module, Any]:
     """This process's model, reset to the pretrained weights (loaded once per process)."""
     if (_WORKER.get("name"), _WORKER.get("dtype")) != (cfg.model.name, cfg.model.dtype):
@@ -58,9 +84,10 @@ def model_for(cfg: Any) -> tuple[torch.nn.Module, Any]:
     return model, _WORKER["tok"]
 
 
-def reference_job(cfg: Any, val: list[dict], held: list[dict]) -> dict:
+def reference_job(inputs: Inputs) -> dict:
     """The pretrained model: its clean logit-lens profile on validation (the constraints' source) and on the
     held-out set, and σ_E, the RMS of its input embeddings."""
+    cfg, val, held = inputs.cfg, inputs.val, inputs.held
     model, tok = model_for(cfg)
     started = time.perf_counter()
     e = cfg.eval
@@ -153,23 +180,14 @@ def last_doubling_change(steps: list[int], loss: list[float]) -> float | None:
     return (loss[-1] - before) / before
 
 
-def train_job(
-    cfg: Any,
-    label: str,
-    train: list[dict],
-    val_profile: list[float],
-    run: RunDir,
-    seed: int,
-    candidate: str = "",
-    tag: str | None = None,
-    val: list[dict] | None = None,
-) -> dict:
-    """Fine-tune ``label`` (with the selection ``candidate``) from the pretrained weights and ``seed`` (data
-    order, readout sample, training noise); the final weights stay in ``checkpoints/<tag>``."""
-    tag = tag or run_tag(label, seed)
+def train_job(inputs: Inputs, label: str, seed: int, candidate: str, tag: str, reference: dict) -> dict:
+    """Fine-tune ``label`` (with the selection ``candidate``, its constraints from the ``reference`` job's
+    validation profile) from the pretrained weights and ``seed`` (data order, readout sample, training
+    noise); the final weights stay in ``checkpoints/<tag>``."""
+    cfg, train, val = inputs.cfg, inputs.train, inputs.val
     model, tok = model_for(cfg)
     num_layers = int(model.config.num_hidden_layers)
-    method = constrained_method(cfg, label, val_profile, candidate)
+    method = constrained_method(cfg, label, reference["val_profile"], candidate)
     readout = cfg.readout.build(read_layers(method, num_layers)) if method.constrained else None
     seed_everything(seed)
     train_cfg = replace(cfg.train, seed=seed)
@@ -189,7 +207,7 @@ def train_job(
     kwargs = {**recipe.fit_kwargs(), "objective": objective, "callbacks": callbacks}
     started = time.perf_counter()
     collate = CausalCollator(int(tok.pad_token_id))
-    result = fit(model, train, cfg=train_cfg, collate_fn=collate, run=run, tag=tag, **kwargs)
+    result = fit(model, train, cfg=train_cfg, collate_fn=collate, run=inputs.run, tag=tag, **kwargs)
     facts: dict[str, Any] = {
         "label": label,
         "tag": tag,
@@ -231,14 +249,14 @@ def _load_trained(cfg: Any, tag: str, run: RunDir) -> tuple[torch.nn.Module, Any
     return model, tok
 
 
-def grid_job(cfg: Any, val: list[dict], run: RunDir, tag: str) -> dict:
+def grid_job(inputs: Inputs, tag: str) -> dict:
     """ERM's perplexity ratio on validation against each kind's level; the levels of ``grid.ratios``.
 
     ``tag``: ERM's fine-tune on the tuning seed, so that no evaluation seed takes part in any choice.
     """
-    model, tok = _load_trained(cfg, tag, run)
-    g, examples = cfg.grid, val[: cfg.grid.val_examples]
-
+    cfg = inputs.cfg
+    model, tok = _load_trained(cfg, tag, inputs.run)
+    g, examples = cfg.grid, inputs.val[: cfg.grid.val_examples]
     kw = {
         "pad_token_id": int(tok.pad_token_id),
         "batch_size": cfg.eval.batch_size,
@@ -271,6 +289,12 @@ def grid_levels(cfg: Any, grid: dict) -> dict[str, list[float]]:
     }
 
 
+def profile_condition(cfg: Any, grid: Mapping[str, Any]) -> tuple[str, float]:
+    """The noisy layer profile's condition: ``grid.profile_kind`` at ``grid.profile_ratio``'s level."""
+    kind = cfg.grid.profile_kind
+    return kind, grid["kinds"][kind]["levels"][cfg.grid.ratios_of(kind).index(cfg.grid.profile_ratio)]
+
+
 def validation_levels(cfg: Any, grid: dict) -> dict[str, list[float]]:
     """The conditions a candidate is scored at on validation: clean and every ERM-derived level of
     ``grid.profile_kind`` (gaussian: the kind of the primary endpoint)."""
@@ -278,20 +302,23 @@ def validation_levels(cfg: Any, grid: dict) -> dict[str, list[float]]:
     return {kind: sorted({0.0, *grid["kinds"][kind]["levels"]})}
 
 
-def validate_job(cfg: Any, tag: str, val: list[dict], levels: dict, run: RunDir) -> dict:
+def validate_job(inputs: Inputs, tag: str, grid: dict) -> dict:
     """A tuning-seed fine-tune's per-example NLLs on the first ``selection_examples`` validation examples,
-    clean and at ``levels`` (``selection.draws`` noise draws each): the selection's inputs."""
-    started = time.perf_counter()
-    ev = _evaluate(cfg, tag, run, val[: cfg.selection_examples], levels, draws=cfg.selection.draws)
+    clean and at :func:`validation_levels` (``selection.draws`` noise draws each): the selection's inputs."""
+    cfg, started = inputs.cfg, time.perf_counter()
+    examples, levels = inputs.val[: cfg.selection_examples], validation_levels(cfg, grid)
+    ev = _evaluate(cfg, tag, inputs.run, examples, levels, draws=cfg.selection.draws)
     return {"nll": ev["nll"], "perplexity": ev["perplexity"], "seconds": time.perf_counter() - started}
 
 
-def eval_job(cfg: Any, tag: str, held: list[dict], levels: dict, profile: list, run: RunDir) -> dict:
-    """The fine-tune ``tag`` on the held-out examples at every level (and its layer profiles)."""
-    e = cfg.eval
-    started = time.perf_counter()
-    layers = {"layer_examples": e.layer_examples, "layer_chunk": e.layer_chunk, "profiles": [tuple(profile)]}
-    ev = _evaluate(cfg, tag, run, held, levels, draws=cfg.grid.draws, **layers)
+def eval_job(inputs: Inputs, tag: str, grid: dict) -> dict:
+    """The fine-tune ``tag`` on the held-out examples at every level of :func:`grid_levels` (and its layer
+    profiles, clean and at :func:`profile_condition`)."""
+    cfg, started = inputs.cfg, time.perf_counter()
+    e, levels = cfg.eval, grid_levels(cfg, grid)
+    profiles = [profile_condition(cfg, grid)]
+    layers = {"layer_examples": e.layer_examples, "layer_chunk": e.layer_chunk, "profiles": profiles}
+    ev = _evaluate(cfg, tag, inputs.run, inputs.held, levels, draws=cfg.grid.draws, **layers)
     return {**ev, "eval_seconds": time.perf_counter() - started}
 
 

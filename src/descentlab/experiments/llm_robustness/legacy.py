@@ -28,6 +28,8 @@ from descentlab.io import load_arrays
 from descentlab.study.cells import CellStore, Design, cell_key
 
 CLAIM_ARRAYS = "arrays/claims.npz"
+# ERM's per-condition arrays: old key head -> the store's metric
+OLD_METRICS = {"level": LEVEL, "erm_ratio": PERPLEXITY_RATIO}
 LEGACY_NULL = "erm-reseed"  # the null control of runs saved before the seeds: ERM with another data order
 
 
@@ -65,10 +67,8 @@ def store_from_arrays(arrays: Mapping[str, Any]) -> CellStore:
             arm, _, condition = rest.partition("/")
         elif head == "null":
             arm, condition = NULL, rest
-        elif head in ("level", "erm_ratio") and "/" not in rest:
-            cells[cell_key(LEVEL if head == "level" else PERPLEXITY_RATIO, BASELINE, rest)] = np.asarray(
-                value
-            )
+        elif head in OLD_METRICS and "/" not in rest:
+            cells[cell_key(OLD_METRICS[head], BASELINE, rest)] = np.asarray(value)
             continue
         else:
             cells[key] = np.asarray(value)

@@ -1,4 +1,12 @@
-"""llm-robustness's tables and figures, drawn from a results body alone (the claims table is the engine's)."""
+"""llm-robustness's report: the results body of a run (:func:`summarise`: per method its curves with
+seed-level intervals, then the tables) and the figures, redrawn from ``results.json`` alone (the claims
+table is the engine's).
+
+Head to head. Against ERM of the same seed, per cell (seed, draw, example) of one condition, with r the
+reference NLL and n its tokens: outcome 1[r_M < r_B − tol] + 1/2 · 1[|r_M − r_B| <= tol], ΔNLL
+(r_M − r_B) / n. Each curve point carries the seed-level interval of paired_interval; ERM's own curves are
+the null control (ERM on seed s_i against ERM on s_{i+1 mod S}).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +17,178 @@ from typing import Any
 
 import numpy as np
 
+from descentlab.evaluation.causal_lm import noise_key
 from descentlab.experiments.llm_robustness.claims import PAPER_KIND, PAPER_WIN_RATE
+from descentlab.experiments.llm_robustness.config import LlmRobustnessConfig
+from descentlab.experiments.llm_robustness.jobs import Outcome, grid_levels, profile_condition
+from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import paired_interval
 from descentlab.study.figures import panel_figure, plot_multipliers
 from descentlab.study.tables import Table, ci, signed_ci
 from descentlab.study.tuning_rules import binding_level
 
 Methods = Mapping[str, Mapping[str, Any]]
+
+
+# -- head to head: the judged outcomes (the claims' cells) and the curves ----------------------------------
+
+
+def _per_draw(ev: Mapping[str, Any], what: str, kind: str, level: float, draws: int) -> np.ndarray:
+    """``ev[what]`` (``nll``: ``[draws, N]``; ``perplexity``: ``[draws]``) at one condition; clean is one draw."""
+    n = 1 if level == 0 else draws
+    return np.asarray([ev[what][noise_key(kind, level, d)] for d in range(n)], dtype=np.float64)
+
+
+def outcomes(nll_m: np.ndarray, nll_b: np.ndarray, tol: float = 1e-6) -> np.ndarray:
+    """The judged outcome of M against B per cell: 1 (lower NLL), 0, or 1/2 within ``tol`` nats."""
+    return np.where(nll_m < nll_b - tol, 1.0, np.where(nll_m > nll_b + tol, 0.0, 0.5))
+
+
+def shifted(evs: Sequence[Any]) -> list[Any]:
+    """``evs`` (one per evaluation seed) shifted by one seed, cyclically: the null control's other arm."""
+    return [evs[(i + 1) % len(evs)] for i in range(len(evs))]
+
+
+def seed_outcomes(
+    evs_m: Sequence[Mapping],
+    evs_b: Sequence[Mapping],
+    kind: str,
+    level: float,
+    *,
+    draws: int,
+    tol: float = 1e-6,
+) -> np.ndarray:
+    """``[seeds, draws, examples]`` outcomes of M against B, seed by seed (``evs_m[s]`` against ``evs_b[s]``)."""
+    if len(evs_m) != len(evs_b):
+        raise ValueError(f"paired by seed: {len(evs_m)} evaluations against {len(evs_b)}")
+    nll = partial(_per_draw, what="nll", kind=kind, level=level, draws=draws)
+    return np.stack([outcomes(nll(m), nll(b), tol) for m, b in zip(evs_m, evs_b, strict=True)])
+
+
+def head_to_head(
+    evs_m: Sequence[Mapping],
+    evs_b: Sequence[Mapping],
+    kind: str,
+    level: float,
+    *,
+    draws: int,
+    tol: float = 1e-6,
+) -> dict[str, Any]:
+    """Win rate and per-token ΔNLL of M against B at one condition, paired by seed, each with its
+    seed-level 95 % interval, and the win rate of every seed."""
+    p = seed_outcomes(evs_m, evs_b, kind, level, draws=draws, tol=tol)
+    a, b = (np.stack([_per_draw(e, "nll", kind, level, draws) for e in evs]) for evs in (evs_m, evs_b))
+    n = np.asarray(evs_m[0]["ref_tokens"], dtype=np.float64)[None, None, :]
+    win, delta = paired_interval(p, np.full_like(p, 0.5)), paired_interval(a / n, b / n)
+    return {
+        "outcomes": p,
+        "win_rate": float(p.mean()),
+        "win_ci": [0.5 + win.low, 0.5 + win.high],
+        "per_seed": p.mean(axis=(1, 2)).tolist(),
+        "wins": int((p == 1).sum()),
+        "ties": int((p == 0.5).sum()),
+        "losses": int((p == 0).sum()),
+        "delta_nll": delta.mean,
+        "delta_ci": [delta.low, delta.high],
+    }
+
+
+def seed_perplexity(evs: Sequence[Mapping[str, Any]], kind: str, level: float, draws: int) -> np.ndarray:
+    """``[seeds]``: each seed's perplexity at one condition, the mean over its draws."""
+    return np.asarray([_per_draw(ev, "perplexity", kind, level, draws).mean() for ev in evs])
+
+
+def head_to_head_curves(
+    evs_m: Sequence[Mapping],
+    evs_b: Sequence[Mapping],
+    kind: str,
+    xs: Sequence[float],
+    against: str,
+    **kw: Any,
+) -> dict[str, Curve]:
+    """The ``win_rate@<kind>`` and ``delta_nll@<kind>`` curves of M against B (:func:`head_to_head` at each
+    level of ``xs``, with ``kw``: ``draws`` and ``tol``); ``against``: whom M is compared with, in words."""
+    points = [head_to_head(evs_m, evs_b, kind, x, **kw) for x in xs]
+    h = {key: [p[key] for p in points] for key in points[0]}
+
+    def interval(key: str) -> dict[str, list[float]]:
+        return {"ci_low": [lo for lo, _ in h[key]], "ci_high": [hi for _, hi in h[key]]}
+
+    win = {**interval("win_ci"), "per_seed": h["per_seed"], "against": against}
+    win |= {k: h[k] for k in ("wins", "ties", "losses")}
+    delta = {**interval("delta_ci"), "against": against}
+    return {
+        f"win_rate@{kind}": Curve("gamma", list(xs), "win_rate", h["win_rate"], extra=win),
+        f"delta_nll@{kind}": Curve("gamma", list(xs), "delta_nll_per_token", h["delta_nll"], extra=delta),
+    }
+
+
+# -- the results body ------------------------------------------------------------------------------------------
+
+
+def summarise(cfg: LlmRobustnessConfig, outcome: Outcome) -> dict[str, Any]:
+    """``methods`` (per method its perplexity, win-rate and ΔNLL curves and its fine-tunes of every seed),
+    ``tables``, ``notes`` and ``extra`` (the grid, the reference profile, the selection) of the results body.
+    The claims are not here: the runner judges them from the cell store."""
+    baseline, seeds, draws, tol = cfg.baseline, list(cfg.seeds), cfg.grid.draws, cfg.eval.tie_tol
+    evaluations, levels = outcome.evaluations, grid_levels(cfg, outcome.grid)
+    base = evaluations[baseline]
+    methods: dict[str, MethodResult] = {}
+    for m, evs in evaluations.items():
+        curves: dict[str, Curve] = {}
+        metrics: dict[str, Any] = {"perplexity": float(np.mean([ev["perplexity"]["clean"] for ev in evs]))}
+        for kind, xs in levels.items():
+            ppl = [float(np.mean([_per_draw(ev, "perplexity", kind, x, draws) for ev in evs])) for x in xs]
+            extra = {"per_seed": [seed_perplexity(evs, kind, x, draws).tolist() for x in xs]}
+            curves[f"perplexity@{kind}"] = Curve("gamma", list(xs), "perplexity", ppl, extra=extra)
+            metrics.update({f"perplexity@{kind}{x:g}": v for x, v in zip(xs, ppl, strict=True) if x > 0})
+            if m != baseline:
+                curves |= head_to_head_curves(
+                    evs, base, kind, xs, f"{baseline}, same seed", draws=draws, tol=tol
+                )
+                metrics.setdefault(
+                    "win_rate", curves[f"win_rate@{kind}"].mean[0]
+                )  # clean: every kind's first
+            elif len(evs) > 1:  # the null control
+                curves |= head_to_head_curves(
+                    evs, shifted(evs), kind, xs, f"{m}, the next seed", draws=draws, tol=tol
+                )
+        runs = list(outcome.facts.get(m, []))
+        for k in ("train_seconds", "seconds_per_step", "steps"):
+            if values := [x[k] for x in runs if x.get(k) is not None]:
+                metrics[k] = float(np.mean(values))
+        metrics["eval_seconds"] = float(np.mean([ev.get("eval_seconds", float("nan")) for ev in evs]))
+        profiles = {
+            k: np.mean([ev["layer_loss"][k] for ev in evs], axis=0).tolist() for k in evs[0]["layer_loss"]
+        }
+        extra = {"seeds": seeds, "train": [dict(x) for x in runs]}
+        methods[m] = MethodResult(metrics=metrics, curves=curves, layer_loss=profiles, extra=extra)
+    extra = {
+        "grid": dict(outcome.grid),
+        "reference": dict(outcome.reference),
+        "profile_condition": "{}@{:g}".format(*profile_condition(cfg, outcome.grid)),
+        "seeds": seeds,
+        "selection": dict(outcome.selection),
+    }
+    body = {"methods": {m: r.to_dict() for m, r in methods.items()}, **extra}
+    judged = [judged_table(outcome.judged, baseline, str(cfg.generative.model))] if outcome.judged else []
+    n = len(seeds)
+    notes = [
+        "Win rate: likelihood judge, ties count half, 50 % is parity; each method is compared with ERM of the "
+        f"same evaluation seed ({n} seed{'s' if n > 1 else ''}: {seeds}). The curves' 95 % intervals are "
+        "paired_interval over (seeds, noise draws, held-out examples), the seed the unit of replication"
+        + ("." if n > 1 else "; with one seed they count examples only.")
+        + " The paper's 50 % -> 69.93 % is Llama 3.1 8B judged on AlpacaEval.",
+        f"The null control ({baseline}'s own win-rate rows): {baseline} on seed s_i against {baseline} on the "
+        "next seed s_(i+1 mod S); its interval is the spread between ERM seeds every win rate is read against"
+        + (" (it needs two seeds; this run has one)." if n < 2 else "."),
+        "delta_nll: (method - ERM) reference NLL per token, nats; negative favours the method.",
+        "Levels: gaussian in units of sigma_E; neftune is NEFTune's alpha (noise alpha / sqrt(n d)). They come "
+        "from ERM's fine-tune on the tuning seed (validation only), as every other choice.",
+        "Per-example NLLs of every method, seed and condition are in jobs/eval-<method>-seed<s>.json; the "
+        "judged outcomes the claims read are in arrays/cells.npz (design record: arrays/design.json).",
+    ]
+    return {"methods": methods, "tables": tables(body, baseline) + judged, "notes": notes, "extra": extra}
 
 
 def seed_facts(block: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -8,7 +8,8 @@ cached in ``jobs/`` so an interrupted run resumes, submitted by a :class:`JobGra
    perplexity grows by each of ``grid.ratios``, and the fixed ``grid.extra``.
 4. Each constrained method's candidates on the tuning seed, scored on validation (:func:`choose`).
 5. ``train`` and ``eval``: every method (a tuned one at its choice) on every evaluation seed, then on the
-   held-out examples at every level; the judged outcomes (:func:`claim_store`) and curves (:func:`summarise`).
+   held-out examples at every level; the claims' cells (:func:`cell_store`) and the results body
+   (:func:`.report.summarise`).
 
 Why not :func:`descentlab.study.tuning.tune_then_replicate`: its jobs are independent futures submitted
 eagerly, in FIFO order, while here a candidate's score needs a chain of jobs (reference -> fine-tune, and
@@ -19,22 +20,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
+from descentlab.config import config_to_dict
 from descentlab.data import load_causal_lm
 from descentlab.data.causal_lm import prepare_causal_lm_data
 from descentlab.data.instructions import example_prompt
 from descentlab.errors import ConfigError
-from descentlab.evaluation.causal_lm import noise_key
+from descentlab.experiments.llm_robustness import report
 from descentlab.experiments.llm_robustness.claims import LEVEL, NULL, PERPLEXITY_RATIO, WIN, condition_name
 from descentlab.experiments.llm_robustness.clusters import passage_chapters, save_clusters
 from descentlab.experiments.llm_robustness.config import LlmRobustnessConfig
 from descentlab.experiments.llm_robustness.jobs import (
+    Inputs,
+    Outcome,
     grid_levels,
     job,
     model_for,
@@ -42,13 +45,12 @@ from descentlab.experiments.llm_robustness.jobs import (
     validation_examples,
     validation_levels,
 )
-from descentlab.experiments.llm_robustness.report import judged_table, tables
+from descentlab.experiments.llm_robustness.report import seed_outcomes, seed_perplexity, shifted
 from descentlab.io import save_arrays
-from descentlab.report.results import Curve, MethodResult
-from descentlab.report.stats import paired_interval
+from descentlab.report.results import Results
 from descentlab.study.cells import CellStore, Design
 from descentlab.study.jobs import JobGraph, JobRunner
-from descentlab.study.tuning_rules import CandidateSelection, binding_level, choose_candidate
+from descentlab.study.tuning_rules import binding_level, choose_candidate
 from descentlab.train.rundir import RunDir
 
 JUDGED_ARRAYS = "arrays/judged.npz"
@@ -61,7 +63,9 @@ def run(cfg: LlmRobustnessConfig, run: RunDir) -> dict:
     started = time.perf_counter()
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
-    tok = tokenizer_for(cfg)
+    # the tokenizer: inline (one worker) the model loads here once, for every job; with workers it loads once
+    # inside each worker process
+    tok = model_for(cfg)[1] if cfg.workers <= 1 else load_causal_lm(cfg.model.name)[1]
     train, held, data_protocol = prepare_causal_lm_data(cfg.data, tok)
     val, train = validation_examples(cfg, tok, train)
 
@@ -72,14 +76,11 @@ def run(cfg: LlmRobustnessConfig, run: RunDir) -> dict:
         plan(graph, Inputs(cfg, run, train, val, held))
         done = graph.run()
 
-    grid, levels = done["grid"], grid_levels(cfg, done["grid"])
     facts = {m: [done[f"train-{run_tag(m, s)}"] for s in cfg.seeds] for m in cfg.methods}
     evaluations = {m: [done[f"eval-{run_tag(m, s)}"] for s in cfg.seeds] for m in cfg.methods}
-    conds = conditions(cfg, grid)
+    conds = conditions(cfg, done["grid"])
     if run.writer:
-        g = cfg.grid
-        store = claim_store(evaluations, cfg.baseline, conds, cfg.seeds, draws=g.draws, tol=cfg.eval.tie_tol)
-        store.save(run.path)
+        cell_store(cfg, evaluations, conds).save(run.path)
         if cfg.data.source == "austen":  # passages of one chapter are not independent (clusters.py)
             save_clusters(run.path, passage_chapters(tok, cfg.data))
     # generate then judge: under several processes (FSDP2) every rank would load the judge, so it runs in
@@ -89,55 +90,15 @@ def run(cfg: LlmRobustnessConfig, run: RunDir) -> dict:
     if judged and run.writer:
         save_arrays(run.path / JUDGED_ARRAYS, **judged_arrays(judged["verdicts"]))
 
-    examples = min(cfg.selection_examples, len(val))
-    selection = selection_record(cfg, done, examples)
-    body = summarise(
-        cfg,
-        evaluations=evaluations,
-        facts=facts,
-        reference=done["reference"],
-        grid=grid,
-        levels=levels,
-        selection=selection,
-    )
-    record = protocol(
-        cfg,
-        {**data_protocol, "n_train_examples": len(train), "n_val": len(val), "n_eval": len(held)},
-        selection_examples=examples,
-        levels=levels,
-        conds=conds,
-        sigma_e=done["reference"]["sigma_e"],
-        judged=judged,
-        world=world,
-        wall_seconds=time.perf_counter() - started,
-    )
-    if judged:
-        body["tables"].append(judged_table(judged, cfg.baseline, str(cfg.generative.model)))
-    return {"protocol": record, **body}
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """What the jobs of one run read: the config, the run directory and the three example sets."""
-
-    cfg: LlmRobustnessConfig
-    run: RunDir
-    train: list[dict]
-    val: list[dict]
-    held: list[dict]
-
-
-def tokenizer_for(cfg: LlmRobustnessConfig) -> Any:
-    """The model's tokenizer. Inline (one worker) the model loads here once, for every job; with workers
-    it loads once inside each worker process, so only the tokenizer is kept."""
-    return model_for(cfg)[1] if cfg.workers <= 1 else load_causal_lm(cfg.model.name)[1]
-
-
-def profile_condition(cfg: LlmRobustnessConfig, grid: Mapping[str, Any]) -> tuple[str, float]:
-    """The noisy layer profile's condition: ``grid.profile_kind`` at ``grid.profile_ratio``'s level."""
-    g = cfg.grid
-    level = grid["kinds"][g.profile_kind]["levels"][g.ratios_of(g.profile_kind).index(g.profile_ratio)]
-    return g.profile_kind, level
+    selection = selection_record(cfg, done, examples=min(cfg.selection_examples, len(val)))
+    outcome = Outcome(evaluations, facts, done["reference"], done["grid"], selection, judged)
+    counts = {**data_protocol, "n_train_examples": len(train), "n_val": len(val), "n_eval": len(held)}
+    return Results(
+        experiment="llm-robustness",
+        config=config_to_dict(cfg),
+        protocol=protocol(cfg, outcome, counts, conds, world, time.perf_counter() - started),
+        **report.summarise(cfg, outcome),
+    ).to_dict()
 
 
 def conditions(cfg: LlmRobustnessConfig, grid: Mapping[str, Any]) -> dict[str, tuple[str, float]]:
@@ -161,9 +122,9 @@ def plan(graph: JobGraph, inputs: Inputs) -> None:
     cfg = inputs.cfg
     erm_tune = run_tag(cfg.baseline, cfg.tune_seed)
     tuned = tuned_methods(cfg)
-    graph.add("reference", "reference", partial(_reference_args, inputs))
+    graph.add("reference", "reference", partial(_args, (inputs,), ()))
     add_train(graph, inputs, cfg.baseline, cfg.tune_seed, cfg.candidates(cfg.baseline)[0], TUNING)
-    graph.add("grid", "grid", partial(_grid_args, inputs, erm_tune), deps=[f"train-{erm_tune}"])
+    graph.add("grid", "grid", partial(_args, (inputs, erm_tune), ()), deps=[f"train-{erm_tune}"])
     if tuned:
         add_validate(graph, inputs, erm_tune)
     for m in tuned:
@@ -192,22 +153,22 @@ def add_train(
 ) -> str:
     """Add ``label``'s fine-tune from ``seed`` with candidate ``spec``; its run tag."""
     tag = run_tag(label, seed, candidate)
-    args = partial(_train_args, inputs, label, seed, spec, tag)
+    args = partial(_args, (inputs, label, seed, spec, tag), ("reference",))
     graph.add(f"train-{tag}", "train", args, deps=["reference"], priority=priority)
     return tag
 
 
 def add_validate(graph: JobGraph, inputs: Inputs, tag: str) -> None:
     """Add the validation of run ``tag`` at the validation levels (the selection's scores)."""
-    deps = [f"train-{tag}", "grid"]
-    graph.add(f"validate-{tag}", "validate", partial(_validate_args, inputs, tag), deps=deps, priority=TUNING)
+    args, deps = partial(_args, (inputs, tag), ("grid",)), [f"train-{tag}", "grid"]
+    graph.add(f"validate-{tag}", "validate", args, deps=deps, priority=TUNING)
 
 
 def add_replicate(graph: JobGraph, inputs: Inputs, label: str, seed: int, spec: str, priority: int) -> None:
     """Add ``label``'s fine-tune from evaluation seed ``seed`` and its held-out evaluation."""
     tag = add_train(graph, inputs, label, seed, spec, priority)
     deps = [f"train-{tag}", "grid"]
-    graph.add(f"eval-{tag}", "eval", partial(_eval_args, inputs, tag), deps=deps, priority=EVALUATION)
+    graph.add(f"eval-{tag}", "eval", partial(_args, (inputs, tag), ("grid",)), deps=deps, priority=EVALUATION)
 
 
 def _replicate_choice(graph: JobGraph, inputs: Inputs, label: str, choice: Mapping[str, Any]) -> None:
@@ -216,27 +177,9 @@ def _replicate_choice(graph: JobGraph, inputs: Inputs, label: str, choice: Mappi
         add_replicate(graph, inputs, label, seed, choice["spec"], CHOSEN_TRAIN)
 
 
-# each job's arguments from the finished jobs ``done``
-def _reference_args(inputs: Inputs, done: Mapping[str, Any]) -> tuple:
-    return inputs.cfg, inputs.val, inputs.held
-
-
-def _grid_args(inputs: Inputs, erm_tune: str, done: Mapping[str, Any]) -> tuple:
-    return inputs.cfg, inputs.val, inputs.run, erm_tune
-
-
-def _train_args(inputs: Inputs, label: str, seed: int, spec: str, tag: str, done: Mapping[str, Any]) -> tuple:
-    profile = done["reference"]["val_profile"]
-    return inputs.cfg, label, inputs.train, profile, inputs.run, seed, spec, tag, inputs.val
-
-
-def _validate_args(inputs: Inputs, tag: str, done: Mapping[str, Any]) -> tuple:
-    return inputs.cfg, tag, inputs.val, validation_levels(inputs.cfg, done["grid"]), inputs.run
-
-
-def _eval_args(inputs: Inputs, tag: str, done: Mapping[str, Any]) -> tuple:
-    cond = list(profile_condition(inputs.cfg, done["grid"]))
-    return inputs.cfg, tag, inputs.held, grid_levels(inputs.cfg, done["grid"]), cond, inputs.run
+def _args(fixed: tuple, needs: tuple[str, ...], done: Mapping[str, Any]) -> tuple:
+    """A job's arguments: ``fixed``, then the results of the finished jobs named ``needs``."""
+    return (*fixed, *(done[key] for key in needs))
 
 
 # -- the selection on the tuning seed -----------------------------------------------------------------------
@@ -259,17 +202,14 @@ def candidate_score(
     wins, ties split): ``clean``, its win rate w(0); ``robust``, the mean of w(x) over the positive
     ``levels`` of ``grid.profile_kind``; ``binding``, Σλ time-averaged over the second half of its training
     (:func:`~descentlab.study.tuning_rules.binding_level`)."""
-
-    def win_rate(level: float) -> float:
-        p = seed_outcomes(
-            [mine], [erm], cfg.grid.profile_kind, level, draws=cfg.selection.draws, tol=cfg.eval.tie_tol
-        )
-        return float(p.mean())
-
+    kind, draws, tol = cfg.grid.profile_kind, cfg.selection.draws, cfg.eval.tie_tol
+    win = {
+        x: float(seed_outcomes([mine], [erm], kind, x, draws=draws, tol=tol).mean()) for x in (0.0, *levels)
+    }
     trace = facts.get("lambda_trace")
     return {
-        "clean": win_rate(0.0),
-        "robust": float(np.mean([win_rate(x) for x in levels if x > 0])),
+        "clean": win[0.0],
+        "robust": float(np.mean([w for x, w in win.items() if x > 0])),
         "binding": binding_level(trace["steps"], trace["lambda"]) if trace else 0.0,
     }
 
@@ -287,34 +227,10 @@ def choose(cfg: LlmRobustnessConfig, label: str, done: Mapping[str, Any]) -> dic
         for tag in candidate_tags(cfg, label)
     ]
     rule = {"criterion": sel.criterion, "min_binding": sel.min_binding, "max_clean_drop": sel.max_clean_drop}
-    best, rows, _ = choose_candidate(label, specs, scores, 0.5, **rule)
-    reason = selection_reason(label, specs, rows, best, sel)
+    best, rows, why = choose_candidate(label, specs, scores, 0.5, **rule)
+    # choose_candidate words its rule for accuracies; here every score is a win rate against ERM's tuning run
+    reason = f"{label}: {why.replace('accuracy', 'win rate')}"
     return {"best": best, "spec": specs[best], "scores": scores, "rows": rows, "reason": reason}
-
-
-def selection_reason(
-    label: str, specs: list[str], rows: list[list[Any]], best: int, sel: CandidateSelection
-) -> str:
-    """Why ``specs[best]`` was chosen, in win-rate words (``choose_candidate``'s own reason speaks of
-    accuracy); ``rows``: its rows ``[method, spec, clean, robust, binding, chosen]``."""
-    floor, margin = sel.min_binding, sel.max_clean_drop
-    binds = [r for r in rows if floor is None or (isinstance(r[4], int | float) and r[4] > floor)]
-    pool = binds or rows
-    within = [r for r in pool if r[2] >= 0.5 - margin]
-    what = (
-        "win rate under noise (mean over the gaussian levels)"
-        if sel.criterion == "robust"
-        else "clean win rate"
-    )
-    parts = [
-        f"{label}: {len(within)} of {len(pool)} candidates within {100 * margin:g} points of ERM's clean 50 %"
-    ]
-    if floor is not None:
-        bound = f"{len(binds)} of {len(rows)} candidates bind" if binds else "no candidate binds"
-        cmp, tail = (">", "") if binds else ("<=", ", so all take part")
-        parts.insert(0, f"{label}: {bound} (Σλ over the second half {cmp} {floor:g}){tail}")
-    rule = f"the highest validation {what} among them" if within else f"none is, so the highest {what} of all"
-    return "; ".join(parts) + f"; {rule}: {specs[best] or '(as configured)'!r}"
 
 
 def selection_record(cfg: LlmRobustnessConfig, done: Mapping[str, Any], examples: int) -> dict[str, Any]:
@@ -339,201 +255,27 @@ def selection_record(cfg: LlmRobustnessConfig, done: Mapping[str, Any], examples
     }
 
 
-# -- head to head: the judged outcomes (the claims' cells, :mod:`.claims`) and the curves -------------------
-# Against ERM of the same seed, per cell (seed, draw, example) of one condition, with r the reference NLL and
-# n its tokens: outcome 1[r_M < r_B - tol] + 1/2 · 1[|r_M - r_B| <= tol], ΔNLL (r_M - r_B) / n. Each curve
-# point carries the seed-level interval of paired_interval; ERM's own curves are the null control.
-
-
-def _per_draw(ev: Mapping[str, Any], what: str, kind: str, level: float, draws: int) -> np.ndarray:
-    """``ev[what]`` (``nll``: ``[draws, N]``; ``perplexity``: ``[draws]``) at one condition; clean is one draw."""
-    n = 1 if level == 0 else draws
-    return np.asarray([ev[what][noise_key(kind, level, d)] for d in range(n)], dtype=np.float64)
-
-
-def outcomes(nll_m: np.ndarray, nll_b: np.ndarray, tol: float = 1e-6) -> np.ndarray:
-    """The judged outcome of M against B per cell: 1 (lower NLL), 0, or 1/2 within ``tol`` nats."""
-    return np.where(nll_m < nll_b - tol, 1.0, np.where(nll_m > nll_b + tol, 0.0, 0.5))
-
-
-def shifted(evs: Sequence[Any]) -> list[Any]:
-    """``evs`` (one per evaluation seed) shifted by one seed, cyclically: the null control's other arm."""
-    return [evs[(i + 1) % len(evs)] for i in range(len(evs))]
-
-
-def seed_outcomes(
-    evs_m: Sequence[Mapping],
-    evs_b: Sequence[Mapping],
-    kind: str,
-    level: float,
-    *,
-    draws: int,
-    tol: float = 1e-6,
-) -> np.ndarray:
-    """``[seeds, draws, examples]`` outcomes of M against B, seed by seed (``evs_m[s]`` against ``evs_b[s]``)."""
-    if len(evs_m) != len(evs_b):
-        raise ValueError(f"paired by seed: {len(evs_m)} evaluations against {len(evs_b)}")
-    nll = partial(_per_draw, what="nll", kind=kind, level=level, draws=draws)
-    return np.stack([outcomes(nll(m), nll(b), tol) for m, b in zip(evs_m, evs_b, strict=True)])
-
-
-def head_to_head(
-    evs_m: Sequence[Mapping],
-    evs_b: Sequence[Mapping],
-    kind: str,
-    level: float,
-    *,
-    draws: int,
-    tol: float = 1e-6,
-) -> dict[str, Any]:
-    """Win rate and per-token ΔNLL of M against B at one condition, paired by seed, each with its
-    seed-level 95 % interval, and the win rate of every seed."""
-    p = seed_outcomes(evs_m, evs_b, kind, level, draws=draws, tol=tol)
-    a, b = (np.stack([_per_draw(e, "nll", kind, level, draws) for e in evs]) for evs in (evs_m, evs_b))
-    n = np.asarray(evs_m[0]["ref_tokens"], dtype=np.float64)[None, None, :]
-    win, delta = paired_interval(p, np.full_like(p, 0.5)), paired_interval(a / n, b / n)
-    return {
-        "outcomes": p,
-        "win_rate": float(p.mean()),
-        "win_ci": [0.5 + win.low, 0.5 + win.high],
-        "per_seed": p.mean(axis=(1, 2)).tolist(),
-        "wins": int((p == 1).sum()),
-        "ties": int((p == 0.5).sum()),
-        "losses": int((p == 0).sum()),
-        "delta_nll": delta.mean,
-        "delta_ci": [delta.low, delta.high],
-    }
-
-
-def seed_perplexity(evs: Sequence[Mapping[str, Any]], kind: str, level: float, draws: int) -> np.ndarray:
-    """``[seeds]``: each seed's perplexity at one condition, the mean over its draws."""
-    return np.asarray([_per_draw(ev, "perplexity", kind, level, draws).mean() for ev in evs])
-
-
-def claim_store(
-    evaluations: Mapping[str, Sequence[Mapping[str, Any]]],
-    baseline: str,
+def cell_store(
+    cfg: LlmRobustnessConfig,
+    evaluations: Mapping[str, list[Mapping[str, Any]]],
     conds: Mapping[str, tuple[str, float]],
-    seeds: Sequence[int],
-    *,
-    draws: int,
-    tol: float = 1e-6,
 ) -> CellStore:
     """The cell store :mod:`.claims` reads (``evaluations[m][s]``: method m on evaluation seed s): every
-    arm's outcomes against ``baseline`` of the same seed (the baseline's own: 1/2 on every cell), the null
+    arm's outcomes against the baseline of the same seed (the baseline's own: 1/2 on every cell), the null
     control (two seeds or more), and the baseline's level and perplexity growth at every condition."""
-    base = evaluations[baseline]
+    base, draws, tol = evaluations[cfg.baseline], cfg.grid.draws, cfg.eval.tie_tol
     null = [NULL] if len(base) > 1 else []
     examples = len(nll) if (nll := next(iter(base[0].get("nll", {}).values()), None)) is not None else None
-    store = CellStore(Design((*evaluations, *null), tuple(conds), tuple(seeds), examples))
+    store = CellStore(Design((*evaluations, *null), tuple(conds), tuple(cfg.seeds), examples))
     clean = seed_perplexity(base, next(iter(conds.values()))[0], 0.0, draws)
     for name, (kind, x) in conds.items():
-        store.put(LEVEL, baseline, name, np.full(len(base), float(x)))
-        store.put(PERPLEXITY_RATIO, baseline, name, seed_perplexity(base, kind, x, draws) / clean)
+        store.put(LEVEL, cfg.baseline, name, np.full(len(base), float(x)))
+        store.put(PERPLEXITY_RATIO, cfg.baseline, name, seed_perplexity(base, kind, x, draws) / clean)
         for m, evs in evaluations.items():
             store.put(WIN, m, name, seed_outcomes(evs, base, kind, x, draws=draws, tol=tol))
         if null:
             store.put(WIN, NULL, name, seed_outcomes(base, shifted(base), kind, x, draws=draws, tol=tol))
     return store
-
-
-def _h2h_curves(
-    evs_m: Sequence[Mapping], evs_b: Sequence[Mapping], kind: str, xs: Sequence[float], **kw: Any
-) -> dict[str, Curve]:
-    """The ``win_rate@<kind>`` and ``delta_nll@<kind>`` curves of M against B (:func:`head_to_head` at each
-    level of ``xs``); ``kw``: ``draws``, ``tol`` and ``against`` (whom M is compared with, in words)."""
-    against = kw.pop("against")
-    h = [head_to_head(evs_m, evs_b, kind, x, **kw) for x in xs]
-
-    def col(key: str) -> list[Any]:
-        return [r[key] for r in h]
-
-    def ci(key: str) -> dict[str, list[float]]:
-        return {"ci_low": [lo for lo, _ in col(key)], "ci_high": [hi for _, hi in col(key)]}
-
-    win = {**ci("win_ci"), "per_seed": col("per_seed"), "against": against}
-    win |= {k: col(k) for k in ("wins", "ties", "losses")}
-    return {
-        f"win_rate@{kind}": Curve("gamma", list(xs), "win_rate", col("win_rate"), extra=win),
-        f"delta_nll@{kind}": Curve(
-            "gamma",
-            list(xs),
-            "delta_nll_per_token",
-            col("delta_nll"),
-            extra={**ci("delta_ci"), "against": against},
-        ),
-    }
-
-
-def summarise(
-    cfg: LlmRobustnessConfig,
-    *,
-    evaluations: Mapping[str, Sequence[Mapping[str, Any]]],
-    facts: Mapping[str, Sequence[Mapping[str, Any]]],
-    reference: Mapping[str, Any],
-    grid: Mapping[str, Any],
-    levels: Mapping[str, Sequence[float]],
-    selection: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The results body: per method its perplexity, win-rate and ΔNLL curves with seed-level intervals and
-    its fine-tunes of every seed (``evaluations[m]``, ``facts[m]``: one entry per evaluation seed); the
-    selection, tables and notes. The claims are not here: the runner judges them from the cell store."""
-    baseline, seeds, draws, tol = cfg.baseline, list(cfg.seeds), cfg.grid.draws, cfg.eval.tie_tol
-    base = evaluations[baseline]
-    methods: dict[str, Any] = {}
-    for m, evs in evaluations.items():
-        curves: dict[str, Curve] = {}
-        metrics: dict[str, Any] = {"perplexity": float(np.mean([ev["perplexity"]["clean"] for ev in evs]))}
-        for kind, xs in levels.items():
-            ppl = [float(np.mean([_per_draw(ev, "perplexity", kind, x, draws) for ev in evs])) for x in xs]
-            extra = {"per_seed": [seed_perplexity(evs, kind, x, draws).tolist() for x in xs]}
-            curves[f"perplexity@{kind}"] = Curve("gamma", list(xs), "perplexity", ppl, extra=extra)
-            metrics.update({f"perplexity@{kind}{x:g}": v for x, v in zip(xs, ppl, strict=True) if x > 0})
-            if m != baseline:
-                against = f"{baseline}, same seed"
-                curves.update(_h2h_curves(evs, base, kind, xs, draws=draws, tol=tol, against=against))
-                metrics.setdefault(
-                    "win_rate", curves[f"win_rate@{kind}"].mean[0]
-                )  # clean: every kind's first
-            elif len(evs) > 1:  # the null control
-                against = f"{m}, the next seed"
-                curves.update(_h2h_curves(evs, shifted(evs), kind, xs, draws=draws, tol=tol, against=against))
-        runs = list(facts.get(m, []))
-        for k in ("train_seconds", "seconds_per_step", "steps"):
-            if values := [x[k] for x in runs if x.get(k) is not None]:
-                metrics[k] = float(np.mean(values))
-        metrics["eval_seconds"] = float(np.mean([ev.get("eval_seconds", float("nan")) for ev in evs]))
-        profiles = {
-            k: np.mean([ev["layer_loss"][k] for ev in evs], axis=0).tolist() for k in evs[0]["layer_loss"]
-        }
-        extra = {"seeds": seeds, "train": [dict(x) for x in runs]}
-        methods[m] = MethodResult(metrics=metrics, curves=curves, layer_loss=profiles, extra=extra).to_dict()
-    body: dict[str, Any] = {
-        "methods": methods,
-        "grid": dict(grid),
-        "reference": dict(reference),
-        "profile_condition": "{}@{:g}".format(*profile_condition(cfg, grid)),
-        "seeds": seeds,
-        "selection": dict(selection),
-    }
-    body["tables"] = tables(body, baseline)
-    n = len(seeds)
-    body["notes"] = [
-        "Win rate: likelihood judge, ties count half, 50 % is parity; each method is compared with ERM of the "
-        f"same evaluation seed ({n} seed{'s' if n > 1 else ''}: {seeds}). The curves' 95 % intervals are "
-        "paired_interval over (seeds, noise draws, held-out examples), the seed the unit of replication"
-        + ("." if n > 1 else "; with one seed they count examples only.")
-        + " The paper's 50 % -> 69.93 % is Llama 3.1 8B judged on AlpacaEval.",
-        f"The null control ({baseline}'s own win-rate rows): {baseline} on seed s_i against {baseline} on the "
-        "next seed s_(i+1 mod S); its interval is the spread between ERM seeds every win rate is read against"
-        + (" (it needs two seeds; this run has one)." if n < 2 else "."),
-        "delta_nll: (method - ERM) reference NLL per token, nats; negative favours the method.",
-        "Levels: gaussian in units of sigma_E; neftune is NEFTune's alpha (noise alpha / sqrt(n d)). They come "
-        "from ERM's fine-tune on the tuning seed (validation only), as every other choice.",
-        "Per-example NLLs of every method, seed and condition are in jobs/eval-<method>-seed<s>.json; the "
-        "judged outcomes the claims read are in arrays/cells.npz (design record: arrays/design.json).",
-    ]
-    return body
 
 
 # -- generate then judge (``generative``) -------------------------------------------------------------------
@@ -575,50 +317,31 @@ def judged_arrays(verdicts: Mapping[str, Mapping[str, Any]]) -> dict[str, np.nda
     }
 
 
-# -- the protocol record --------------------------------------------------------------------------------------
-
-
 def protocol(
     cfg: LlmRobustnessConfig,
+    outcome: Outcome,
     counts: Mapping[str, Any],
-    *,
-    selection_examples: int,
-    levels: Mapping[str, list[float]],
     conds: Mapping[str, tuple[str, float]],
-    sigma_e: float,
-    judged: Mapping[str, Any] | None,
     world: int,
     wall_seconds: float,
 ) -> dict[str, Any]:
     """The ``protocol`` of ``results.json``: what this run measured (the data loader's record, the example
-    counts, the conditions' noise levels, σ_E, the wall time) and the selection rule in words built from the
-    config. Every setting is in ``config.json``; the choices, layers and α in ``selection`` and ``methods``."""
-    sel, gen, tuned = cfg.selection, cfg.generative, tuned_methods(cfg)
-    rule = "nothing to choose (one candidate per method)"
-    if tuned:
-        candidates = {m: cfg.candidates(m) for m in tuned}
-        rule = (
-            f"on the tuning seed {cfg.tune_seed}, {selection_examples} validation examples: the highest "
-            f"{sel.criterion} win rate against ERM's tuning run (mean over the {cfg.grid.profile_kind} levels) "
-            f"among the candidates {candidates} whose clean win rate is >= 50 % - {sel.max_clean_drop:g}"
-        )
-        if sel.min_binding is not None:
-            rule += f", binding (Σλ over the second half > {sel.min_binding:g}) first"
+    counts, the levels and the conditions' noise levels, σ_E, the wall time), the model and seeds, and
+    whether the generative judge ran. Every setting is in ``config.json``; every choice and its reason in
+    ``selection``."""
     record = {
         **counts,
         "model": cfg.model.name,
         "seeds": list(cfg.seeds),
-        "tune_seed": cfg.tune_seed,
-        "selection": rule,
-        "draws": cfg.grid.draws,
-        "levels": levels,
+        "levels": grid_levels(cfg, outcome.grid),
         "conditions": {name: [kind, x] for name, (kind, x) in conds.items()},
-        "sigma_e": sigma_e,
+        "sigma_e": outcome.reference["sigma_e"],
         "wall_seconds": wall_seconds,
     }
-    if gen.model:
+    if cfg.generative.model:
+        judged = outcome.judged
         record["generative_judge"] = (
-            f"{gen.model}: {judged['examples']} held-out prompts at {judged['conditions']}, both orders"
+            f"{judged['examples']} held-out prompts at {judged['conditions']}, both orders"
             if judged
             else f"skipped under {world} processes: resume=RUN_DIR in one process runs it"
         )
