@@ -179,31 +179,31 @@ def test_tune_on_dense_picks_the_best_dense_validation_model(tmp_path):
     assert "at 0 % sparsity" in res["protocol"]["tuning"]
 
 
-def test_pick_candidate_only_lets_near_best_dense_models_compete():
-    from descentlab.experiments.sparse_lm.jobs import pick_candidate
+def test_choose_only_lets_near_best_dense_models_compete():
+    from descentlab.experiments.sparse_lm.run import choose
 
     jobs = [  # val_nll[0]: dense validation log-ppl; tune_score: the criterion at a pruned level
         {"val_nll": [3.00, 5.0], "tune_score": 5.0},
         {"val_nll": [3.02, 4.5], "tune_score": 4.5},  # 2.0 % worse dense
         {"val_nll": [3.20, 3.5], "tune_score": 3.5},  # 22 % worse dense, most prunable
     ]
-    assert pick_candidate(jobs) == 2
-    assert pick_candidate(jobs, dense_within=0.03) == 1
-    assert pick_candidate(jobs, dense_within=0.01) == 0
-    assert pick_candidate(jobs, dense_within=0.3) == 2
+    assert choose("horst", jobs) == 2
+    assert choose("horst", jobs, dense_within=0.03) == 1
+    assert choose("horst", jobs, dense_within=0.01) == 0
+    assert choose("horst", jobs, dense_within=0.3) == 2
 
 
 def test_tune_dense_within_picks_among_near_best_dense_models(tmp_path):
     """lr_first: each method's lr at its own alpha, then its alpha at that lr; the choice is the best of all
     it ran among the candidates within 0.5 % of the best dense validation perplexity."""
-    from descentlab.experiments.sparse_lm.jobs import pick_candidate
+    from descentlab.experiments.sparse_lm.run import choose
 
     _, res = _run(
         tmp_path, *TUNED_COMMON, "lr_from=null", "lr_first=true", "tune_on=0.9", "tune_dense_within=0.005"
     )
     horst = [r for r in res["runs"] if r["label"] == "horst" and r["seed"] == TUNE_SEED]
     stage1 = [r for r in horst if r["alpha"] == 10.0 and r["lr"] in (1e-3, 3e-3)]  # the spec's alpha
-    lr1 = stage1[pick_candidate(stage1, 0.005)]["lr"]
+    lr1 = stage1[choose("horst", stage1, 0.005)]["lr"]
     expected = {(1e-3, 10.0), (3e-3, 10.0), (lr1, 1.0)}
     assert {(g["lr"], g["alpha"]) for g in res["selection"]["horst"]["grid"]} == expected
     assert {(r["lr"], r["alpha"]) for r in horst} == expected  # one job each: the repeat is the same job
@@ -227,7 +227,7 @@ def test_tune_dense_within_picks_among_near_best_dense_models(tmp_path):
 
 def test_tuning_never_reads_the_test_novel(seq_run, tmp_path, monkeypatch):
     """A different test novel changes every test number and no choice: the grid reads validation only."""
-    import descentlab.experiments.sparse_lm.run as slm
+    import descentlab.experiments.sparse_lm.jobs as slm
 
     _, res = seq_run
     for label, sel in res["selection"].items():  # the pick is the best validation criterion of the grid
@@ -368,7 +368,7 @@ def test_config_errors_are_clear():
         "tune_on=0.65 must be 0": ["tune_on=0.65"],
         "lr_first=true tunes every method's own lr": ["lr_first=true"],
         "tune_dense_within=0.0 must be > 0": ["tune_dense_within=0"],
-        "tune_seed=1 is an evaluation seed": ["tune=true", "tune_seed=1", "seeds=[0,1]"],
+        "tune_seed=1 is also an evaluation seed": ["tune=true", "tune_seed=1", "seeds=[0,1]"],
         "unequal tuning budgets": ["tune=true", "lr_from=null", "tune_alpha.ham=[200.0]"],
         "tune_weight_decay is for the joint grid": ["tune_weight_decay.adamw=[0.1]", "lr_from=adamw"],
         "tune_lr_by names unknown methods": ["tune_lr_by.lion=[1e-3]"],

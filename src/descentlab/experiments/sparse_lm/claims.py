@@ -20,34 +20,22 @@ the validation log-ppl at ``hi`` on the dense validation log-ppl over the tuning
 method, OLS). ``k`` comes from the tuning runs' validation blocks, not from the test cells; the interval
 treats it as known.
 
-Power, declared before the full run. The pilot preset (AdamW and HORST at the full preset's model and
-1,500 steps, pilot seeds 900-902, apart from the tuning and evaluation seeds) gave per-seed differences at
-90 % of −0.103, +0.008 and −0.148 log-ppl (sd 0.080). With the full preset's 8 evaluation seeds the
-seed-level minimum detectable effect (80 % power, 95 % interval) is 0.092 at that sd, 0.144 at the sd of
-the earlier 3,000-step run (0.125): the run can reproduce a gain of about 0.1 and refute one of 0.05 only
-if the true gain is near 0.
+Power. Declared before the full run (its pilot, seeds 900-902) and before the ``full-a30`` run (the full run
+as its pilot): docs/results/sparse-lm.md restates both declarations' figures. The α = 30 rows of
+``full-a30`` have no pilot of their own; at α = 10's spread they have the same MDEs, and a larger α is
+expected to spread them more.
 
 Smallest effects of interest (log-ppl). 0.05 (a 5 % perplexity ratio) for the comparisons after pruning to
 80-90 %: there the perplexity is 2-4x the dense one, so a smaller ratio is not a practical gain, and it is
 under a third of the committed 90 % estimate (−0.18); 0.01 (1 %) for the damage at 50 %, where AdamW's
 own damage is only 0.06. Weight shape: 0.01 of a matrix's weights below the threshold, and 3 units of
 excess kurtosis (the distance from a Gaussian to a Laplace, a change of shape class).
-
-Power of the ``full-a30`` run, declared before it (fresh seeds 200-207, no tuning: AdamW and HORST at what
-the full run chose, HORST at α 30 beside them). The pilot is the full run itself (seeds 100-107): the
-per-seed sd of its primary difference was 0.134 log-ppl, so with 8 seeds the repeated primary row has an
-MDE of 2.365 · 0.134 / √8 · 2.80 / 1.96 = 0.160, under its committed estimate (−0.176): a true gain of
-that size would be reproduced with at least 80 % power. Its weight-shape rows at α = 10 had seed-level
-MDEs (seeds x matrices) of 0.0059 (fraction below 1e-3, under the 0.01 of interest) and 274 (excess
-kurtosis, far above the 3 of interest: that row can be reproduced but not refuted). The α = 30 rows have
-no pilot of their own; at α = 10's spread they have the same MDEs, and a larger α is expected to spread
-them more.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -55,7 +43,7 @@ import numpy as np
 from descentlab.experiments.sparse_lm.legacy import NLL, legacy_store
 from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
 from descentlab.report.fidelity import Deviation, Fidelity, NotTested, percent, seeds
-from descentlab.study.cells import CellStore
+from descentlab.study.cells import load_store, require_store
 
 PAPER = "no number given: after pruning, HORST's perplexity is significantly below AdamW's and HAM's"
 SOURCE = "HORST paper, GPT-2 small on SlimPajama-6B, one-shot layer-wise magnitude pruning"
@@ -63,22 +51,12 @@ PPL_SESOI = 0.05  # log-ppl, a 5 % perplexity ratio (module docs)
 LARGE_ALPHA = "horst-a30"
 Arrays = Mapping[str, Any]
 
-
-def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
-    """The run's cell store (module docs); a run made before the store is read by
-    :func:`legacy.legacy_store`; {} when there is no run (every claim pends)."""
-    return CellStore.load(run_dir) or legacy_store(run_dir) or {}
-
-
-def _store(arrays: Arrays) -> CellStore:
-    if not isinstance(arrays, CellStore):
-        raise MissingArrays("the cell store (arrays/cells.npz and arrays/design.json)")
-    return arrays
+claim_arrays = partial(load_store, legacy=legacy_store)  # a run before the cell store: legacy.py
 
 
 def _level(arrays: Arrays, name: str) -> float:
     """``claim_low`` / ``claim_high`` from the design record."""
-    extra = _store(arrays).design.extra
+    extra = require_store(arrays).design.extra
     if name not in extra:
         raise MissingArrays(f"{name} (the design record)")
     return float(extra[name])
@@ -87,13 +65,13 @@ def _level(arrays: Arrays, name: str) -> float:
 def _at(arrays: Arrays, method: str, p: float) -> np.ndarray:
     """``n_M[:, p, :]``: method's ``[seeds, blocks]`` test NLLs at sparsity ``p`` (NotInRun when the design
     has no such arm or level)."""
-    return np.asarray(_store(arrays).get(NLL, method, p), dtype=np.float64)
+    return np.asarray(require_store(arrays).get(NLL, method, p), dtype=np.float64)
 
 
 def tuning_grid(arrays: Arrays) -> dict[str, np.ndarray] | None:
     """The tuning runs' ``val_nll`` ``[runs, levels]``, ``label`` and ``weight_decay`` (NaN: not recorded);
     None when the run saved no tuning grid."""
-    grid = _store(arrays).design.extra.get("grid")
+    grid = require_store(arrays).design.extra.get("grid")
     if not grid:
         return None
     decays = [np.nan if d is None else d for d in grid["weight_decay"]]
@@ -113,7 +91,7 @@ def _versus(method: str, reference: str, level: str | float):
 
     def cells(arrays: Arrays) -> Iterator[Cells]:
         p = _level(arrays, level) if isinstance(level, str) else level
-        yield _store(arrays).compare(NLL, method, reference, p, label=_pct(p))
+        yield require_store(arrays).compare(NLL, method, reference, p, label=_pct(p))
 
     cells.__doc__ = f"{method} against {reference} at {level}."
     return cells
@@ -162,10 +140,10 @@ def matched_ols(arrays: Arrays) -> Iterator[Cells]:
     h0, a0 = _at(arrays, "horst", 0.0), _at(arrays, "adamw", 0.0)
     grid = tuning_grid(arrays)
     if grid is None:
-        if not _store(arrays).design.extra.get("tune", True):
+        if not require_store(arrays).design.extra.get("tune", True):
             raise NotInRun("the run had no tuning round, so no grid to fit the slope on")
         raise MissingArrays("the tuning grid (design record extra.grid)")
-    i = _store(arrays).conditions(numeric=True).index(hi)
+    i = require_store(arrays).conditions(numeric=True).index(hi)
     k = grid_slope(grid["val_nll"], grid["label"], i)
     if k is None:
         why = "the tuning runs are too few to fit the slope on the dense log-ppl"
@@ -179,7 +157,7 @@ def horst_l2(arrays: Arrays) -> Iterator[Cells]:
     its lr with several weight decays instead, the L2 baseline is inside the AdamW arm (the primary row) and
     this row is untestable."""
     hi = _level(arrays, "claim_high")
-    store = _store(arrays)
+    store = require_store(arrays)
     if "adamw-l2" in store.design.arms and f"{NLL}/adamw-l2/{hi:g}" in store:
         yield store.compare(NLL, "horst", "adamw-l2", hi, label=_pct(hi))
         return
@@ -206,12 +184,12 @@ def horst_l2(arrays: Arrays) -> Iterator[Cells]:
 
 def dense_matched(arrays: Arrays) -> Iterator[Cells]:
     """HORST's dense test log-ppl against AdamW's."""
-    yield _store(arrays).compare(NLL, "horst", "adamw", 0.0, label="dense")
+    yield require_store(arrays).compare(NLL, "horst", "adamw", 0.0, label="dense")
 
 
 def _shape(stat: str):
     def cells(arrays: Arrays) -> Iterator[Cells]:
-        store = _store(arrays)
+        store = require_store(arrays)
         yield store.compare(stat, "horst", "adamw", label="chosen alpha")
         if LARGE_ALPHA in store.design.arms and f"{stat}/{LARGE_ALPHA}" in store:
             yield store.compare(stat, LARGE_ALPHA, "adamw", label="alpha 30")

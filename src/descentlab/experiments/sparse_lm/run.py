@@ -21,25 +21,21 @@ import numpy as np
 import torch
 
 from descentlab.config import config_to_dict
-from descentlab.data.bpe import BPEConfig, make_tokenizer
-from descentlab.data.lm_blocks import lm_blocks
 from descentlab.errors import NumericalError
-from descentlab.experiments.sparse_lm.config import SparseLMConfig
+from descentlab.experiments.sparse_lm import report
+from descentlab.experiments.sparse_lm.config import SparseLMConfig, design
 from descentlab.experiments.sparse_lm.jobs import (
-    cached_lm_data,
+    Outcome,
     criterion_text,
     dense_eligible,
-    evenly_spaced,
-    load_corpus,
-    pick_candidate,
+    load_data,
     smollm2_sweep,
-    train_and_prune,
+    train_job,
 )
 from descentlab.experiments.sparse_lm.legacy import NLL, design_extra
-from descentlab.experiments.sparse_lm.report import summarise
 from descentlab.io import load_arrays
 from descentlab.report.results import Results
-from descentlab.study.cells import CellStore, Design
+from descentlab.study.cells import CellStore
 from descentlab.study.jobs import JobRunner
 from descentlab.study.tuning import Round, TuningConfig, lr_alpha_grid, tune_then_replicate
 from descentlab.train.recipe import MethodConfig
@@ -58,74 +54,34 @@ def run(cfg: SparseLMConfig, run: RunDir) -> dict:
         torch.set_num_threads(cfg.threads or 1)
     try:
         with JobRunner(
-            train_and_prune, workers=cfg.workers, cache_dir=run.path / "jobs", threads=cfg.threads or 1
+            train_job, workers=cfg.workers, cache_dir=run.path / "jobs", threads=cfg.threads or 1
         ) as jobs:
             tuned = tune_then_replicate(
                 cfg.method_configs(),
                 tuning_plan(cfg),
                 submit=partial(submit_job, jobs, cfg, data, str(run.path)),
-                choose=partial(choose_setting, cfg.tune_dense_within),
+                choose=partial(choose, dense_within=cfg.tune_dense_within),
                 meanwhile=partial(smollm2_sweep, cfg, test_text) if cfg.smollm2 else None,
             )
     finally:
         torch.set_num_threads(threads)
-    final, grids = tuned.per_seed, {k: runs for k, runs in tuned.results.items() if runs}
-    if broken := [r["tag"] for runs in final.values() for r in runs if r["diverged"]]:
+    if broken := [r["tag"] for runs in tuned.per_seed.values() for r in runs if r["diverged"]]:
         raise NumericalError(f"final runs {broken} diverged; their metrics.jsonl says why (lower lr / alpha)")
 
     # 3. the claims' cells (the per-block test NLLs at every level, the per-matrix weight shape) into the
     # cell store; results: test perplexity curves with seed-level intervals, tables and notes
-    cells = {k: _cells(run, runs) for k, runs in final.items()}
-    tuning_runs = [r for runs in grids.values() for r in runs if not r["diverged"]]
-    cell_store(cfg, cells, final, tuning_runs).save(run.path, writer=run.writer)
-    every = {r["tag"]: r for r in [*tuning_runs, *(r for runs in final.values() for r in runs)]}
-    criterion = criterion_text(cfg.tune_on, cfg.tune_dense_within)
-    eligible = {k: dense_eligible(runs, cfg.tune_dense_within) for k, runs in grids.items()}
-    opts = {k: getattr(cfg, k) for k in ("seed_spread", "small_weight", "smollm2")}
-    body = summarise(
-        final, cells, list(every.values()), grids, tuned.picks, tuned.meanwhile,
-        **opts, criterion=criterion, eligible=eligible,
-    )  # fmt: skip
+    cells = {
+        k: np.stack([load_arrays(run.path / r["nll"])["test"] for r in runs]).astype(np.float64)
+        for k, runs in tuned.per_seed.items()
+    }
+    outcome = Outcome(tuned, cells)
+    cell_store(cfg, outcome).save(run.path, writer=run.writer)
     return Results(
         experiment="sparse-lm",
         config=config_to_dict(cfg),
-        protocol=protocol(cfg, data, tok.name, tuned.chosen, grids, final, criterion),
-        methods=body["methods"],
-        tables=body["tables"],
-        notes=body["notes"],
-        # figure data: figures.py draws the histograms from the weights files
-        extra={
-            "arrays": {
-                "weights": {k: runs[0]["weights"] for k, runs in final.items() if runs[0]["weights"]},
-                "nll": {k: [r["nll"] for r in runs] for k, runs in final.items()},
-            },
-            "checks": body["checks"],
-            "selection": body["selection"],
-            "runs": body["runs"],
-        },
+        protocol=protocol(cfg, data, tok.name, outcome),
+        **report.summarise(cfg, outcome),
     ).to_dict()
-
-
-def load_data(cfg: SparseLMConfig) -> tuple[dict[str, Any], str, Any]:
-    """``(blocks, test text, tokenizer)``: the train / val / test blocks (val and test ``eval_blocks`` /
-    ``test_blocks`` evenly spaced), vocabulary size and end-of-text id; from the token cache at paper scale."""
-    ctx = cfg.model.n_positions
-    if cfg.token_cache:  # paper scale: token files next to the corpus; the training blocks stay on disk
-        cached = cached_lm_data(cfg)
-        test_text, tok = cached.test_text, cached.tokenizer
-        train, val, test = cached.train, cached.val, cached.test
-    else:
-        splits = load_corpus(cfg)
-        test_text = splits["test"]
-        tok = make_tokenizer(cfg.tokenizer, splits["train"], BPEConfig(vocab_size=cfg.bpe_vocab))
-        train = lm_blocks(tok, splits["train"], ctx, max_blocks=cfg.max_train_blocks).blocks
-        val = evenly_spaced(lm_blocks(tok, splits["validation"], ctx).blocks, cfg.eval_blocks)
-        test = evenly_spaced(lm_blocks(tok, splits["test"], ctx).blocks, cfg.test_blocks)
-    return (
-        {"train": train, "val": val, "test": test, "vocab": tok.vocab_size, "eos": tok.eos_id},
-        test_text,
-        tok,
-    )
 
 
 def tuning_plan(cfg: SparseLMConfig) -> TuningConfig:
@@ -171,9 +127,10 @@ def candidates(
     ] or grid
 
 
-def choose_setting(dense_within: float | None, arm: str, results: Sequence[Mapping[str, Any]]) -> int:
-    """The tuning pick among every candidate ``arm`` has run (validation only, :func:`pick_candidate`)."""
-    return pick_candidate(results, dense_within)
+def choose(arm: str, results: Sequence[Mapping[str, Any]], dense_within: float | None = None) -> int:
+    """The tuning pick among every candidate ``arm`` has run, on validation only:
+    ``argmin_{i in dense_eligible(results, dense_within)} tune_score_i`` (the first of equals)."""
+    return min(dense_eligible(results, dense_within), key=lambda i: results[i]["tune_score"])
 
 
 def submit_job(
@@ -197,75 +154,54 @@ def submit_job(
 
 
 def protocol(
-    cfg: SparseLMConfig,
-    data: dict[str, Any],
-    tokenizer: str,
-    chosen: Mapping[str, MethodConfig],
-    grids: Mapping[str, list[dict]],
-    final: Mapping[str, list[dict]],
-    criterion: str,
+    cfg: SparseLMConfig, data: Mapping[str, Any], tokenizer: str, outcome: Outcome
 ) -> dict[str, Any]:
-    """The results' protocol block, from the config, the data and the tuning outcome."""
-    ctx, train = cfg.model.n_positions, data["train"]
-    n_val, n_test = data["val"].shape[0], data["test"].shape[0]
-    steps = cfg.train.total_steps(len(train))
-    first = final[next(iter(final))][0]
+    """The results' protocol block: the data's sizes, the trained model and the tuning outcome (the
+    config, beside it in results.json, holds the rest)."""
+    ctx, n_train = cfg.model.n_positions, int(data["train"].shape[0])
+    n_val, n_test = int(data["val"].shape[0]), int(data["test"].shape[0])
+    steps = cfg.train.total_steps(n_train)
+    chosen = {k: m.optimizer for k, m in outcome.tuned.chosen.items()}
+    first = next(iter(outcome.tuned.per_seed.values()))[0]
+    tuning = f"validation novel only ({n_val} blocks), seed {cfg.tune_seed}, "
+    tuning += criterion_text(cfg.tune_on, cfg.tune_dense_within)
+    tuning += f"; lr from {cfg.lr_from}" if cfg.lr_from else ""
     return {
-        "corpus": cfg.corpus,
         "split": "test (tuning on validation only)",
         "tokenizer": tokenizer,
         "vocab": data["vocab"],
-        "context": ctx,
         "model": f"GPT-2 {cfg.model.n_layer} layers x {cfg.model.n_embd}, {first['params']:,} parameters",
-        "train_blocks": int(train.shape[0]),
+        "train_blocks": n_train,
         "steps": steps,
         "tokens_seen": steps * cfg.train.batch_size * ctx,
-        "epochs": round(steps * cfg.train.batch_size / int(train.shape[0]), 3),
-        "lr": {k: m.optimizer.lr for k, m in chosen.items()},
-        "alpha": {k: m.optimizer.alpha for k, m in chosen.items()},
-        "weight_decay": {k: m.optimizer.weight_decay for k, m in chosen.items()},
-        "tuning": (
-            f"validation novel only ({int(n_val)} blocks), seed {cfg.tune_seed}, {criterion}"
-            + (f"; lr from {cfg.lr_from}" if cfg.lr_from else "")
-            if cfg.tune
-            else "none (the specs' own lr / alpha)"
-        ),
-        "n_val_blocks": int(n_val),
-        "n_test_blocks": int(n_test),
-        "n_eval_tokens": int(n_test * (ctx - 1)),
+        "epochs": round(steps * cfg.train.batch_size / n_train, 3),
+        **{key: {k: getattr(o, key) for k, o in chosen.items()} for key in ("lr", "alpha", "weight_decay")},
+        "tuning": tuning if cfg.tune else "none (the specs' own lr / alpha)",
+        "n_val_blocks": n_val,
+        "n_test_blocks": n_test,
+        "n_eval_tokens": n_test * (ctx - 1),
         "seeds": list(cfg.seeds),
         "tune_seed": cfg.tune_seed if cfg.tune else None,
-        "candidates": {k: len(g) for k, g in grids.items()},
+        "candidates": {k: len(g) for k, g in outcome.grids.items()},
         "pruning": "one-shot, layer-wise magnitude, block Linear/Conv1D weights; embeddings and head dense",
         "claims": f"seed-level intervals over (seeds x test blocks); matched-ols: the slope from the "
-        f"{sum(len(g) for g in grids.values())} tuning runs' validation NLLs; seed-spread "
+        f"{sum(len(g) for g in outcome.grids.values())} tuning runs' validation NLLs; seed-spread "
         f"limit {100 * cfg.seed_spread:g} %",
     }
 
 
-def _cells(run: RunDir, jobs: list[dict]) -> torch.Tensor:
-    """``[seeds, levels, test blocks]`` per-block test NLLs of one method's final runs, from the saved arrays."""
-    return torch.stack([torch.as_tensor(load_arrays(run.path / j["nll"])["test"]) for j in jobs])
-
-
-def cell_store(
-    cfg: SparseLMConfig, cells: Mapping[str, torch.Tensor], final: Mapping[str, list[dict]], grid: list[dict]
-) -> CellStore:
-    """The claims' cells under the design record (methods, levels 0 + ``sparsities``, seeds, test blocks,
-    claim levels and the tuning grid): ``nll/<method>/<level>`` ``[seeds, blocks]`` test NLLs, and per
-    method the fraction of each block matrix's weights below the threshold (``frac_below/<method>``) and
-    its excess kurtosis (``kurtosis/<method>``), ``[seeds, matrices]``, of the trained dense models."""
-    levels = [0.0, *cfg.sparsities]
-    blocks = int(next(iter(cells.values())).shape[-1])
-    design = Design(
-        tuple(cells), tuple(levels), tuple(cfg.seeds), blocks, design_extra(config_to_dict(cfg), grid)
-    )
-    store = CellStore(design)
-    for label, nll in cells.items():
-        for i, p in enumerate(levels):
-            store.put(NLL, label, p, nll[:, i].double().numpy())
+def cell_store(cfg: SparseLMConfig, outcome: Outcome) -> CellStore:
+    """The claims' cells under the design record (:func:`~.config.design`, with the number of test blocks
+    and the tuning grid): ``nll/<method>/<level>`` ``[seeds, blocks]`` test NLLs, and per method the
+    fraction of each block matrix's weights below the threshold (``frac_below/<method>``) and its excess
+    kurtosis (``kurtosis/<method>``), ``[seeds, matrices]``, of the trained dense models."""
+    blocks = int(next(iter(outcome.cells.values())).shape[-1])
+    extra = design_extra(config_to_dict(cfg), outcome.tuning_runs)
+    store = CellStore(replace(design(cfg), examples=blocks, extra=extra))
+    for label, nll in outcome.cells.items():
+        for i, p in enumerate(store.conditions(numeric=True)):
+            store.put(NLL, label, p, nll[:, i])
         for stat in ("frac_below", "kurtosis"):
-            store.put(
-                stat, label, None, np.asarray([j["shape"][stat] for j in final[label]], dtype=np.float64)
-            )
+            runs = outcome.tuned.per_seed[label]
+            store.put(stat, label, None, np.asarray([r["shape"][stat] for r in runs], dtype=np.float64))
     return store
