@@ -425,14 +425,15 @@ def test_the_paper_like_arm_prunes_the_block_linears_only(tmp_path) -> None:
 
 
 def test_the_tuning_plan_is_the_toolkits_rounds_from_the_config() -> None:
-    """run.tuning_plan: one round over the methods with a choice (a one-candidate method starts at it and
+    """run.start_settings and run.tuning_plan: one round over the methods with a choice (a one-candidate method starts at it and
     trains no tuning run); with lr_from, that method's lr x α first, then the others' α at its chosen lr;
     the dense reference outside ``methods`` is an untuned arm; without tuning, no round."""
-    from descentlab.experiments.sparse_vit.run import tuning_plan
+    from descentlab.experiments.sparse_vit.run import start_settings, tuning_plan
 
     def plan(*overrides: str):
         base = [o for o in MICRO if not o.startswith("tune_lr_by")]
-        return tuning_plan(resolve_config(SparseViTConfig, overrides=base + list(overrides)))
+        cfg = resolve_config(SparseViTConfig, overrides=base + list(overrides))
+        return start_settings(cfg), tuning_plan(cfg)
 
     start, tp = plan("tune_lr_by={adamw: [0.003, 0.001]}")
     assert [r.arms for r in tp.rounds] == [("adamw", "horst", "ham")] and tp.tune_seed == 7

@@ -12,14 +12,9 @@ Cells (a :class:`~descentlab.study.cells.CellStore`, ``arrays/cells.npz`` with i
   tensors]``), the fraction of its entries with ``|w| <`` the threshold and its excess kurtosis, read when
   the final pruning sees the weights (the end of the last decompressed phase). Each tensor counts once,
   whatever its size.
-* the design's ``extra``: ``claim_sparsity``, ``paper_like_sparsity``, ``dense`` and ``prune``, the run's
-  prunable set (``all``: every Linear/Conv weight; ``blocks``: the block Linears).
+* the design's ``extra`` (``config.design``): the levels, the dense arm and the prunable set ``prune``.
 
 Runs saved before the store (a flat ``arrays/claims.npz``) are read by ``legacy.py``.
-
-A run whose prunable set is the block Linears (the ``full-paper-like`` preset, tuned in that setting) is
-the paper-like arm itself: its cells at ``paper_like_sparsity`` judge ``paper-like``, every other row names
-the set, and the primary endpoint (every Linear/Conv prunable) is not in it, the reason naming both sets.
 
 A difference of accuracies is ``mean(c_a − c_b)`` over the cells; its interval is the seed-level one of the
 engine (:func:`~descentlab.report.stats.paired_interval`). Accuracies are fractions: 0.01 is one point.
@@ -30,14 +25,7 @@ large sparse-accuracy advantage, and it is about twice the seed-to-seed sd of on
 (0.1–0.6 points at 98–99 % in the committed run). Weight shape: 0.01 of the weights below the threshold (one percentage point),
 and 3 units of excess kurtosis (the distance from a Gaussian to a Laplace, a change of shape class).
 
-Power, declared before the full run. The pilot is the earlier protocol's full run (seeds 0-2, the same
-model, data, budget and prunable set, apart from the tuning seed 1000 and the evaluation seeds 100-107):
-at 99 % its per-seed test accuracies had sd 0.23 points (AdamW) and 0.55 (HORST). Its per-seed pairs were
-not saved, so the sd of the paired difference is taken as if the two were independent, √(0.23² + 0.55²) =
-0.60 points. With the full preset's 8 evaluation seeds the seed-level minimum detectable effect (80 %
-power, 95 % t interval) is 2.365 · 0.60 / √8 · (1.96 + 0.84) / 1.96 = 0.71 points, under the 1-point
-smallest effect of interest: the run can reproduce a 1-point gain, and refute one only if the true
-difference is near 0. The earlier run's means differed by +1.03 points.
+Power, declared before the full run: docs/results/sparse-vit.md ("Power, declared before the run").
 
 Power of the paper-like run (``full-paper-like``: block Linears at 90 %, 6 fresh seeds 200-205), declared
 before it. The pilot is the earlier protocol's run on the same prunable set (commit cf00da3, seeds 0-2, the
@@ -49,13 +37,8 @@ so each row can be reproduced or refuted. That pilot's means differed by +0.09 (
 (HORST − HAM) points, and AC/DC cost AdamW 0.8 points against its dense model: the regime control is
 expected to fail at 3 points here, which is what the ``full`` preset's prunable set was chosen to avoid.
 
-Power of the levels run (``full-levels``: 98, 99 and 99.5 %, AdamW and HORST at ``full``'s choices, 6 fresh
-seeds 300-305), declared before it. The pilot is the ``full`` run: its 8 per-seed differences HORST −
-AdamW at 99 % had sd 0.71 points, taken for every level (the other levels have no seed-level pilot). With 6
-seeds the MDE is 2.571 · 0.71 / √6 · 2.80 / 1.96 = 1.06 points, at the 1-point smallest effect of interest:
-a row can be refuted when its estimate sits near 0 or below, and a 1-point gain is detected with a little
-under 80 % power. ``full``'s means differed by −0.44 at 99 %; the earlier protocol's (3 seeds, every
-method at AdamW's lr 4e-3) by +0.61 at 98 % and +1.13 at 99.5 %.
+Power of the levels run (``full-levels``), declared before it: docs/results/sparse-vit.md ("Declared before
+the run" of ``full-levels``).
 """
 
 from __future__ import annotations
@@ -70,7 +53,7 @@ from descentlab.experiments.sparse_vit.config import DENSE, PAPER_LIKE
 from descentlab.experiments.sparse_vit.legacy import legacy_store
 from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
 from descentlab.report.fidelity import Deviation, Fidelity, NotTested, percent, seeds
-from descentlab.study.cells import CELLS_FILE, CellStore
+from descentlab.study.cells import CellStore, require_store
 
 PAPER_SOURCE = "HORST paper, experiments (DeiT on ImageNet with AC/DC)"
 ACCURACY_SESOI = 0.01  # 1 point (module docs)
@@ -79,17 +62,11 @@ _SETS = {"all": "every Linear/Conv weight", "blocks": "the block Linears only"}
 
 
 def claim_arrays(run_dir: Path) -> CellStore | dict:
-    """The run's cell store; a run made before the store is read by :func:`legacy.legacy_store`; {} when the
-    run saved neither cells nor a config (every row pends)."""
-    store = CellStore.load(run_dir)  # an empty store is falsy: test for None
+    """The run's cell store, or a run's from before the store (:func:`legacy.legacy_store`: its cells, or
+    none at all); {} when the run saved neither cells nor a config (every row pends)."""
+    store = CellStore.load(run_dir)  # an empty store is falsy (a legacy run without cells): test for None
     store = legacy_store(run_dir) if store is None else store
     return {} if store is None else store
-
-
-def _store(arrays: Mapping[str, Any]) -> CellStore:
-    if not isinstance(arrays, CellStore):
-        raise MissingArrays(CELLS_FILE)
-    return arrays
 
 
 def _level(store: CellStore, name: str) -> float:
@@ -117,7 +94,7 @@ def _sparsities(store: CellStore) -> list[float]:
 def horst_adamw(arrays: Mapping[str, Any]) -> Iterator[Cells]:
     """HORST against AdamW at the claim sparsity, every Linear/Conv prunable; a run over another prunable
     set trained the right arms on the wrong weights, so it is not in this run, naming both sets."""
-    store = _store(arrays)
+    store = require_store(arrays)
     if (prune := _prunable(store)) != "all":
         raise NotInRun(
             f"the run's prunable set is {_SETS.get(prune, prune)} (acdc.prune={prune}); the primary compares "
@@ -129,14 +106,14 @@ def horst_adamw(arrays: Mapping[str, Any]) -> Iterator[Cells]:
 
 def horst_adamw_levels(arrays: Mapping[str, Any]) -> Iterator[Cells]:
     """HORST against AdamW at every other sparsity."""
-    store = _store(arrays)
+    store = require_store(arrays)
     at = _level(store, "claim_sparsity")
     levels = [p for p in _sparsities(store) if p != at]
     yield from [store.compare("correct", "horst", "adamw", p, label=_pct(store, p)) for p in levels]
 
 
 def horst_ham(arrays: Mapping[str, Any]) -> Iterator[Cells]:
-    store = _store(arrays)
+    store = require_store(arrays)
     at = _level(store, "claim_sparsity")
     yield store.compare("correct", "horst", "ham", at, label=_pct(store, at))
 
@@ -144,7 +121,7 @@ def horst_ham(arrays: Mapping[str, Any]) -> Iterator[Cells]:
 def paper_like(arrays: Mapping[str, Any]) -> Iterator[Cells]:
     """HORST against AdamW in the paper-like arm (block Linears only): the ``paper_like_seeds`` side arm's
     cells, or in a run whose prunable set is the block Linears, its cells at ``paper_like_sparsity``."""
-    store = _store(arrays)
+    store = require_store(arrays)
     at = _level(store, "paper_like_sparsity")
     arm = PAPER_LIKE if _prunable(store) != "blocks" else at
     if arm == PAPER_LIKE and PAPER_LIKE not in store.design.conditions:
@@ -156,7 +133,7 @@ def paper_like(arrays: Mapping[str, Any]) -> Iterator[Cells]:
 
 def regime(arrays: Mapping[str, Any]) -> Iterator[Cells]:
     """The dense AdamW against AdamW with AC/DC at every sparsity (same seeds, same test images)."""
-    store = _store(arrays)
+    store = require_store(arrays)
     if store.design.extra.get("dense") != "adamw":
         raise NotInRun("the run trained no dense AdamW arm (dense is not adamw in its config)")
     dense = np.asarray(store.get("correct", "adamw", DENSE), dtype=np.float64)
@@ -167,7 +144,7 @@ def regime(arrays: Mapping[str, Any]) -> Iterator[Cells]:
 
 def _shape(stat: str):
     def cells(arrays: Mapping[str, Any]) -> Iterator[Cells]:
-        store = _store(arrays)
+        store = require_store(arrays)
         at = _level(store, "claim_sparsity")
         yield store.compare(stat, "horst", "adamw", at, label=f"{_pct(store, at)}, before the final pruning")
 

@@ -19,49 +19,36 @@ PAPER_LIKE_METHODS = ("adamw", "horst")  # the methods of the paper-like arm
 DENSE, PAPER_LIKE = "dense", "paper-like"  # the conditions of the dense reference and of the paper-like arm
 # the weights a job saves: before the final pruning, and at the end
 BEFORE, FINAL = "before_final_pruning", "final"
+TIMM_SHAPE = ("depth", "embed_dim", "num_heads", "patch_size")  # TimmSetup's overrides of the model's sizes
 
 
 @dataclass
 class TimmSetup:
-    """The timm model and data pipeline of sparse-vit (all unused while ``model`` is None).
+    """The timm model and data pipeline of sparse-vit, DeiT's recipe by default (all unused while ``model`` is
+    None: the small ``transformers`` ViT of ``vit`` on the tensors of ``dataset``)."""
 
-    Attributes:
-        model: a timm model name (``deit_small_patch16_224``, ``deit_base_patch16_224``, ...); None: the small
-            ``transformers`` ViT of ``vit`` on the tensors of ``dataset``.
-        img_size: input resolution (crop size) of training and evaluation.
-        depth, embed_dim, num_heads, patch_size: overrides of the model's own sizes (None: the model's); a
-            small model of the same architecture, e.g. for a CPU check.
-        drop_path: stochastic depth rate (DeiT: 0.1).
-        activation_checkpointing: recompute each block in the backward pass (less memory, ~30 % more time).
-        auto_augment: timm's RandAugment policy string (DeiT: ``rand-m9-mstd0.5-inc1``); None: off.
-        re_prob: random-erasing probability (DeiT: 0.25).
-        scale_min: the smallest area fraction of the random resized crop (timm / DeiT: 0.08).
-        mixup, cutmix: Mixup / CutMix alphas (DeiT: 0.8, 1.0; 0: off).
-        label_smoothing: label smoothing of the soft targets (DeiT: 0.1).
-        eval_crop_pct: centre-crop fraction of evaluation (resize to ``img_size / eval_crop_pct``, crop).
-        eval_batch_size: images per evaluation batch.
-    """
-
-    model: str | None = None
-    img_size: int = 224
+    model: str | None = None  # a timm model name: deit_small_patch16_224, deit_base_patch16_224, ...
+    img_size: int = 224  # input resolution (crop size) of training and evaluation
+    # TIMM_SHAPE: overrides of the model's own sizes (None: the model's), a small model of the same
+    # architecture, e.g. for a CPU check
     depth: int | None = None
     embed_dim: int | None = None
     num_heads: int | None = None
     patch_size: int | None = None
-    drop_path: float = 0.1
-    activation_checkpointing: bool = False
-    auto_augment: str | None = "rand-m9-mstd0.5-inc1"
-    re_prob: float = 0.25
-    scale_min: float = 0.08
-    mixup: float = 0.8
+    drop_path: float = 0.1  # stochastic depth rate
+    activation_checkpointing: bool = False  # recompute each block in backward: less memory, ~30 % more time
+    auto_augment: str | None = "rand-m9-mstd0.5-inc1"  # timm's RandAugment policy string; None: off
+    re_prob: float = 0.25  # random-erasing probability
+    scale_min: float = 0.08  # the smallest area fraction of the random resized crop
+    mixup: float = 0.8  # the Mixup and CutMix alphas (0: off)
     cutmix: float = 1.0
-    label_smoothing: float = 0.1
-    eval_crop_pct: float = 0.875
-    eval_batch_size: int = 256
+    label_smoothing: float = 0.1  # of the soft targets
+    eval_crop_pct: float = 0.875  # evaluation resizes to img_size / eval_crop_pct, then centre-crops img_size
+    eval_batch_size: int = 256  # images per evaluation batch
 
     def __post_init__(self) -> None:
-        sizes = {k: getattr(self, k) for k in ("img_size", "depth", "embed_dim", "num_heads", "patch_size")}
-        if any(v is not None and v < 1 for v in sizes.values()) or self.eval_batch_size < 1:
+        sizes = {k: getattr(self, k) for k in ("img_size", *TIMM_SHAPE, "eval_batch_size")}
+        if any(v is not None and v < 1 for v in sizes.values()):
             raise ConfigError(f"timm sizes and eval_batch_size must be >= 1, got {sizes}")
         fractions = {k: getattr(self, k) for k in ("drop_path", "re_prob", "label_smoothing")}
         if any(not 0.0 <= v < 1.0 for v in fractions.values()):
@@ -89,7 +76,7 @@ class SparseViTConfig:
             own α); used when ``tune`` is true. A chosen value at an edge of its grid is flagged in a note.
         tune_lr_by: label -> its own lr candidates, replacing ``tune_lr`` for that label (e.g. AdamW tunes 4
             lrs where HORST and HAM tune 2 lrs x 2 α). Every compared method gets the same number of
-            candidates (``train.tuning.check_equal_budgets``); a method with one candidate is not tuned.
+            candidates (``check_equal_budgets``); a method with one candidate is not tuned.
         tune_seed: the seed every tuning run trains from; never one of ``seeds`` or ``paper_like_seeds``, and
             no tuning run is reported.
         lr_from: with tuning, the label whose lr is tuned (over its lrs) first; every other method takes
@@ -101,9 +88,8 @@ class SparseViTConfig:
             with AC/DC over the block Linears only (``acdc.prune=blocks``) at this sparsity, one run per
             seed; no seeds: no such arm (its claim is then pending).
         workers, threads: (spawned) job processes, and torch threads in each (0: torch's default).
-        timm: a timm model (DeiT) on the image folder ``dataset`` through timm's data pipeline, in place of
-            the small ViT of ``vit`` (:class:`TimmSetup`, run by ``jobs.py``; the
-            ``paper`` preset). ``timm.model`` null: the small ViT.
+        timm: a timm model (DeiT) on the image folder ``dataset`` in place of the small ViT of ``vit``
+            (:class:`TimmSetup`; the ``paper`` preset).
     """
 
     dataset: str = "fashion_mnist"
@@ -242,12 +228,8 @@ def design(cfg: SparseViTConfig) -> Design:
 
 
 # The primary endpoint's run: every Linear/Conv weight prunable, at 99 % (with the block Linears only,
-# or below 98 %, AC/DC costs AdamW < 3 points here: docs/sparse-vit.md, "Regime"). 12 tuning runs on
-# tune_seed, then 8 fresh evaluation seeds (100-107) x (3 optimizers at 99 % + AdamW dense): 44 runs of
-# about 2.3 worker-minutes each (the earlier protocol's 38 runs took 42 min 58 s on 2 workers), about
-# 50 min on 2 idle cores. One level only: a seed costs about 4.5 min, so 8 seeds fit the hour, where
-# three levels (10 runs a seed) would allow 4. The other levels are not run (their claim reads "pending");
-# the paper-like arm is the full-paper-like preset below; the power is declared in claims.py.
+# or below 98 %, AC/DC costs AdamW < 3 points here: docs/sparse-vit.md, "Regime"). One level only, so that
+# 8 fresh evaluation seeds fit the hour; its protocol, cost and power: docs/results/sparse-vit.md.
 FULL = {
     "n_train": 55000,
     "n_val": 5000,
@@ -263,8 +245,7 @@ FULL = {
     "method.optimizer.lr": 2e-3,
     "method.optimizer.schedule": "warmup_cosine",
     "method.optimizer.warmup_frac": 0.05,
-    # AC/DC in steps, the reference fractions of 6,000 steps: dense 600, 13 alternating phases of 300,
-    # decompressed 600, compressed 900 to the end
+    # AC/DC in steps: the reference fractions (10 / 5 / 10 / 15 %) of 6,000 steps
     "acdc.prune": "all",
     "acdc.unit": "steps",
     "acdc.warmup": 600,
@@ -300,14 +281,10 @@ PRESETS = {
     },
     "full": FULL,
     # The paper-like arm as its own run: AC/DC over the block Linears only (this project's choice for ViTs;
-    # the paper does not state its prunable set) at 90 %, everything else as in ``full``, AdamW, HORST and HAM
-    # each tuned in this setting (4 candidates on tune_seed, at 90 %), then 6 fresh evaluation seeds (200-205;
-    # the pilot and the MDE are in claims.py): 12 tuning + 6 x (3 sparse + AdamW dense) = 36 runs of about 2.3
-    # worker-minutes, about 41 min on 2 idle cores. Its headline row is ``paper-like``; the primary endpoint
-    # has no comparison in it. The grids come from the earlier protocol's validation scores in this setting
-    # (commit cf00da3, seed 0, neither a tuning nor an evaluation seed here): AdamW best at lr 2e-3 of {1, 2,
-    # 4}e-3, HORST's two best α 1 and 10, HAM's 1000 and 200, all at lr 2e-3; so every method's lrs bracket
-    # 2e-3 from above
+    # the paper does not state its prunable set) at 90 %, everything else as in ``full``, each method tuned
+    # in this setting, then 6 fresh evaluation seeds (the power is in claims.py). The grids bracket 2e-3 from
+    # above: in the earlier protocol's validation scores in this setting (commit cf00da3, seed 0) AdamW was
+    # best at lr 2e-3 of {1, 2, 4}e-3, HORST's two best α were 1 and 10, HAM's 1000 and 200, all at lr 2e-3
     "full-paper-like": FULL
     | {
         "acdc.prune": "blocks",
@@ -320,12 +297,8 @@ PRESETS = {
         "tune_lr_by": {"adamw": [1.5e-3, 2e-3, 3e-3, 4e-3]},
         "tune_alpha": {"horst": [1.0, 10.0], "ham": [200.0, 1000.0]},
     },
-    # The other levels, and the primary again on fresh seeds: AdamW and HORST at 98, 99 and 99.5 %, every
-    # Linear/Conv prunable, no tuning: each method at what `full` chose on its tuning seed at 99 % (AdamW lr
-    # 8e-3; HORST lr 3e-3, α 1), 6 fresh seeds 300-305. No HAM and no dense run (the regime control was
-    # judged in `full`): 3 levels x 2 methods x 6 seeds = 36 runs of about 2.3 worker-minutes, about 41 min
-    # on 2 idle cores. Its claims table repeats the primary at 99 % (secondary evidence here: the primary is
-    # judged once, on `full`); the power is declared in claims.py
+    # The other levels, and the primary again on 6 fresh seeds: AdamW and HORST untuned at what `full` chose
+    # at 99 %, no HAM and no dense run (docs/results/sparse-vit.md, `full-levels`)
     "full-levels": FULL
     | {
         "methods": ["adamw", "horst"],
@@ -336,17 +309,10 @@ PRESETS = {
         "method.optimizer.lr": 8e-3,
         "specs.horst": "optimizer.name=horst optimizer.alpha=1.0 optimizer.beta=0.0 optimizer.lr=3e-3",
     },
-    # The moonshot's search (a regime where HORST leads AdamW by >= 2 points at >= 95 %), on tuning seeds
-    # only: the one lead left after the probes (docs/results/sparse-vit.md, "Moonshot") is width 128, where
-    # HORST led by 0.96 validation points at width 64's choices. Here AdamW and HORST each tune 4 candidates
-    # at width 128 on tune_seed 1000 (AdamW 4 lrs; HORST 2 lrs x 2 α), every Linear/Conv at 99 %, and each
-    # chosen setting then trains once from seed 1001, a second tuning seed (never an evaluation seed of any
-    # preset). The rule, declared before the run: a regime is declared (and only then run on fresh seeds) if
-    # HORST - AdamW >= 2 validation points on seed 1001, where no candidate was chosen; else the page says
-    # what was searched. Test images are scored by the run but are not read. The probe at width 128 took
-    # about 6 worker-minutes a job: 8 tuning + 2 runs, about 32 min on 2 idle cores. AdamW's grid goes
-    # below width 64's choice (8e-3, which lost 0.74 validation points at width 128), HORST's brackets its
-    # width-64 choice (lr 3e-3, α 1)
+    # The moonshot's search at width 128 (a regime where HORST leads AdamW by >= 2 points at >= 95 %), on
+    # tuning seeds only: 4 candidates each on tune_seed 1000, every chosen setting then once from seed 1001
+    # (no preset's evaluation seed); the rule declared before it ran and its outcome:
+    # docs/results/sparse-vit.md, "Moonshot"
     "moonshot-search-w128": FULL
     | {
         "vit.hidden_size": 128,

@@ -1,33 +1,30 @@
 """sparse-vit's job: train one ViT with one method (AC/DC at one sparsity, or dense) and evaluate it.
 
 Top level and picklable, so the jobs can run in worker processes; each process loads the image splits once
-(:func:`load_data`, the pool's initializer).
-
-Two model and data paths, chosen by ``timm.model``. None: the small ``transformers`` ViT of ``vit`` on the
-tensors of ``dataset``. Set (the ``paper`` preset, a DeiT): that timm model
-(:func:`~descentlab.models.timm_vit.build_timm_classifier`, random init) on the image folder ``dataset``
-(:func:`~descentlab.data.image_folder.folder_splits`: ``train/`` minus a fixed validation draw for training
-and tuning, ``val/`` for test), decoded and augmented in ``fit``'s DataLoader workers with DeiT's recipe
-through timm (:class:`~descentlab.experiments.sparse_vit.config.TimmSetup`), Mixup / CutMix on each
-micro-batch (:class:`~descentlab.data.image_folder.MixupCollate`); evaluation resizes, centre-crops and
-reads each image once, in batches, under bf16 autocast when training used it.
+(:func:`load_data`, the pool's initializer). ``timm.model`` None: the small ``transformers`` ViT of ``vit`` on
+the tensors of ``dataset``; set (the ``paper`` preset): that timm model, random init, on the image folder
+``dataset`` through DeiT's recipe (:class:`~descentlab.experiments.sparse_vit.config.TimmSetup`);
+evaluation reads each image once, in batches, under bf16 autocast when training used it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 from torch import nn
+from torch.utils.data import DataLoader
 
-from descentlab.data.image_folder import FolderImages
+from descentlab.data.image_folder import FolderImages, MixupCollate, folder_splits, pillow_safe
 from descentlab.data.images import ImageSet, load_image_splits
-from descentlab.experiments.sparse_vit.config import BEFORE, FINAL, SparseViTConfig, TimmSetup
+from descentlab.experiments.sparse_vit.config import BEFORE, FINAL, TIMM_SHAPE, SparseViTConfig, TimmSetup
 from descentlab.io import atomic_write_text, load_arrays
+from descentlab.models.timm_vit import build_timm_classifier
+from descentlab.models.vit import build_vit, correct_predictions
 from descentlab.sparsity import select_prunable, sparsity_report
 from descentlab.sparsity.report import tensor_shape_stats
 from descentlab.train.checkpoint import load_latest
@@ -35,19 +32,41 @@ from descentlab.train.loop import fit, seed_everything
 from descentlab.train.recipe import MethodConfig, build_recipe, prunable_filter
 from descentlab.train.rundir import RunDir
 
+
+@dataclass
+class Outcome:
+    """What a run gathered, every job list in seed order.
+
+    Attributes:
+        sparse: method -> sparsity -> its jobs; dense: method -> its dense reference's jobs; paper_like:
+            method -> the paper-like arm's jobs (on ``paper_like_seeds``).
+        grids: method -> the tuning-seed job of every tuning candidate (a method with one has no entry).
+        picks: method -> the index of its chosen candidate in ``grids``.
+        weights: label (``<method>`` or ``<method>-dense``) -> the weights file the histograms read.
+    """
+
+    sparse: dict[str, dict[float, list[dict]]]
+    dense: dict[str, list[dict]]
+    paper_like: dict[str, list[dict]]
+    grids: dict[str, list[dict]]
+    picks: dict[str, int]
+    weights: dict[str, str]
+
+
 # the splits, loaded once per process (main, or each worker): tensors, or an image folder read on demand
 DATA: dict[str, ImageSet | FolderImages] = {}
 
 
 def load_data(cfg: SparseViTConfig) -> str:
     """Load the train / val / test splits into :data:`DATA`; returns the dataset's name. With ``timm.model``
-    they are the image folder's, decoded on demand (the timm path)."""
+    they are the image folder's (:func:`~descentlab.data.image_folder.folder_splits`: ``train/`` minus a fixed
+    validation draw, ``val/`` for test), decoded on demand with timm's transforms."""
+    sizes = {"n_train": cfg.n_train, "n_val": cfg.n_val, "n_test": cfg.n_test, "split_seed": cfg.split_seed}
     if uses_timm(cfg):
-        data, name = load_folder_data(cfg)
+        data, classes = folder_splits(cfg.dataset, **sizes, **_transforms(cfg.timm))
+        name = f"image folder {cfg.dataset} ({len(classes)} classes)"
     else:
-        data, name = load_image_splits(
-            cfg.dataset, n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test, split_seed=cfg.split_seed
-        )
+        data, name = load_image_splits(cfg.dataset, **sizes)
     DATA.update(data)
     return name
 
@@ -69,7 +88,8 @@ def train_job(
     end. The result holds every test image's correctness (``test_correct``), the cells of the claims.
     """
     seed_everything(seed)
-    classes = num_classes(cfg, DATA)
+    # the head's classes: the folder's class folders (timm path), else vit.num_labels
+    classes = len(DATA["train"].classes) if uses_timm(cfg) else cfg.vit.num_labels
     model = build_model(cfg, seed, classes)  # the small transformers ViT, or timm's (timm.model)
     train_cfg = replace(cfg.train, seed=seed)
     n_train = len(DATA["train"])
@@ -135,55 +155,31 @@ def uses_timm(cfg: SparseViTConfig) -> bool:
     return cfg.timm.model is not None
 
 
-def _transforms(spec: TimmSetup) -> tuple[Any, Any]:
+def _transforms(spec: TimmSetup) -> dict[str, Any]:
+    """``folder_splits``' transforms: DeiT's training augmentation, and resize + centre crop to evaluate."""
     from timm.data import create_transform
 
-    from descentlab.data.image_folder import pillow_safe
-
     # Pillow 13 refuses the 0-bit posterize that RandAugment's top magnitudes ask for (pillow_safe)
-    train = pillow_safe(
-        create_transform(
-            input_size=spec.img_size,
-            is_training=True,
-            scale=(spec.scale_min, 1.0),
-            auto_augment=spec.auto_augment,
-            interpolation="bicubic",
-            re_prob=spec.re_prob,
-            re_mode="pixel",
-            re_count=1,
-        )
+    train = create_transform(
+        input_size=spec.img_size,
+        is_training=True,
+        scale=(spec.scale_min, 1.0),
+        auto_augment=spec.auto_augment,
+        interpolation="bicubic",
+        re_prob=spec.re_prob,
+        re_mode="pixel",
+        re_count=1,
     )
     evaluation = create_transform(
         input_size=spec.img_size, is_training=False, interpolation="bicubic", crop_pct=spec.eval_crop_pct
     )
-    return train, evaluation
-
-
-def load_folder_data(cfg: SparseViTConfig) -> tuple[dict[str, Any], str]:
-    """The train / val / test splits of the folder ``cfg.dataset`` with timm's transforms, and its name."""
-    from descentlab.data.image_folder import folder_splits
-
-    train_tf, eval_tf = _transforms(cfg.timm)
-    data, classes = folder_splits(
-        cfg.dataset,
-        n_train=cfg.n_train,
-        n_val=cfg.n_val,
-        n_test=cfg.n_test,
-        split_seed=cfg.split_seed,
-        train_transform=train_tf,
-        eval_transform=eval_tf,
-    )
-    return data, f"image folder {cfg.dataset} ({len(classes)} classes)"
+    return {"train_transform": pillow_safe(train), "eval_transform": evaluation}
 
 
 def build_model(cfg: SparseViTConfig, seed: int, num_classes: int) -> nn.Module:
     """The model of one run: the timm classifier, or the small ``transformers`` ViT of ``cfg.vit``."""
     if not uses_timm(cfg):
-        from descentlab.models.vit import build_vit
-
         return build_vit(cfg.vit, seed=seed)
-    from descentlab.models.timm_vit import build_timm_classifier
-
     spec = cfg.timm
     return build_timm_classifier(
         spec.model,
@@ -191,11 +187,7 @@ def build_model(cfg: SparseViTConfig, seed: int, num_classes: int) -> nn.Module:
         seed=seed,
         drop_path=spec.drop_path,
         activation_checkpointing=spec.activation_checkpointing,
-        img_size=spec.img_size,
-        depth=spec.depth,
-        embed_dim=spec.embed_dim,
-        num_heads=spec.num_heads,
-        patch_size=spec.patch_size,
+        **{k: getattr(spec, k) for k in ("img_size", *TIMM_SHAPE)},
     )
 
 
@@ -206,8 +198,6 @@ def train_collate(cfg: SparseViTConfig, seed: int, num_classes: int) -> Any:
     is seeded by the DataLoader)."""
     if not uses_timm(cfg):
         return None
-    from descentlab.data.image_folder import MixupCollate
-
     np.random.seed(seed)
     spec = cfg.timm
     return MixupCollate(num_classes, mixup=spec.mixup, cutmix=spec.cutmix, smoothing=spec.label_smoothing)
@@ -223,11 +213,7 @@ def correct_on(cfg: SparseViTConfig, model: nn.Module, data: Any) -> torch.Tenso
     """
     device = next(model.parameters()).device
     if not uses_timm(cfg):
-        from descentlab.models.vit import correct_predictions
-
         return correct_predictions(model, data.x.to(device), data.y.to(device)).cpu()
-    from torch.utils.data import DataLoader
-
     loader = DataLoader(
         data,
         batch_size=cfg.timm.eval_batch_size,
@@ -249,16 +235,11 @@ def correct_on(cfg: SparseViTConfig, model: nn.Module, data: Any) -> torch.Tenso
     return torch.cat(hits).cpu()
 
 
-def num_classes(cfg: SparseViTConfig, data: dict[str, Any]) -> int:
-    """Classes of the head: the folder's class folders (timm path), else ``vit.num_labels``."""
-    return len(data["train"].classes) if uses_timm(cfg) else cfg.vit.num_labels
-
-
 def describe_model(cfg: SparseViTConfig) -> str:
     """The model in the protocol table."""
     if not uses_timm(cfg):
         return f"ViT {cfg.vit.num_layers}x{cfg.vit.hidden_size}, patch {cfg.vit.patch_size}"
     spec = cfg.timm
-    sizes = {k: getattr(spec, k) for k in ("depth", "embed_dim", "num_heads", "patch_size")}
+    sizes = {k: getattr(spec, k) for k in TIMM_SHAPE}
     shrunk = ", ".join(f"{k} {v}" for k, v in sizes.items() if v is not None)
     return f"timm {spec.model}{f' ({shrunk})' if shrunk else ''}, {spec.img_size} px, random init"

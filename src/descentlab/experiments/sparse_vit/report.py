@@ -15,6 +15,7 @@ import numpy as np
 
 from descentlab.experiments.sparse_vit import claims
 from descentlab.experiments.sparse_vit.config import BEFORE, FINAL, SparseViTConfig
+from descentlab.experiments.sparse_vit.jobs import Outcome
 from descentlab.io import load_arrays
 from descentlab.report.results import Curve, MethodResult
 from descentlab.report.stats import mean_std, paired_interval
@@ -91,20 +92,10 @@ def method_blocks(
     return methods
 
 
-def summarise(
-    cfg: SparseViTConfig,
-    sparse: Mapping[str, Mapping[float, Sequence[Job]]],
-    dense: Mapping[str, Sequence[Job]],
-    grids: Mapping[str, Sequence[Job]],
-    picks: Mapping[str, int],
-    paper_like: Mapping[str, Sequence[Job]],
-) -> dict[str, Any]:
-    """``tables``, ``notes`` and ``selection`` of a run.
-
-    ``sparse``: ``{label: {sparsity: [job per seed]}}``; ``dense``: ``{label: [job per seed]}``; ``grids``:
-    label -> the tuning-seed job of every tuning candidate (a method with one candidate has no entry);
-    ``picks``: label -> the chosen index; ``paper_like``: label -> per-seed jobs of the paper-like arm.
-    """
+def summarise(cfg: SparseViTConfig, outcome: Outcome) -> dict[str, Any]:
+    """``methods``, ``tables``, ``notes`` and ``extra`` (the tuning ``selection`` and the ``histograms``'
+    weights files) of a run."""
+    sparse, dense = outcome.sparse, outcome.dense
     levels, top, at = list(cfg.sparsities), max(cfg.sparsities), cfg.claim_sparsity
     accuracy = Table(
         f"Test accuracy (%) against sparsity, mean ± std over seeds {list(cfg.seeds)}",
@@ -126,18 +117,16 @@ def summarise(
             sparsity = [r["checkpoint_sparsity"] for r in runs]
             checkpoints.add(label, f"{100 * s:g} %", f"{min(sparsity):.6f}", f"{max(sparsity):.6f}",
                             f"{min(blocks):.4f}–{max(blocks):.4f}")  # fmt: skip
-    tables = [accuracy, checkpoints]
     tuning = Table(
         f"Tuning on the validation split (sparsity {cfg.tune_sparsity:g}, tuning seed {cfg.tune_seed}, never an "
         "evaluation seed; accuracy %)",
         ["optimizer", "lr", "alpha", "val accuracy", "chosen"],
         [
-            [label, r["lr"], r["alpha"], f"{100 * r['val']:.2f}", "✓" if i == picks[label] else ""]
-            for label, runs in grids.items()
+            [label, r["lr"], r["alpha"], f"{100 * r['val']:.2f}", "✓" if i == outcome.picks[label] else ""]
+            for label, runs in outcome.grids.items()
             for i, r in enumerate(runs)
         ],
     )
-    tables += [tuning] if tuning.rows else []
     differences = Table(
         f"Paired per-seed differences at {100 * top:g} % (test accuracy points)",
         ["comparison", "per seed", "mean ± std", "HORST ahead"],
@@ -149,7 +138,6 @@ def summarise(
             ]
             differences.add(f"{a} - {b}", ", ".join(f"{d:+.2f}" for d in diffs),
                             pm(*_mean_std(diffs), 2, signed=True), f"{sum(d > 0 for d in diffs)}/{len(diffs)}")  # fmt: skip
-    tables += [differences] if differences.rows else []
     shapes = Table(
         f"Prunable weights before the final pruning at {100 * at:g} % (dense: at the end): how peaked at 0, "
         "mean ± std over seeds",
@@ -159,19 +147,22 @@ def summarise(
     for name, jobs in series + [(f"{label} (dense, end)", runs) for label, runs in dense.items()]:
         if jobs[0].get("shape"):
             shapes.add(name, *(mean_sd([j["shape"][k] for j in jobs], 4, ddof=1) for k in SHAPE))
-    tables += [shapes] if shapes.rows else []
-    if paper_like:
-        tables.append(
-            Table(
-                f"Paper-like arm: AC/DC over the block Linears only at {100 * cfg.paper_like_sparsity:g} %, the "
-                "chosen settings; test accuracy (%), mean ± std over its seeds",
-                ["optimizer", "seeds", "test accuracy"],
-                [[k, len(runs), fmt_pct([r["test"] for r in runs])] for k, runs in paper_like.items()],
-            )
-        )
-    selection, edge_notes = selection_record(grids, picks)
+    paper_like = Table(
+        f"Paper-like arm: AC/DC over the block Linears only at {100 * cfg.paper_like_sparsity:g} %, the chosen "
+        "settings; test accuracy (%), mean ± std over its seeds",
+        ["optimizer", "seeds", "test accuracy"],
+        [[k, len(runs), fmt_pct([r["test"] for r in runs])] for k, runs in outcome.paper_like.items()],
+    )
+    tables = [accuracy, checkpoints, tuning, differences, shapes, paper_like]
+    selection, edge_notes = selection_record(outcome.grids, outcome.picks)
     notes = [f"Paper, for scale: {PAPER}."] if differences.rows else []  # the verdicts are the claims'
-    return {"tables": [t.to_dict() for t in tables], "notes": notes + edge_notes, "selection": selection}
+    histograms = {"bins": cfg.histogram_bins, "sparsity": at, "seed": cfg.seeds[0], "files": outcome.weights}
+    return {
+        "methods": method_blocks(sparse, dense),
+        "tables": [t.to_dict() for t in tables if t.rows],  # a table with no rows: nothing measured
+        "notes": notes + edge_notes,
+        "extra": {"histograms": histograms, "selection": selection},
+    }
 
 
 def paired_differences(store: Mapping[str, np.ndarray], levels: list[float]) -> dict[str, list[tuple]]:
