@@ -132,3 +132,36 @@ def test_a_resumed_map_reads_finished_points_back_and_refuses_a_changed_one(swee
     with pytest.raises(ConfigError, match="move it away"):
         run_experiment("regime-map", resume=path, out=path.parent)
     (point / "config.json").write_text(json.dumps(saved))
+
+
+def test_a_finished_point_is_read_back_only_when_it_is_the_point_the_config_asks_for(tmp_path: Path) -> None:
+    from descentlab.experiments.regime_map.jobs import run_point
+
+    point = tmp_path / "horst-d32" / "sparse-lm-20260101-000000"
+    point.mkdir(parents=True)
+    (point / "config.yaml").write_text("{}\n")
+    (point / "status.json").write_text(json.dumps({"state": "done"}))
+    (point / "config.json").write_text(json.dumps({"preset": "quick", "overrides": ["model.n_embd=24"]}))
+    with pytest.raises(ConfigError, match="move it away"):
+        run_point(tmp_path, "horst-d32", "sparse-lm", "quick", ["model.n_embd=32"])
+    # the same point is read back, not run again: this one saved no cells, which is all that is wrong with it
+    (point / "config.json").write_text(json.dumps({"preset": "quick", "overrides": ["model.n_embd=32"]}))
+    with pytest.raises(ConfigError, match="saved no cell store"):
+        run_point(tmp_path, "horst-d32", "sparse-lm", "quick", ["model.n_embd=32"])
+    assert sorted(p.name for p in point.iterdir()) == ["config.json", "config.yaml", "status.json"]
+
+
+def test_the_parameter_count_is_read_from_the_point_s_job_results(tmp_path: Path) -> None:
+    from descentlab.experiments.regime_map.jobs import trained_params
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "adamw-lr0.004-seed0.json").write_text(json.dumps({"params": 118_464, "tag": "a"}))
+    (jobs / "horst-lr0.004-seed0.json").write_text(json.dumps({"params": 118_464, "tag": "h"}))
+    (jobs / "horst-lr0.1-seed1000.json").write_text(
+        json.dumps({"diverged": "nan", "tag": "d"})
+    )  # records none
+    assert trained_params(tmp_path) == 118_464
+    (jobs / "adamw-lr0.004-seed1.json").write_text(json.dumps({"params": 335_232}))
+    with pytest.raises(ConfigError, match="not one"):
+        trained_params(tmp_path)

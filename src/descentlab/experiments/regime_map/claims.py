@@ -43,15 +43,14 @@ declared primary; no row here refutes the paper.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from descentlab.experiments.regime_map.config import condition
-from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
+from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays, NotInRun
 from descentlab.report.fidelity import Deviation, Fidelity, NotTested
-from descentlab.study.cells import CellStore
+from descentlab.study.cells import CellStore, load_store, require_store
 
 PPL_SESOI = 0.05
 PAPER_MAX_SPARSITY = 0.9  # the paper prunes GPT-2 small to 50-90 %
@@ -82,15 +81,7 @@ def prediction_weights(x: Sequence[float], x0: float) -> np.ndarray:
     return 1.0 / len(x) + (x0 - x.mean()) * trend_weights(x)
 
 
-def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
-    """The map's cell store ({} before the run saved it: every claim pends)."""
-    return CellStore.load(run_dir) or {}
-
-
-def _store(arrays: Arrays) -> CellStore:
-    if not isinstance(arrays, CellStore):
-        raise MissingArrays("the cell store (arrays/cells.npz and arrays/design.json)")
-    return arrays
+claim_arrays = load_store  # the map's cell store ({} before the run saved it: every claim pends)
 
 
 def horst_x(store: CellStore) -> tuple[list[str], np.ndarray]:
@@ -112,84 +103,70 @@ def depth_x(store: CellStore) -> tuple[list[int], np.ndarray]:
     return depths, np.log2(depths)
 
 
-def horst_gap(store: CellStore, size: str, p: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(n_H, n_A)`` at one width and sparsity, ``[seeds, blocks]``."""
-    at = condition("horst", size, p)
-    return (np.asarray(store.get("nll", "horst", at), np.float64),
-            np.asarray(store.get("nll", "adamw", at), np.float64))  # fmt: skip
-
-
-def contrast(store: CellStore, weights: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(Σ_k w_k n_H[k], Σ_k w_k n_A[k])`` at sparsity ``p`` over the HORST sizes."""
-    sizes, _ = horst_x(store)
-    pairs = [horst_gap(store, s, p) for s in sizes]
-    return (sum(w * h for w, (h, _) in zip(weights, pairs, strict=True)),
-            sum(w * a for w, (_, a) in zip(weights, pairs, strict=True)))  # fmt: skip
-
-
-def _levels(store: CellStore) -> list[float]:
+def levels(store: CellStore) -> list[float]:
+    """The pruned sparsities of every HORST size (0, the dense model, not among them)."""
     return [float(p) for p in store.design.extra.get("sparsities", [])]
 
 
-def horst_slope_primary(arrays: Arrays) -> Iterator[Cells]:
-    """The slope of HORST − AdamW at the primary sparsity, per decade of parameters."""
-    store = _store(arrays)
-    yield from _slope(store, float(store.design.extra["primary_sparsity"]))
+def horst_pair(store: CellStore, size: str, p: float, label: str = "") -> Cells:
+    """HORST against AdamW test NLL at one width and sparsity, ``(n_H, n_A)`` ``[seeds, blocks]``."""
+    return store.compare("nll", "horst", "adamw", condition("horst", size, p), label=label)
 
 
-def horst_slopes(arrays: Arrays) -> Iterator[Cells]:
-    """The same slope at every other sparsity."""
-    store = _store(arrays)
-    primary = float(store.design.extra["primary_sparsity"])
-    for p in _levels(store):
-        if p != primary:
-            yield from _slope(store, p)
+def weighted(pairs: Sequence[Cells], weights: np.ndarray, label: str) -> Cells:
+    """``(Σ_k w_k a_k, Σ_k w_k b_k)``: a linear contrast of paired rows (a slope, a fitted value) is itself
+    one pair of cells, so the engine's interval of it is the contrast's interval."""
+    a = sum(w * c.a for w, c in zip(weights, pairs, strict=True))
+    b = sum(w * c.b for w, c in zip(weights, pairs, strict=True))
+    return Cells(a, b, pairs[0].method, pairs[0].reference, label)
 
 
-def _slope(store: CellStore, p: float) -> Iterator[Cells]:
-    _, x = horst_x(store)
-    a, b = contrast(store, trend_weights(x), p)
-    yield Cells(a, b, "horst", "adamw", f"slope per decade of parameters, sparsity {100 * p:g} %")
-
-
-def horst_cells(arrays: Arrays) -> Iterator[Cells]:
-    """HORST against AdamW at every width and at the sparsities of the paper's range (up to 90 %)."""
-    yield from _horst_cells(_store(arrays), lambda p: p <= PAPER_MAX_SPARSITY)
-
-
-def horst_cells_beyond(arrays: Arrays) -> Iterator[Cells]:
-    """HORST against AdamW at every width, beyond the paper's range of sparsities."""
-    yield from _horst_cells(_store(arrays), lambda p: p > PAPER_MAX_SPARSITY)
-
-
-def _horst_cells(store: CellStore, keep: Callable[[float], bool]) -> Iterator[Cells]:
+def contrast(store: CellStore, weights: np.ndarray, p: float, label: str = "") -> Cells:
+    """``Σ_k w_k`` of HORST against AdamW over the HORST sizes at sparsity ``p``."""
     sizes, _ = horst_x(store)
-    for size in sizes:
-        for p in filter(keep, _levels(store)):
-            h, a = horst_gap(store, size, p)
-            yield Cells(
-                h,
-                a,
-                "horst",
-                "adamw",
-                f"{size} ({store.design.extra['params'][size]:,} params), {100 * p:g} %",
+    return weighted([horst_pair(store, s, p) for s in sizes], weights, label)
+
+
+def horst_slopes(primary: bool) -> CellFunction:
+    """The slope of HORST − AdamW per decade of parameters at the primary sparsity, or at every other."""
+
+    def cells(arrays: Arrays) -> Iterator[Cells]:
+        store = require_store(arrays)
+        at = float(store.design.extra["primary_sparsity"])
+        _, x = horst_x(store)
+        for p in [at] if primary else [p for p in levels(store) if p != at]:
+            yield contrast(
+                store, trend_weights(x), p, f"slope per decade of parameters, sparsity {100 * p:g} %"
             )
+
+    return cells
+
+
+def horst_cells(keep: Callable[[float], bool]) -> CellFunction:
+    """HORST against AdamW at every width and at the sparsities ``keep`` selects."""
+
+    def cells(arrays: Arrays) -> Iterator[Cells]:
+        store = require_store(arrays)
+        sizes, _ = horst_x(store)
+        params = store.design.extra["params"]
+        for size in sizes:
+            for p in filter(keep, levels(store)):
+                yield horst_pair(store, size, p, f"{size} ({params[size]:,} params), {100 * p:g} %")
+
+    return cells
 
 
 def constrained_slope(arrays: Arrays) -> Iterator[Cells]:
     """The slope of constrained − ERM noisy accuracy per doubling of depth."""
-    store = _store(arrays)
+    store = require_store(arrays)
     depths, x = depth_x(store)
-    w = trend_weights(x)
-    cells = [store.compare("noisy", "constrained", "erm", condition("constrained", d)) for d in depths]
-    a = sum(wk * np.asarray(c.a, np.float64) for wk, c in zip(w, cells, strict=True))
-    b = sum(wk * np.asarray(c.b, np.float64) for wk, c in zip(w, cells, strict=True))
-    yield Cells(a, b, "constrained", "erm", "slope per doubling of depth, gaussian γ >= 1")
+    pairs = [store.compare("noisy", "constrained", "erm", condition("constrained", d)) for d in depths]
+    yield weighted(pairs, trend_weights(x), "slope per doubling of depth, gaussian γ >= 1")
 
 
 def constrained_cells(arrays: Arrays) -> Iterator[Cells]:
     """Constrained against ERM at every depth (noisy accuracy)."""
-    store = _store(arrays)
+    store = require_store(arrays)
     depths, _ = depth_x(store)
     for d in depths:
         yield store.compare(
@@ -199,9 +176,9 @@ def constrained_cells(arrays: Arrays) -> Iterator[Cells]:
 
 def control(arrays: Arrays) -> Iterator[Cells]:
     """AdamW at the widest size, pruned to the highest level, against its dense model."""
-    store = _store(arrays)
+    store = require_store(arrays)
     sizes, _ = horst_x(store)
-    top = max(_levels(store))
+    top = max(levels(store))
     at_top = condition("horst", sizes[-1], top)
     dense = condition("horst", sizes[-1], 0.0)
     yield Cells(store.get("nll", "adamw", at_top), store.get("nll", "adamw", dense),
@@ -213,7 +190,7 @@ CLAIMS = [
         name="horst-trend",
         description="HORST's advantage over AdamW after one-shot pruning to 90 % grows with model size (the "
         "slope of HORST − AdamW log-ppl on log10 parameters is negative)",
-        cells=horst_slope_primary,
+        cells=horst_slopes(primary=True),
         metric="test log-ppl per decade of parameters",
         direction="less",
         sesoi=PPL_SESOI,
@@ -224,7 +201,7 @@ CLAIMS = [
     ClaimSpec(
         name="horst-trend-other-levels",
         description="the same slope at the other sparsities",
-        cells=horst_slopes,
+        cells=horst_slopes(primary=False),
         metric="test log-ppl per decade of parameters",
         direction="less",
         sesoi=PPL_SESOI,
@@ -233,7 +210,7 @@ CLAIMS = [
     ClaimSpec(
         name="horst-adamw",
         description="after one-shot pruning, HORST's perplexity is below AdamW's, at every width and sparsity",
-        cells=horst_cells,
+        cells=horst_cells(lambda p: p <= PAPER_MAX_SPARSITY),
         metric="test log-ppl",
         direction="less",
         sesoi=PPL_SESOI,
@@ -243,7 +220,7 @@ CLAIMS = [
     ClaimSpec(
         name="horst-adamw-beyond",
         description="HORST's perplexity is below AdamW's beyond 90 % sparsity, at every width",
-        cells=horst_cells_beyond,
+        cells=horst_cells(lambda p: p > PAPER_MAX_SPARSITY),
         metric="test log-ppl",
         direction="less",
         sesoi=PPL_SESOI,

@@ -1,14 +1,8 @@
-"""regime-map's config: which sub-studies it sweeps over which sizes, and its presets.
-
-The study re-runs two effects that the other studies measure at one size, at several sizes, through the
-registry (each sweep point is an ordinary run of the other study, with its config and job cache):
-
-* ``horst``: sparse-lm's primary, HORST − AdamW test log-perplexity after one-shot layer-wise pruning, at the
-  settings sparse-lm's full run chose on its tuning seed (AdamW lr 4e-3, weight decay 0.1; HORST lr 4e-3,
-  α 10), over GPT-2 widths (``horst_sizes``) and ``sparsities``;
-* ``constrained``: text-robustness's comparison, the constrained encoder against ERM, test accuracy under
-  Gaussian embedding noise (mean over γ >= 1), over encoder depths (``constrained_depths``: the first k
-  layers of the pretrained MiniLM).
+"""regime-map's config: the two effects it re-measures at several sizes, each sweep point an ordinary run of
+another study through the registry (with that study's config and job cache): ``horst``, sparse-lm's primary
+(HORST − AdamW test log-ppl after one-shot layer-wise pruning) over GPT-2 widths, and ``constrained``,
+text-robustness's comparison (constrained − ERM test accuracy under Gaussian embedding noise) over encoder
+depths; and its presets.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ HORST_SIZES = {
     "d128": "model.n_embd=128 model.n_head=4",
 }
 # sparse-lm's full-a30 preset (its model, data, 1,500-step bf16 budget, 2 workers of 1 thread, the full run's
-# chosen settings, no tuning), with AdamW and HORST only and no tuning run
+# chosen settings: AdamW lr 4e-3, weight decay 0.1; HORST lr 4e-3, α 10), with AdamW and HORST only, no tuning run
 HORST_BASE = ["methods=[adamw,horst]", "smollm2=false"]
 # text-robustness's quick preset at a larger, fixed design: the base constrained method (the full run's choice),
 # ERM beside it, Gaussian noise only, one draw per γ

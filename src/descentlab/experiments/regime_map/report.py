@@ -9,6 +9,8 @@ assumes the trend is linear in log parameters: a prediction for the paper preset
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,34 +20,54 @@ from scipy import stats as sps
 from descentlab.experiments.regime_map.claims import (
     contrast,
     depth_x,
-    horst_gap,
+    horst_pair,
     horst_x,
+    levels,
     prediction_weights,
     trend_weights,
 )
 from descentlab.experiments.regime_map.config import condition
-from descentlab.report.claims import NotInRun
+from descentlab.report.claims import Cells
 from descentlab.report.figures import new_figure, save_figure
-from descentlab.report.stats import paired_interval
+from descentlab.report.stats import PairedInterval, paired_interval
 from descentlab.study.cells import CellStore
 from descentlab.study.figures import figure_record
-from descentlab.study.tables import Table, signed_ci
+from descentlab.study.tables import Table, ci, signed_ci
 
 FIGURE = "figures/regime-map.png"
 
 
-def prediction(store: CellStore, p: float) -> dict[str, float]:
-    """The fitted HORST − AdamW at the paper's size and sparsity ``p``: ``mean``, the mean's 95 % interval
-    (``low``, ``high``) and a 95 % prediction interval for one run (``pred_low``, ``pred_high``)."""
+def interval(cells: Cells) -> PairedInterval:
+    return paired_interval(cells.a, cells.b)
+
+
+def cell_intervals(store: CellStore) -> list[list[PairedInterval]]:
+    """HORST − AdamW's seed-level interval per width (rows, smallest first) and sparsity (columns): what
+    the per-cell table, the heat map and the trend panel all show."""
+    sizes, _ = horst_x(store)
+    return [[interval(horst_pair(store, size, p)) for p in levels(store)] for size in sizes]
+
+
+def depth_intervals(store: CellStore, metric: str) -> list[PairedInterval]:
+    """Constrained − ERM's seed-level interval on ``metric`` (noisy, clean) at every depth."""
+    depths, _ = depth_x(store)
+    return [
+        interval(store.compare(metric, "constrained", "erm", condition("constrained", d))) for d in depths
+    ]
+
+
+def _ci(iv: PairedInterval, digits: int) -> str:
+    return signed_ci(iv.mean, iv.low, iv.high, digits)
+
+
+def prediction(store: CellStore, p: float) -> tuple[PairedInterval, float]:
+    """The fitted HORST − AdamW at the paper's size and sparsity ``p``: its 95 % interval for the mean over
+    seeds, and the half-width of the 95 % prediction interval for one run about the same mean."""
     _, x = horst_x(store)
-    x0 = float(np.log10(store.design.extra["paper_params"]))
-    a, b = contrast(store, prediction_weights(x, x0), p)
-    iv = paired_interval(a, b)
-    per_seed = (a - b).mean(axis=-1)
+    fitted = contrast(store, prediction_weights(x, np.log10(store.design.extra["paper_params"])), p)
+    per_seed = (fitted.a - fitted.b).mean(axis=-1)
     s = len(per_seed)
-    half = sps.t.ppf(0.975, s - 1) * per_seed.std(ddof=1) * np.sqrt(1 + 1 / s)
-    return {"mean": iv.mean, "low": iv.low, "high": iv.high, "pred_low": iv.mean - half, "pred_high": iv.mean + half,
-            "x0": x0, "beyond": x0 - float(x.max())}  # fmt: skip
+    return interval(fitted), sps.t.ppf(0.975, s - 1) * per_seed.std(ddof=1) * np.sqrt(1 + 1 / s)
 
 
 def tables(store: CellStore) -> list[Table]:
@@ -54,18 +76,13 @@ def tables(store: CellStore) -> list[Table]:
     extra = store.design.extra
     if "adamw" in store.design.arms:
         sizes, x = horst_x(store)
-        levels = [float(p) for p in extra["sparsities"]]
         cells = Table(
             "HORST − AdamW test log-ppl after one-shot pruning: mean [95 % seed-level interval] over seeds × "
             "test blocks (negative: HORST better)",
-            ["width", "parameters", *(f"{100 * p:g} %" for p in levels)],
+            ["width", "parameters", *(f"{100 * p:g} %" for p in levels(store))],
         )
-        for size in sizes:
-            ivs = [paired_interval(*horst_gap(store, size, p)) for p in levels]
-            cells.add(
-                size, f"{extra['params'][size]:,}", *(signed_ci(iv.mean, iv.low, iv.high, 3) for iv in ivs)
-            )
-        out.append(cells)
+        for size, row in zip(sizes, cell_intervals(store), strict=True):
+            cells.add(size, f"{extra['params'][size]:,}", *(_ci(iv, 3) for iv in row))
         paper = f"{extra['paper_params'] / 1e6:.0f} M"
         trend = Table(
             f"The trend in log10 parameters and the prediction at the paper's size ({paper} parameters, an "
@@ -76,20 +93,19 @@ def tables(store: CellStore) -> list[Table]:
                 f"fitted at {paper} [95 %, mean]",
                 "95 % prediction, one run",
             ],
+            note=f"The prediction extrapolates {np.log10(extra['paper_params']) - x.max():.1f} decades beyond the "
+            "largest width measured.",
         )
-        for p in levels:
-            slope = paired_interval(*contrast(store, trend_weights(x), p))
-            pred = prediction(store, p)
+        for p in levels(store):
+            fitted, half = prediction(store, p)
+            slope = interval(contrast(store, trend_weights(x), p))
             trend.add(
                 f"{100 * p:g} %",
-                signed_ci(slope.mean, slope.low, slope.high, 3),
-                signed_ci(pred["mean"], pred["low"], pred["high"], 3),
-                f"[{pred['pred_low']:+.3f}, {pred['pred_high']:+.3f}]",
+                _ci(slope, 3),
+                _ci(fitted, 3),
+                ci(fitted.mean - half, fitted.mean + half, 3, signed=True),
             )
-        trend.note = (
-            f"The prediction extrapolates {pred['beyond']:.1f} decades beyond the largest width measured."
-        )
-        out.append(trend)
+        out += [cells, trend]
     if "erm" in store.design.arms:
         depths, _ = depth_x(store)
         depth = Table(
@@ -97,12 +113,10 @@ def tables(store: CellStore) -> list[Table]:
             "encoder depth: mean [95 % seed-level interval]",
             ["layers", "noisy: constrained − ERM", "clean: constrained − ERM", "ERM noisy accuracy"],
         )
-        for d in depths:
-            at = condition("constrained", d)
-            noisy = paired_interval(store.get("noisy", "constrained", at), store.get("noisy", "erm", at))
-            clean = paired_interval(store.get("clean", "constrained", at), store.get("clean", "erm", at))
-            depth.add(d, signed_ci(noisy.mean, noisy.low, noisy.high, 4), signed_ci(clean.mean, clean.low, clean.high, 4),
-                      f"{float(np.mean(store.get('noisy', 'erm', at))):.4f}")  # fmt: skip
+        noisy, clean = depth_intervals(store, "noisy"), depth_intervals(store, "clean")
+        for d, n, c in zip(depths, noisy, clean, strict=True):
+            erm = float(np.mean(store.get("noisy", "erm", condition("constrained", d))))
+            depth.add(d, _ci(n, 4), _ci(c, 4), f"{erm:.4f}")
         out.append(depth)
     return out
 
@@ -110,23 +124,21 @@ def tables(store: CellStore) -> list[Table]:
 def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
     """The heat map of per-cell intervals, the trend with its prediction, and the depth sweep."""
     store = CellStore.load(run_dir)
-    if store is None:
-        return []
-    try:
+    panels: list[Callable[[Any], None]] = []
+    if store is not None and "adamw" in store.design.arms:
         sizes, x = horst_x(store)
-    except NotInRun:
-        sizes = []
-    has_depth = "erm" in store.design.arms
-    panels = (2 if sizes else 0) + (1 if has_depth else 0)
+        ivs = cell_intervals(store)
+        panels += [
+            partial(_heat_map, store=store, sizes=sizes, ivs=ivs),
+            partial(_trend, store=store, x=x, ivs=ivs),
+        ]
+    if store is not None and "erm" in store.design.arms:
+        panels.append(partial(_depths, store=store))
     if not panels:
         return []
-    fig, axes = new_figure(1, panels, panel_size=(4.6, 3.6))
-    axes = list(axes[0])
-    if sizes:
-        _heat_map(axes.pop(0), store, sizes)
-        _trend(axes.pop(0), store, sizes, x)
-    if has_depth:
-        _depths(axes.pop(0), store)
+    fig, axes = new_figure(1, len(panels), panel_size=(4.6, 3.6))
+    for ax, draw in zip(axes[0], panels, strict=True):
+        draw(ax)
     fig.tight_layout()
     save_figure(fig, Path(run_dir) / FIGURE)
     caption = (
@@ -138,9 +150,13 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
     return [figure_record(FIGURE, caption)]
 
 
-def _heat_map(ax: Any, store: CellStore, sizes: list[str]) -> None:
-    levels = [float(p) for p in store.design.extra["sparsities"]]
-    ivs = [[paired_interval(*horst_gap(store, s, p)) for p in levels] for s in sizes]
+def _errorbars(ivs: list[PairedInterval]) -> tuple[np.ndarray, np.ndarray]:
+    """Means and the ``[below, above]`` error bars of ``ivs``."""
+    mean = np.array([iv.mean for iv in ivs])
+    return mean, np.array([[iv.mean - iv.low for iv in ivs], [iv.high - iv.mean for iv in ivs]])
+
+
+def _heat_map(ax: Any, store: CellStore, sizes: list[str], ivs: list[list[PairedInterval]]) -> None:
     means = np.array([[iv.mean for iv in row] for row in ivs])
     bound = float(np.abs(means).max()) or 1.0
     ax.imshow(means, cmap="RdBu", vmin=-bound, vmax=bound, aspect="auto")
@@ -149,27 +165,26 @@ def _heat_map(ax: Any, store: CellStore, sizes: list[str]) -> None:
             ax.text(
                 j, i, f"{iv.mean:+.2f}\n[{iv.low:+.2f}, {iv.high:+.2f}]", ha="center", va="center", fontsize=7
             )
-    ax.set_xticks(range(len(levels)), [f"{100 * p:g} %" for p in levels])
+    ax.set_xticks(range(len(levels(store))), [f"{100 * p:g} %" for p in levels(store)])
     ax.set_yticks(range(len(sizes)), [f"{s}\n{store.design.extra['params'][s] / 1e6:.2f} M" for s in sizes])
     ax.set_xlabel("sparsity")
     ax.set_title("HORST − AdamW log-ppl")
 
 
-def _trend(ax: Any, store: CellStore, sizes: list[str], x: np.ndarray) -> None:
+def _trend(ax: Any, store: CellStore, x: np.ndarray, ivs: list[list[PairedInterval]]) -> None:
     x0 = float(np.log10(store.design.extra["paper_params"]))
     grid = np.linspace(x.min(), x0, 50)
-    for p in [float(v) for v in store.design.extra["sparsities"]]:
-        ivs = [paired_interval(*horst_gap(store, s, p)) for s in sizes]
-        mean = np.array([iv.mean for iv in ivs])
-        err = np.array([[iv.mean - iv.low for iv in ivs], [iv.high - iv.mean for iv in ivs]])
+    for j, p in enumerate(levels(store)):
+        mean, err = _errorbars([row[j] for row in ivs])
         bar = ax.errorbar(x, mean, yerr=err, marker="o", capsize=3, linestyle="none", label=f"{100 * p:g} %")
         slope = float(trend_weights(x) @ mean)
         ax.plot(
             grid, mean.mean() + slope * (grid - x.mean()), color=bar[0].get_color(), alpha=0.6, linewidth=1
         )
-        pred = prediction(store, p)
-        ax.errorbar([x0], [pred["mean"]], yerr=[[pred["mean"] - pred["pred_low"]], [pred["pred_high"] - pred["mean"]]],
-                    color=bar[0].get_color(), marker="D", capsize=4, alpha=0.5)  # fmt: skip
+        fitted, half = prediction(store, p)
+        ax.errorbar(
+            [x0], [fitted.mean], yerr=half, color=bar[0].get_color(), marker="D", capsize=4, alpha=0.5
+        )
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xlabel("log10 parameters (diamonds: prediction at the paper's size)")
     ax.set_ylabel("HORST − AdamW test log-ppl")
@@ -178,13 +193,7 @@ def _trend(ax: Any, store: CellStore, sizes: list[str], x: np.ndarray) -> None:
 
 def _depths(ax: Any, store: CellStore) -> None:
     depths, _ = depth_x(store)
-    ivs = [
-        paired_interval(store.get("noisy", "constrained", condition("constrained", d)),
-                        store.get("noisy", "erm", condition("constrained", d)))
-        for d in depths
-    ]  # fmt: skip
-    mean = np.array([iv.mean for iv in ivs])
-    err = np.array([[iv.mean - iv.low for iv in ivs], [iv.high - iv.mean for iv in ivs]])
+    mean, err = _errorbars(depth_intervals(store, "noisy"))
     ax.errorbar(depths, mean, yerr=err, marker="o", capsize=3)
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xticks(depths)
@@ -192,33 +201,27 @@ def _depths(ax: Any, store: CellStore) -> None:
     ax.set_ylabel("constrained − ERM accuracy, γ >= 1")
 
 
+def _curve(x_name: str, x: list, metric: str, cells: list[np.ndarray]) -> dict[str, Any]:
+    """A results.json curve: the mean and sd over seeds of each cell's per-seed mean, at every x."""
+    per_seed = np.stack([c.mean(axis=-1) for c in cells])
+    return {"x_name": x_name, "x": x, "metric": metric,
+            "mean": per_seed.mean(axis=1).tolist(), "std": per_seed.std(axis=1, ddof=1).tolist()}  # fmt: skip
+
+
 def method_curves(store: CellStore) -> dict[str, dict[str, Any]]:
     """Each arm's ``results.json`` block: per HORST width, test log-ppl against sparsity (0 = dense); per
     encoder, noisy and clean accuracy against depth; mean and sd over seeds of the per-seed means."""
     out: dict[str, dict[str, Any]] = {arm: {"metrics": {}, "curves": {}} for arm in store.design.arms}
-    extra = store.design.extra
-    for arm in ("adamw", "horst"):
-        if arm not in out:
-            continue
-        levels = [0.0, *(float(p) for p in extra["sparsities"])]
+    extra, dense = store.design.extra, [0.0, *levels(store)]
+    for arm in (a for a in ("adamw", "horst") if a in out):
         for size in extra["sizes"]:
-            per_seed = np.stack(
-                [store.get("nll", arm, condition("horst", size, p)).mean(axis=-1) for p in levels]
-            )
-            out[arm]["curves"][f"test_nll_{size}"] = {
-                "x_name": "sparsity", "x": levels, "metric": "test log-ppl",
-                "mean": per_seed.mean(axis=1).tolist(), "std": per_seed.std(axis=1, ddof=1).tolist(),
-            }  # fmt: skip
-    for arm in ("erm", "constrained"):
-        if arm not in out:
-            continue
+            nll = [store.get("nll", arm, condition("horst", size, p)) for p in dense]
+            out[arm]["curves"][f"test_nll_{size}"] = _curve("sparsity", dense, "test log-ppl", nll)
+    for arm in (a for a in ("erm", "constrained") if a in out):
         depths = list(extra["depths"])
         for metric in ("noisy", "clean"):
-            per_seed = np.stack(
-                [store.get(metric, arm, condition("constrained", d)).mean(axis=-1) for d in depths]
+            accuracy = [store.get(metric, arm, condition("constrained", d)) for d in depths]
+            out[arm]["curves"][f"{metric}_accuracy"] = _curve(
+                "layers", depths, f"{metric} test accuracy", accuracy
             )
-            out[arm]["curves"][f"{metric}_accuracy"] = {
-                "x_name": "layers", "x": depths, "metric": f"{metric} test accuracy",
-                "mean": per_seed.mean(axis=1).tolist(), "std": per_seed.std(axis=1, ddof=1).tolist(),
-            }  # fmt: skip
     return out
