@@ -108,11 +108,12 @@ def test_the_gpt2_vocabulary_is_the_tokenizers() -> None:
 
 def test_the_run_counts_follow_the_studies_tuning_plans() -> None:
     # the tuning runs the cost model counts are the candidates of the studies' own search rounds
+    from descentlab.experiments.sparse_vit.run import start_settings as vit_start
     from descentlab.experiments.sparse_vit.run import tuning_plan as vit_plan
     from descentlab.experiments.video_denoising.run import tuning_plan as video_plan
 
     cfg = paper_scale.paper_config("sparse-vit")
-    start, plan = vit_plan(cfg)
+    start, plan = vit_start(cfg), vit_plan(cfg)
     want = sum(len(r.candidates(arm, start)) for r in plan.rounds for arm in r.arms)
     assert paper_scale.workload("sparse-vit", cfg).groups[0].runs == want == 6
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 from descentlab.report.cost import (
@@ -80,15 +81,15 @@ class Workload:
     Attributes:
         params: N in words, with the closed form or count that gives it.
         tokens: how T and T_eval are counted.
-        head: the readout head's extra passes, or "" when the study has none.
         groups: the runs.
+        head: the readout head's extra passes, or "" when the study has none.
         outside: what the model does not capture for this study (printed beside the estimate).
     """
 
     params: str
     tokens: str
-    head: str
     groups: tuple[RunGroup, ...]
+    head: str = ""
     outside: str = ""
 
     @property
@@ -105,7 +106,7 @@ class Workload:
 def known(table: dict[str, Any], key: str, what: str) -> Any:
     """``table[key]``, or one ValueError naming what the cost model lacks."""
     if key not in table:
-        raise ValueError(f"the cost model knows no {what} {key!r}; add its config numbers to paper_scale")
+        raise ValueError(f"the cost model knows no {what} {key!r}; add its config numbers to paper_cost")
     return table[key]
 
 
@@ -131,24 +132,17 @@ def _sparse_lm_work(cfg: Any) -> Workload:
             "the cost model counts sparse-lm's joint tuning grid only (lr_from=null, lr_first=false)"
         )
     tuning = sum(cfg.candidate_counts().values()) if cfg.tune else 0
+    group = partial(RunGroup, n_params=n, train_tokens=t, eval_tokens=t_eval)
     return Workload(
         params=f"{n:,} (GPT-2, vocabulary {vocab:,}, {'tied' if m.tie_word_embeddings else 'untied'} head: "
         "`descentlab.report.cost.gpt2_params`)",
         tokens=f"T = {how} x {m.n_positions:,} tokens = {t:.3g} a run; T_eval = ({cfg.eval_blocks:,} "
         f"validation + {cfg.test_blocks:,} test blocks) x {m.n_positions:,} tokens x {levels} (dense and each "
         f"sparsity) = {t_eval:.3g}",
-        head="",
         groups=(
-            RunGroup(f"tuning candidates on seed {cfg.tune_seed}", tuning, n, t, t_eval),
-            RunGroup(
-                f"{len(cfg.methods)} methods x {len(cfg.seeds)} seeds",
-                len(cfg.methods) * len(cfg.seeds),
-                n,
-                t,
-                t_eval,
-            ),
+            group(f"tuning candidates on seed {cfg.tune_seed}", tuning),
+            group(f"{len(cfg.methods)} methods x {len(cfg.seeds)} seeds", len(cfg.methods) * len(cfg.seeds)),
         ),
-        outside="",
     )
 
 
@@ -167,35 +161,21 @@ def _sparse_vit_work(cfg: Any) -> Workload:
     if cfg.tune and cfg.lr_from is not None:
         raise ValueError("the cost model counts sparse-vit's one-round tuning only (lr_from=null)")
     tuning = sum(len(g) for g in cfg.tuning_grids().values() if len(g) > 1) if cfg.tune else 0
+    group = partial(RunGroup, n_params=n, train_tokens=t, eval_tokens=t_eval)
+    s, like = len(cfg.seeds), f"{len(paper_like_methods)} methods x {len(cfg.paper_like_seeds)} seeds"
     groups = [
-        RunGroup(f"tuning candidates on seed {cfg.tune_seed}", tuning, n, t, t_eval),
-        RunGroup(
-            f"{len(cfg.methods)} methods x {len(cfg.sparsities)} sparsities x {len(cfg.seeds)} seeds",
-            len(cfg.methods) * len(cfg.sparsities) * len(cfg.seeds),
-            n,
-            t,
-            t_eval,
-        ),
-    ]
-    if cfg.dense:
-        groups.append(RunGroup(f"dense `{cfg.dense}` x {len(cfg.seeds)} seeds", len(cfg.seeds), n, t, t_eval))
-    if cfg.paper_like_seeds:
-        k = len(paper_like_methods) * len(cfg.paper_like_seeds)
-        groups.append(
-            RunGroup(
-                f"paper-like arm: {len(paper_like_methods)} methods x {len(cfg.paper_like_seeds)} seeds",
-                k,
-                n,
-                t,
-                t_eval,
-            )
-        )
+        group(f"tuning candidates on seed {cfg.tune_seed}", tuning),
+        group(f"{len(cfg.methods)} methods x {len(cfg.sparsities)} sparsities x {s} seeds",
+              len(cfg.methods) * len(cfg.sparsities) * s),
+        *([group(f"dense `{cfg.dense}` x {s} seeds", s)] if cfg.dense else []),
+        *([group(f"paper-like arm: {like}", len(paper_like_methods) * len(cfg.paper_like_seeds))]
+          if cfg.paper_like_seeds else []),
+    ]  # fmt: skip
     return Workload(
         params=f"{n:,} (DeiT, {layers} layers x {width}, patch {patch}, {classes:,} classes: "
         "`descentlab.report.cost.vit_classifier_params`)",
         tokens=f"T = {how} images x {tokens} tokens (patches + class token) = {t:.3g} a run; T_eval = "
         f"({cfg.n_val:,} validation + {cfg.n_test:,} test images) x {tokens} = {t_eval:.3g}",
-        head="",
         groups=tuple(groups),
         outside="AC/DC's masks leave the matrix products dense, so sparsity saves no FLOPs here; "
         "DeiT's augmentation (RandAugment, mixup/cutmix, random erasing) runs on the CPU and often bounds "
@@ -221,28 +201,18 @@ def _text_work(cfg: Any) -> Workload:
     examples = t / cfg.data.max_length
     sel = {m: c for m, c in cfg.selection.candidates.items() if m in cfg.methods}
     tuned = sum(len(c) for c in sel.values() if len(c) > 1)
-    takes_erm = any("alpha_from=erm" in c for cs in sel.values() for c in cs) or any(
-        "alpha_from=erm" in cfg.specs[m] for m in cfg.methods
-    )
-    erm_tuning = 1 if tuned or takes_erm else 0
+    specs = [*(c for cs in sel.values() for c in cs), *(cfg.specs[m] for m in cfg.methods)]
+    erm_tuning = 1 if tuned or any("alpha_from=erm" in c for c in specs) else 0
     readout = [m for m in cfg.methods if _trains_readout(cfg.specs[m])]
     plain = [m for m in cfg.methods if m not in readout]
     s = len(cfg.seeds)
+    group = partial(RunGroup, n_params=n, train_tokens=t, eval_tokens=t_eval)
+    readout_group = partial(group, head_params=head, head_tokens=layers * examples)
     groups = (
-        RunGroup(f"ERM on seed {cfg.tune_seed}", erm_tuning, n, t, t_eval),
-        RunGroup(
-            f"selection candidates on seed {cfg.tune_seed}", tuned, n, t, t_eval, head, layers * examples
-        ),
-        RunGroup(
-            f"{len(readout)} readout methods x {s} seeds",
-            len(readout) * s,
-            n,
-            t,
-            t_eval,
-            head,
-            layers * examples,
-        ),
-        RunGroup(f"{len(plain)} other methods x {s} seeds", len(plain) * s, n, t, t_eval),
+        group(f"ERM on seed {cfg.tune_seed}", erm_tuning),
+        readout_group(f"selection candidates on seed {cfg.tune_seed}", tuned),
+        readout_group(f"{len(readout)} readout methods x {s} seeds", len(readout) * s),
+        group(f"{len(plain)} other methods x {s} seeds", len(plain) * s),
     )
     return Workload(
         params=f"{n:,} (`{cfg.model}`, {layers} layers, with RoBERTa's {classes}-label classification head: "
@@ -275,27 +245,13 @@ def _llm_work(cfg: Any) -> Workload:
     readout = [m for m in cfg.methods if _trains_readout(cfg.specs[m])]
     plain = [m for m in cfg.methods if m not in readout]
     s = len(cfg.seeds)
+    group = partial(RunGroup, n_params=n, train_tokens=t, eval_tokens=t_eval)
+    readout_group = partial(group, head_params=head, head_tokens=head_tokens)
     groups = (
-        RunGroup(f"ERM on seed {cfg.tune_seed}", 1, n, t, t_eval),
-        RunGroup(
-            f"selection candidates on seed {cfg.tune_seed}",
-            sum(tuned.values()),
-            n,
-            t,
-            t_eval,
-            head,
-            head_tokens,
-        ),
-        RunGroup(
-            f"{len(readout)} constrained methods x {s} seeds",
-            len(readout) * s,
-            n,
-            t,
-            t_eval,
-            head,
-            head_tokens,
-        ),
-        RunGroup(f"{len(plain)} other methods x {s} seeds", len(plain) * s, n, t, t_eval),
+        group(f"ERM on seed {cfg.tune_seed}", 1),
+        readout_group(f"selection candidates on seed {cfg.tune_seed}", sum(tuned.values())),
+        readout_group(f"{len(readout)} constrained methods x {s} seeds", len(readout) * s),
+        group(f"{len(plain)} other methods x {s} seeds", len(plain) * s),
     )
     state_gb = 16 * n / 1e9
     return Workload(
@@ -317,6 +273,13 @@ def _llm_work(cfg: Any) -> Workload:
     )
 
 
+def _video_group(
+    arch: str, n: int, t: float, t_eval: float, head: int, extra: float, what: str, runs: int, f: float = 1.0
+) -> RunGroup:
+    """``runs`` runs of one architecture at ``f`` of the preset's steps (tokens and head passes scale)."""
+    return RunGroup(f"{arch}{what}", runs, n, f * t, t_eval, head, f * extra)
+
+
 def _video_work(cfg: Any) -> Workload:
     import torch
 
@@ -333,38 +296,18 @@ def _video_work(cfg: Any) -> Workload:
                 arch, image_size=cfg.data.crop, num_frames=cfg.data.num_frames, **asdict(cfg.model)
             )
         n = sum(p.numel() for p in model.parameters())
-        head = (
-            model.decoder.weight.numel() + model.decoder.bias.numel()
-            if arch == "ut"
-            else model.dictionary.numel()
-        )
+        decoder = [model.decoder.weight, model.decoder.bias] if arch == "ut" else [model.dictionary]
+        head = sum(p.numel() for p in decoder)
         extra = cfg.model.depth * t  # L + 1 estimates a clip, one of them inside N
         tuning = sum(len(cfg.candidates(lab)) for lab in cfg.trained_labels if len(cfg.candidates(lab)) > 1)
+        group = partial(_video_group, arch.upper(), n, t, t_eval, head, extra)
         groups += [
-            RunGroup(
-                f"{arch.upper()} tuning candidates on seed {cfg.tune_seed}", tuning, n, t, t_eval, head, extra
-            ),
-            RunGroup(
-                f"{arch.upper()}: {len(cfg.labels)} methods x {s} seeds",
-                len(cfg.labels) * s,
-                n,
-                t,
-                t_eval,
-                head,
-                extra,
-            ),
-        ]
-        if cfg.budget_check:
-            k = cfg.budget_check
-            groups.append(
-                RunGroup(f"{arch.upper()} ERM at {k:g}x the steps", 1, n, k * t, t_eval, head, k * extra)
-            )
-        for steps in cfg.budget_curve:
-            for lab in cfg.budget_labels:
-                f = steps / cfg.train.max_steps
-                groups.append(
-                    RunGroup(f"{arch.upper()} {lab} at {steps:,} steps", 1, n, f * t, t_eval, head, f * extra)
-                )
+            group(f" tuning candidates on seed {cfg.tune_seed}", tuning),
+            group(f": {len(cfg.labels)} methods x {s} seeds", len(cfg.labels) * s),
+            *([group(f" ERM at {cfg.budget_check:g}x the steps", 1, cfg.budget_check)] if cfg.budget_check else []),
+            *(group(f" {lab} at {steps:,} steps", 1, steps / cfg.train.max_steps)
+              for steps in cfg.budget_curve for lab in cfg.budget_labels),
+        ]  # fmt: skip
         params.append(f"{arch.upper()} {n:,}")
         heads.append(f"{arch.upper()} {head:,}")
     steps = round(sum(g.runs * g.train_tokens for g in groups) / (cfg.train.batch_size * per_clip))

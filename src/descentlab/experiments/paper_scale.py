@@ -11,15 +11,9 @@ dependencies (:func:`needs`; every one of them is in the ``paper`` extra, which 
 pyproject.toml). Every value is read from the config that ``descentlab run STUDY --preset paper`` builds, so
 a preset edit shows up as a stale page in the test suite rather than as a page that contradicts the code.
 
-Two further rows per study:
-
-* **GPU-hours, an estimate** (:func:`workload`; :mod:`descentlab.experiments.paper_cost` counts,
-  :mod:`descentlab.report.cost` computes): ``6·N·T`` training FLOPs (plus a per-layer readout head's extra
-  passes) and ``2·N·T_eval`` evaluation FLOPs per run, summed over the runs the preset trains (tuning candidates on the tuning seed, then every arm on every evaluation seed,
-  counted from the config as the study counts them), at an assumed sustained throughput (:data:`COST`).
-  Nothing here is measured; where the study's cost lies mostly outside the model, the row says so.
-* **the regime map's prediction** that the run would test (:func:`regime_map_line`), read from
-  ``RESULTS/regime-map/results.json`` when a regime-map run is committed there.
+Two further rows per study: **GPU-hours, an estimate** (:func:`workload`: what
+:mod:`descentlab.experiments.paper_cost` counts, priced by :mod:`descentlab.report.cost`; nothing here is
+measured), and **the regime map's prediction** that the run would test (:func:`regime_map_line`).
 """
 
 from __future__ import annotations
@@ -28,7 +22,6 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,65 +84,49 @@ def _pcts(levels: list[float]) -> str:
     return ", ".join(f"{100 * p:g}" for p in levels) + " %"
 
 
-def _sparse_lm(cfg: Any) -> dict[str, str]:
-    m = cfg.model
-    return {
-        "model": f"GPT-2, {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, context {m.n_positions}, "
-        f"tokenizer `{cfg.tokenizer}`",
-        "data": f"`{cfg.corpus}` (token files cached: {str(cfg.token_cache).lower()})",
-        "sparsity": f"one-shot magnitude pruning to {_pcts(cfg.sparsities)} after training",
-    }
-
-
-def _sparse_vit(cfg: Any) -> dict[str, str]:
-    sets = {"all": "every Linear/Conv weight", "blocks": "the block Linears"}
-    arm = (
-        f"; paper-like arm: AdamW and HORST over the block Linears at {_pcts([cfg.paper_like_sparsity])}, "
-        f"seeds {cfg.paper_like_seeds}"
-        if cfg.paper_like_seeds
-        else ""
-    )
-    return {
-        "model": f"timm `{cfg.timm.model}` at {cfg.timm.img_size} px, random init",
-        "data": f"`{cfg.dataset}`: {cfg.n_train:,} training, {cfg.n_val:,} validation (held out of train), "
-        f"{cfg.n_test:,} test images",
-        "sparsity": f"AC/DC over {sets[cfg.acdc.prune]} (`acdc.prune={cfg.acdc.prune}`) at "
-        f"{_pcts(cfg.sparsities)}; dense `{cfg.dense}` as the reference{arm}",
-    }
-
-
-def _text(cfg: Any) -> dict[str, str]:
-    return {
-        "model": f"`{cfg.model}`, pooling `{cfg.pooling}`",
-        "data": f"`{cfg.data.name}`, {cfg.data.n_eval:,} test examples, {cfg.data.max_length} tokens",
-    }
-
-
-def _llm(cfg: Any) -> dict[str, str]:
-    return {
-        "model": f"`{cfg.model.name}`; generative judge `{cfg.generative.model}`",
-        "data": f"{cfg.data.source} `{cfg.data.path}`, {cfg.data.n_eval:,} held-out prompts, "
-        f"{cfg.data.seq_len} tokens",
-    }
-
-
-def _video(cfg: Any) -> dict[str, str]:
-    m = cfg.model
+def describe(study: str, cfg: Any) -> dict[str, str]:
+    """The rows of ``study``'s section that differ in kind between studies: model, data (and sparsity)."""
+    if study == "sparse-lm":
+        m = cfg.model
+        return {
+            "model": f"GPT-2, {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, context {m.n_positions}, "
+            f"tokenizer `{cfg.tokenizer}`",
+            "data": f"`{cfg.corpus}` (token files cached: {str(cfg.token_cache).lower()})",
+            "sparsity": f"one-shot magnitude pruning to {_pcts(cfg.sparsities)} after training",
+        }
+    if study == "sparse-vit":
+        sets = {"all": "every Linear/Conv weight", "blocks": "the block Linears"}
+        arm = (
+            f"; paper-like arm: AdamW and HORST over the block Linears at {_pcts([cfg.paper_like_sparsity])}, "
+            f"seeds {cfg.paper_like_seeds}"
+            if cfg.paper_like_seeds
+            else ""
+        )
+        return {
+            "model": f"timm `{cfg.timm.model}` at {cfg.timm.img_size} px, random init",
+            "data": f"`{cfg.dataset}`: {cfg.n_train:,} training, {cfg.n_val:,} validation (held out of train), "
+            f"{cfg.n_test:,} test images",
+            "sparsity": f"AC/DC over {sets[cfg.acdc.prune]} (`acdc.prune={cfg.acdc.prune}`) at "
+            f"{_pcts(cfg.sparsities)}; dense `{cfg.dense}` as the reference{arm}",
+        }
+    if study == "text-robustness":
+        return {
+            "model": f"`{cfg.model}`, pooling `{cfg.pooling}`",
+            "data": f"`{cfg.data.name}`, {cfg.data.n_eval:,} test examples, {cfg.data.max_length} tokens",
+        }
+    if study == "llm-robustness":
+        return {
+            "model": f"`{cfg.model.name}`; generative judge `{cfg.generative.model}`",
+            "data": f"{cfg.data.source} `{cfg.data.path}`, {cfg.data.n_eval:,} held-out prompts, "
+            f"{cfg.data.seq_len} tokens",
+        }
+    m = cfg.model  # video-denoising
     return {
         "model": f"{' and '.join(a.upper() for a in cfg.architectures)}, {m.depth} layers x {m.width}, "
         f"patch {m.patch_size}, {m.num_atoms} atoms (DUST)",
         "data": f"`{cfg.data.video}` ({cfg.data.split} split), {cfg.data.num_frames}-frame sequences of "
         f"{cfg.data.crop} x {cfg.data.crop} px",
     }
-
-
-ROWS: dict[str, Callable[[Any], dict[str, str]]] = {
-    "sparse-lm": _sparse_lm,
-    "sparse-vit": _sparse_vit,
-    "text-robustness": _text,
-    "llm-robustness": _llm,
-    "video-denoising": _video,
-}
 
 
 def workload(study: str, cfg: Any | None = None) -> Workload:
@@ -188,11 +165,6 @@ DEPTH_TABLE = "Constrained − ERM"
 NOT_COMMITTED = "no regime-map run is committed yet (no `regime-map/results.json` in the results folder)"
 
 
-def _regime_map(results: Path) -> dict[str, Any] | None:
-    path = Path(results) / "regime-map" / "results.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def _table(found: dict[str, Any], prefix: str) -> dict[str, Any] | None:
     return next((t for t in found.get("tables", []) if str(t.get("title", "")).startswith(prefix)), None)
 
@@ -204,9 +176,10 @@ def regime_map_line(study: str, cfg: Any, results: Path = RESULTS) -> str:
     smaller-scale measurement, never a verdict."""
     if study not in ("sparse-lm", "text-robustness"):
         return "the regime map sweeps no effect of this study"
-    found = _regime_map(results)
-    if found is None:
+    path = Path(results) / "regime-map" / "results.json"
+    if not path.is_file():
         return NOT_COMMITTED
+    found = json.loads(path.read_text())
     if study == "sparse-lm":
         level = f"{100 * cfg.claim_high:g} %"
         table = _table(found, TREND_TABLE)
@@ -215,16 +188,12 @@ def regime_map_line(study: str, cfg: Any, results: Path = RESULTS) -> str:
             return f"the committed regime-map run has no trend row at {level}"
         cells = "; ".join(f"{c} {v}" for c, v in zip(table["columns"][1:], row[1:], strict=True))
         note = f" {table['note']}" if table.get("note") else ""
-        at = found.get("config", {}).get("paper_params")
-        n = WORK["sparse-lm"](cfg).groups[0].n_params
-        size = (
-            ""
-            if at is None
-            else (
-                f" It extrapolates to {int(at):,} parameters"
-                + (" (this preset's N)." if int(at) == n else f"; this preset has {n:,}.")
+        at, n = found.get("config", {}).get("paper_params"), WORK["sparse-lm"](cfg).groups[0].n_params
+        size = ""
+        if at is not None:
+            size = f" It extrapolates to {int(at):,} parameters" + (
+                " (this preset's N)." if int(at) == n else f"; this preset has {n:,}."
             )
-        )
         return (
             f"HORST − AdamW test log-ppl at {level} (negative: HORST better): {cells}.{note}{size} "
             "**Prediction (extrapolated), not a verdict; this run tests it.**"
@@ -300,11 +269,9 @@ for the preset's primary: a prediction, not a verdict, which the paper run would
 
 def intro(cost: CostModel = COST) -> str:
     """The page's head, with the cost model's assumed throughput."""
-    return (
-        INTRO.replace("{sustained}", f"{cost.sustained / 1e12:.0f}")
-        .replace("{utilisation}", f"{100 * cost.utilisation:g} %")
-        .replace("{gpu}", cost.gpu)
-        .replace("{peak}", f"{cost.peak_flops / 1e12:g}")
+    sustained, peak, share = cost.sustained / 1e12, cost.peak_flops / 1e12, 100 * cost.utilisation
+    return INTRO.format(
+        sustained=f"{sustained:.0f}", utilisation=f"{share:g} %", gpu=cost.gpu, peak=f"{peak:g}"
     )
 
 
@@ -314,13 +281,13 @@ def section(study: str, results: Path = RESULTS) -> str:
     exp = get(study)
     (primary,) = [c for c in exp.claims if c.primary]
     key, example, hub = DATA_KEY[study]
-    rows = ROWS[study](cfg)
+    described = describe(study, cfg)
     pkgs = needs(study, cfg)
     table = {
-        "model": rows["model"],
-        "data": rows["data"],
+        "model": described["model"],
+        "data": described["data"],
         "budget": _batch(cfg.train),
-        **({"sparsity": rows["sparsity"]} if "sparsity" in rows else {}),
+        **({"sparsity": described["sparsity"]} if "sparsity" in described else {}),
         "methods": ", ".join(f"`{m}`" for m in cfg.methods),
         "evaluation seeds": f"{cfg.seeds} ({len(cfg.seeds)})",
         "tuning seed": f"{cfg.tune_seed} (validation only, never an evaluation seed)",
@@ -329,24 +296,13 @@ def section(study: str, results: Path = RESULTS) -> str:
         **cost_rows(workload(study, cfg)),
         "regime-map prediction": regime_map_line(study, cfg, results),
     }
-    lines = [
-        f"## {study}",
-        "",
-        "```",
-        *(
-            [f"DESCENTLAB_ONLINE=1 descentlab run {study} --preset paper --out runs  # from the hub"]
-            if hub
-            else []
-        ),
-        f"descentlab run {study} --preset paper {key}={example} --out runs  # a local copy",
-        "```",
-        "",
-        "| item | value |",
-        "|---|---|",
-        *(f"| {k} | {v} |" for k, v in table.items()),
-        "",
-    ]
-    return "\n".join(lines)
+    run = f"descentlab run {study} --preset paper"
+    online = f"DESCENTLAB_ONLINE=1 {run} --out runs  # from the hub\n" if hub else ""
+    rows = "".join(f"| {k} | {v} |\n" for k, v in table.items())
+    return (
+        f"## {study}\n\n```\n{online}{run} {key}={example} --out runs  # a local copy\n```\n\n"
+        f"| item | value |\n|---|---|\n{rows}"
+    )
 
 
 def render(results: Path = RESULTS) -> str:
