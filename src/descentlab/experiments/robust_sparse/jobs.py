@@ -94,7 +94,7 @@ def sparsity_sweep(
     return points
 
 
-def train_and_sweep(cfg: RobustSparseConfig, label: str, seed: int, data: Prepared, run: RunDir) -> JobResult:
+def train_job(cfg: RobustSparseConfig, label: str, seed: int, data: Prepared, run: RunDir) -> JobResult:
     """One job: a fresh pretrained encoder + head (seeded), trained by method ``label`` (on Gaussian embedding
     noise if ``label`` is in ``cfg.train_noise``), then swept."""
     from descentlab.data import load_encoder_classifier

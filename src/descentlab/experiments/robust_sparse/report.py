@@ -21,12 +21,30 @@ from descentlab.study.figures import panel_figure, plot_band
 from descentlab.study.tables import Table, pm, signed_ci
 
 if TYPE_CHECKING:
+    from descentlab.experiments.robust_sparse.config import RobustSparseConfig
     from descentlab.experiments.robust_sparse.jobs import JobResult
     from descentlab.train.recipe import MethodConfig
 
 FIGURE = "figures/accuracy_vs_gamma_by_sparsity.png"
 SPARSITY_FIGURE = "figures/accuracy_vs_sparsity_by_method.png"
 SUFFIX = "_vs_sparsity"
+
+
+def summarise(cfg: RobustSparseConfig, outcome: Mapping[str, list[JobResult]]) -> dict[str, Any]:
+    """``methods``, ``tables`` and ``notes`` of ``results.json`` from every method's job results
+    (``outcome[label][i]``: evaluation seed ``cfg.seeds[i]``); the tables pair each constrained method with
+    ERM on the same optimizer."""
+    ev, levels = cfg.evaluation, list(cfg.pruning.sparsities)
+    kind = ev.kinds[0]
+    blocks = {label: method_result(runs, levels, ev) for label, runs in outcome.items()}
+    methods = {label: result.to_dict() for label, (result, _) in blocks.items()}
+    correct = {label: [c.examples[kind] for c in joined] for label, (_, joined) in blocks.items()}
+    pairs = erm_baselines(cfg.method_configs())
+    return {
+        "methods": {label: result for label, (result, _) in blocks.items()},
+        "tables": accuracy_tables(methods, correct, pairs, levels, kind, ev.gammas),
+        "notes": summary_notes(methods, levels, kind),
+    }
 
 
 def method_result(
