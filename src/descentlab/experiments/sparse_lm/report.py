@@ -12,6 +12,7 @@ perplexities ``exp(mean_b n[s, p, b])``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -280,6 +281,10 @@ def figures(results: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
     panels = [None, *pretrained] if trained else []
     out = panel_figure(run_dir, "figures/perplexity-vs-sparsity.png", panels, perplexity, caption)
     files = results.get("arrays", {}).get("weights", {})
+    if missing := [rel for rel in files.values() if not (Path(run_dir) / rel).is_file()]:
+        # a committed run leaves its weights files out (their size): the histograms cannot be redrawn
+        warnings.warn(f"{run_dir}: no weight histograms, {len(missing)} weights files missing", stacklevel=2)
+        files = {}
     samples = {name: load_arrays(Path(run_dir) / rel) for name, rel in files.items()}
 
     def histograms(ax: Any, _: None) -> None:
