@@ -334,3 +334,13 @@ def test_a_committed_run_rebuilds_its_report_and_figures_from_its_saved_files(st
     for table in results.get("tables", []):
         assert table["title"] in report, f"{study}: table {table['title']!r} missing from the report"
     assert "Primary endpoint" in report
+
+
+RUN_CALL = re.compile(r'run_experiment\(\s*"([a-z-]+)"')
+
+
+def test_every_study_is_run_end_to_end_by_a_test() -> None:
+    """The quick paths above run three studies; each other study's own test module runs it through the
+    runner on a tiny config (its offline assets come from that module's fixtures)."""
+    called = {m for f in Path(__file__).parent.glob("test_*.py") for m in RUN_CALL.findall(f.read_text())}
+    assert sorted(set(REGISTRY) - called - set(QUICK)) == []
