@@ -22,6 +22,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,49 +85,65 @@ def _pcts(levels: list[float]) -> str:
     return ", ".join(f"{100 * p:g}" for p in levels) + " %"
 
 
-def describe(study: str, cfg: Any) -> dict[str, str]:
-    """The rows of ``study``'s section that differ in kind between studies: model, data (and sparsity)."""
-    if study == "sparse-lm":
-        m = cfg.model
-        return {
-            "model": f"GPT-2, {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, context {m.n_positions}, "
-            f"tokenizer `{cfg.tokenizer}`",
-            "data": f"`{cfg.corpus}` (token files cached: {str(cfg.token_cache).lower()})",
-            "sparsity": f"one-shot magnitude pruning to {_pcts(cfg.sparsities)} after training",
-        }
-    if study == "sparse-vit":
-        sets = {"all": "every Linear/Conv weight", "blocks": "the block Linears"}
-        arm = (
-            f"; paper-like arm: AdamW and HORST over the block Linears at {_pcts([cfg.paper_like_sparsity])}, "
-            f"seeds {cfg.paper_like_seeds}"
-            if cfg.paper_like_seeds
-            else ""
-        )
-        return {
-            "model": f"timm `{cfg.timm.model}` at {cfg.timm.img_size} px, random init",
-            "data": f"`{cfg.dataset}`: {cfg.n_train:,} training, {cfg.n_val:,} validation (held out of train), "
-            f"{cfg.n_test:,} test images",
-            "sparsity": f"AC/DC over {sets[cfg.acdc.prune]} (`acdc.prune={cfg.acdc.prune}`) at "
-            f"{_pcts(cfg.sparsities)}; dense `{cfg.dense}` as the reference{arm}",
-        }
-    if study == "text-robustness":
-        return {
-            "model": f"`{cfg.model}`, pooling `{cfg.pooling}`",
-            "data": f"`{cfg.data.name}`, {cfg.data.n_eval:,} test examples, {cfg.data.max_length} tokens",
-        }
-    if study == "llm-robustness":
-        return {
-            "model": f"`{cfg.model.name}`; generative judge `{cfg.generative.model}`",
-            "data": f"{cfg.data.source} `{cfg.data.path}`, {cfg.data.n_eval:,} held-out prompts, "
-            f"{cfg.data.seq_len} tokens",
-        }
-    m = cfg.model  # video-denoising
+def _sparse_lm(cfg: Any) -> dict[str, str]:
+    m = cfg.model
+    return {
+        "model": f"GPT-2, {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, context {m.n_positions}, "
+        f"tokenizer `{cfg.tokenizer}`",
+        "data": f"`{cfg.corpus}` (token files cached: {str(cfg.token_cache).lower()})",
+        "sparsity": f"one-shot magnitude pruning to {_pcts(cfg.sparsities)} after training",
+    }
+
+
+def _sparse_vit(cfg: Any) -> dict[str, str]:
+    sets = {"all": "every Linear/Conv weight", "blocks": "the block Linears"}
+    arm = (
+        f"; paper-like arm: AdamW and HORST over the block Linears at {_pcts([cfg.paper_like_sparsity])}, "
+        f"seeds {cfg.paper_like_seeds}"
+        if cfg.paper_like_seeds
+        else ""
+    )
+    return {
+        "model": f"timm `{cfg.timm.model}` at {cfg.timm.img_size} px, random init",
+        "data": f"`{cfg.dataset}`: {cfg.n_train:,} training, {cfg.n_val:,} validation (held out of train), "
+        f"{cfg.n_test:,} test images",
+        "sparsity": f"AC/DC over {sets[cfg.acdc.prune]} (`acdc.prune={cfg.acdc.prune}`) at "
+        f"{_pcts(cfg.sparsities)}; dense `{cfg.dense}` as the reference{arm}",
+    }
+
+
+def _text(cfg: Any) -> dict[str, str]:
+    return {
+        "model": f"`{cfg.model}`, pooling `{cfg.pooling}`",
+        "data": f"`{cfg.data.name}`, {cfg.data.n_eval:,} test examples, {cfg.data.max_length} tokens",
+    }
+
+
+def _llm(cfg: Any) -> dict[str, str]:
+    return {
+        "model": f"`{cfg.model.name}`; generative judge `{cfg.generative.model}`",
+        "data": f"{cfg.data.source} `{cfg.data.path}`, {cfg.data.n_eval:,} held-out prompts, "
+        f"{cfg.data.seq_len} tokens",
+    }
+
+
+def _video(cfg: Any) -> dict[str, str]:
+    m = cfg.model
     return {
         "model": f"{' and '.join(a.upper() for a in cfg.architectures)}, {m.depth} layers x {m.width}, "
         f"patch {m.patch_size}, {m.num_atoms} atoms (DUST)",
         "data": f"`{cfg.data.video}` ({cfg.data.split} split), {cfg.data.num_frames}-frame sequences of "
         f"{cfg.data.crop} x {cfg.data.crop} px",
     }
+
+
+ROWS: dict[str, Callable[[Any], dict[str, str]]] = {
+    "sparse-lm": _sparse_lm,
+    "sparse-vit": _sparse_vit,
+    "text-robustness": _text,
+    "llm-robustness": _llm,
+    "video-denoising": _video,
+}
 
 
 def workload(study: str, cfg: Any | None = None) -> Workload:
@@ -281,7 +298,7 @@ def section(study: str, results: Path = RESULTS) -> str:
     exp = get(study)
     (primary,) = [c for c in exp.claims if c.primary]
     key, example, hub = DATA_KEY[study]
-    described = describe(study, cfg)
+    described = ROWS[study](cfg)
     pkgs = needs(study, cfg)
     table = {
         "model": described["model"],
