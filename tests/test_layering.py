@@ -147,3 +147,23 @@ def test_the_scanner_sees_lazy_and_string_imports(tmp_path: Path) -> None:
         "import importlib\nimportlib.import_module('descentlab.experiments.smoke')\n"
     )
     assert {"descentlab.train.loop", "descentlab.experiments.smoke"} <= _imported_modules(module)
+
+
+# A study's five files are layers: each imports only the layers below it in its own study, so no import
+# circle can form and no core module (config, jobs) depends on a leaf (claims, report, run).
+STUDY_LAYERS = ("config", "jobs", "legacy", "claims", "report", "run")
+
+
+def test_a_study_s_files_import_only_the_layers_below_them() -> None:
+    found = []
+    for file, names in _package_imports("experiments").items():
+        study, stem = _study_of(file), Path(file).stem
+        if study is None or stem not in STUDY_LAYERS:
+            continue
+        below = STUDY_LAYERS[: STUDY_LAYERS.index(stem)]
+        for name in sorted(names):
+            parts = name.split(".")
+            layer = parts[3] if parts[:3] == ["descentlab", "experiments", study] and len(parts) > 3 else None
+            if layer in STUDY_LAYERS and layer not in below:
+                found.append(f"{file} imports {name}")
+    assert found == []

@@ -19,6 +19,7 @@ from descentlab.experiments.llm_robustness import claims as llm_claims
 from descentlab.experiments.llm_robustness import config as exp
 from descentlab.experiments.llm_robustness import jobs as lm_finetune
 from descentlab.experiments.llm_robustness import legacy as llm_legacy
+from descentlab.experiments.llm_robustness.config import condition_name
 from descentlab.report.claims import NOT_IN_RUN, ONE_SEED, PENDING, UNTESTABLE, VERDICTS, judge
 from descentlab.report.results import Results
 from descentlab.study.cells import CellStore
@@ -382,7 +383,7 @@ def test_committed_result_is_rejudged_from_its_counts() -> None:
     grid = results["grid"]["kinds"]["gaussian"]
     ratio_of = dict(zip(grid["levels"], grid["targets"], strict=True))
     for x, rate in zip(hard["x"], hard["mean"], strict=True):
-        name = llm_claims.condition_name("gaussian", x, ratio_of.get(x))
+        name = condition_name("gaussian", x, ratio_of.get(x))
         assert arrays[llm_legacy.win_key("hard", name)].mean() == pytest.approx(rate)
     assert arrays["win/hard/gaussian-x3"].shape == (1, 1, 200)
     rows = judge(llm_claims.CLAIMS, arrays)

@@ -28,6 +28,7 @@ from descentlab.experiments.video_denoising.config import (
     PRESETS,
     SPECS,
     VideoDenoisingConfig,
+    cell_design,
 )
 from descentlab.experiments.video_denoising.jobs import build_model, noisy_test_clips
 from descentlab.models.denoisers import final_mse
@@ -445,7 +446,9 @@ def _claim_arrays(seeds: int = 4, n: int = 150, **scales: float) -> CellStore:
             arrays |= {f"mse/{name}": final, f"layer_mse/{name}": np.ascontiguousarray(layers)}
             methods.append(name)
     arrays["mse/gaussian"] = _errors(rng, seeds, n)["final"] * 3
-    record = vc.design(methods=methods, baselines=["gaussian"], gammas=GAMMAS, seeds=range(seeds), examples=n)
+    record = cell_design(
+        methods=methods, baselines=["gaussian"], gammas=GAMMAS, seeds=range(seeds), examples=n
+    )
     return CellStore(record, arrays)
 
 
@@ -522,7 +525,7 @@ def test_planted_effects_give_their_verdicts() -> None:
 def test_a_dust_only_run_has_no_ut_primary_and_says_so_instead_of_asking_for_a_re_run() -> None:
     store = _claim_arrays(constrained=0.8)
     dust = [m for m in store.design.extra["methods"] if m.startswith("dust-")]
-    design = vc.design(methods=dust, baselines=["gaussian"], gammas=GAMMAS, seeds=store.design.seeds)
+    design = cell_design(methods=dust, baselines=["gaussian"], gammas=GAMMAS, seeds=store.design.seeds)
     rows = _rows(CellStore(design, {k: v for k, v in store.items() if not k.split("/")[1].startswith("ut-")}))
     (primary,) = rows["lower-rmse-ood"]
     assert (
@@ -577,7 +580,7 @@ def test_the_legacy_reader_maps_claims_npz_onto_the_store_a_new_run_writes() -> 
     old |= {"layers/" + k.split("/", 1)[1]: v for k, v in store.items() if k.startswith("layer_mse/")}
     old |= {f"final/{k}": v for k, v in points.items()} | {f"layers/{k}": v for k, v in layers.items()}
     read = legacy.store_from_arrays(old)
-    record = vc.design(
+    record = cell_design(
         methods=store.design.extra["methods"], baselines=["gaussian"], gammas=GAMMAS, seeds=range(3),
         budget_steps=[8], budget_arms=list(points), examples=40,
     )  # fmt: skip

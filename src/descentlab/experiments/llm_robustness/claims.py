@@ -57,17 +57,23 @@ from typing import Any
 import numpy as np
 
 from descentlab.experiments.llm_robustness.clusters import CLUSTER_FILE, CLUSTER_KEY
-from descentlab.experiments.llm_robustness.config import MARGIN
+from descentlab.experiments.llm_robustness.config import (
+    BASELINE,
+    LEVEL,
+    MARGIN,
+    NULL,
+    PERPLEXITY_RATIO,
+    POSITIVE,
+    WIN,
+)
+from descentlab.experiments.llm_robustness.legacy import legacy_store, store_from_arrays
 from descentlab.io import load_arrays
 from descentlab.report.claims import Cells, ClaimSpec, MissingArrays, NotInRun
 from descentlab.report.fidelity import Deviation, Fidelity, NotTested, lagrangian, seeds
 from descentlab.study.cells import CELLS_FILE, CellStore, cell_key, load_store
 
-BASELINE, POSITIVE = "erm", "erm-neftune"
-NULL = "erm (another seed)"  # the null control's arm: ERM on the next evaluation seed
 CONSTRAINED = ("hard", "resilient")
 PRIMARY_METHOD, PRIMARY_CONDITION = "hard", "gaussian-x3"
-WIN, LEVEL, PERPLEXITY_RATIO = "win", "level", "perplexity_ratio"  # the store's metrics
 
 PAPER_WIN_RATE = {0.0: 0.50, 1.5: 0.6993}  # Llama 3.1 8B, AlpacaEval, constrained vs unconstrained
 PAPER_KIND = "neftune"  # the scale the paper's γ = 1.5 is read on here (its own scale is not public)
@@ -86,13 +92,6 @@ WIN_METRIC = "head-to-head win rate against ERM − 1/2 (likelihood judge, ties 
 SOURCE = "experimental results, LLM fine-tuning (Llama 3.1 8B, AlpacaEval, head to head)"
 
 
-def condition_name(kind: str, level: float, ratio: float | None = None) -> str:
-    """``clean`` at level 0, ``<kind>-x<ratio>`` for a level found from ERM's growth, else ``<kind>@<level>``."""
-    if level == 0:
-        return "clean"
-    return f"{kind}-x{ratio:g}" if ratio is not None else f"{kind}@{level:g}"
-
-
 def _derived(condition: str) -> tuple[str, float] | None:
     """(kind, ratio) of a ``<kind>-x<ratio>`` condition; None for any other."""
     kind, sep, ratio = condition.rpartition("-x")
@@ -109,8 +108,6 @@ def _store(arrays: Mapping[str, Any]) -> CellStore:
         return arrays
     if not arrays:
         raise MissingArrays(CELLS_FILE)
-    from descentlab.experiments.llm_robustness.legacy import store_from_arrays
-
     return store_from_arrays(arrays)
 
 
@@ -284,8 +281,6 @@ CLAIMS: list[ClaimSpec] = [
 def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
     """The run's cell store (an older run's arrays: :func:`.legacy.legacy_store`; {} when it saved none),
     with the passages' chapters (``arrays/clusters.npz``) when the run has them."""
-    from descentlab.experiments.llm_robustness.legacy import legacy_store
-
     store, clusters = load_store(run_dir, legacy_store), Path(run_dir) / CLUSTER_FILE
     if store and clusters.is_file():
         return CellStore(store.design, {**store, **load_arrays(clusters)})

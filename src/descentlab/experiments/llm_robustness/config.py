@@ -30,6 +30,16 @@ from descentlab.train.recipe import MethodConfig, with_overrides
 
 MARGIN = 0.05  # the claims' parity margin and smallest effect of interest, in win rate (claims.py)
 CONDITION = re.compile(r"^(clean|[a-z]+-x[0-9.]+|[a-z]+@[0-9.eE+-]+)$")  # a condition's name (claims.py)
+BASELINE, POSITIVE = "erm", "erm-neftune"
+NULL = "erm (another seed)"  # the null control's arm: ERM on the next evaluation seed
+WIN, LEVEL, PERPLEXITY_RATIO = "win", "level", "perplexity_ratio"  # the store's metrics
+
+
+def condition_name(kind: str, level: float, ratio: float | None = None) -> str:
+    """``clean`` at level 0, ``<kind>-x<ratio>`` for a level found from ERM's growth, else ``<kind>@<level>``."""
+    if level == 0:
+        return "clean"
+    return f"{kind}-x{ratio:g}" if ratio is not None else f"{kind}@{level:g}"
 
 
 @dataclass
@@ -428,7 +438,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def design(cfg: LlmRobustnessConfig) -> Design:
     """The design record of a run of ``cfg``: ``methods`` and, with two seeds or more, the null control
-    (``claims.NULL``); the conditions ``clean``, ``<kind>-x<ratio>`` for every perplexity growth of ``grid``
+    (:data:`NULL`); the conditions ``clean``, ``<kind>-x<ratio>`` for every perplexity growth of ``grid``
     and ``<kind>@<level>`` for every fixed level of ``grid.extra``. The run records the number of examples."""
     g = cfg.grid
     conditions = ["clean"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from descentlab.experiments.llm_robustness.claims import (
+from descentlab.experiments.llm_robustness.config import (
     BASELINE,
     LEVEL,
     NULL,

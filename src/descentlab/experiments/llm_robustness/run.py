@@ -32,9 +32,15 @@ from descentlab.data.causal_lm import prepare_causal_lm_data
 from descentlab.data.instructions import example_prompt
 from descentlab.errors import ConfigError
 from descentlab.experiments.llm_robustness import report
-from descentlab.experiments.llm_robustness.claims import LEVEL, NULL, PERPLEXITY_RATIO, WIN, condition_name
 from descentlab.experiments.llm_robustness.clusters import passage_chapters, save_clusters
-from descentlab.experiments.llm_robustness.config import LlmRobustnessConfig
+from descentlab.experiments.llm_robustness.config import (
+    LEVEL,
+    NULL,
+    PERPLEXITY_RATIO,
+    WIN,
+    LlmRobustnessConfig,
+    condition_name,
+)
 from descentlab.experiments.llm_robustness.jobs import (
     Inputs,
     Outcome,
@@ -103,7 +109,7 @@ def run(cfg: LlmRobustnessConfig, run: RunDir) -> dict:
 
 def conditions(cfg: LlmRobustnessConfig, grid: Mapping[str, Any]) -> dict[str, tuple[str, float]]:
     """Condition name -> (kind, level) for every level evaluated (:func:`.jobs.grid_levels`), a level the
-    grid search found for a ratio named ``<kind>-x<ratio>`` (:func:`.claims.condition_name`)."""
+    grid search found for a ratio named ``<kind>-x<ratio>`` (:func:`.config.condition_name`)."""
     out: dict[str, tuple[str, float]] = {}
     for kind, xs in grid_levels(cfg, grid).items():
         ratio_of = dict(zip(grid["kinds"][kind]["levels"], cfg.grid.ratios_of(kind), strict=True))

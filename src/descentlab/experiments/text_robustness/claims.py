@@ -58,16 +58,15 @@ from pathlib import Path
 
 import numpy as np
 
+from descentlab.experiments.text_robustness.config import CONTROL, CORRECT, ERM, LOSS
+from descentlab.experiments.text_robustness.legacy import legacy_store
 from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays, NotInRun
 from descentlab.report.fidelity import Deviation, Fidelity, NotTested, lagrangian, seeds
 from descentlab.study.cells import CellStore, load_store, require_store
 
-ERM, CONTROL = "erm", "erm-readout"  # the paper's reference; the matched λ ≡ 0 control
 CONSTRAINED, RESILIENT = "constrained", "resilient"
 DEEP, NOISE = "deep-supervision", "erm-noise"  # the simple baseline; the positive control
 CONSTRAINED_METHODS = (CONSTRAINED, RESILIENT)
-CORRECT, LOSS = "correct", "loss"  # the cell store's metrics
-SEP = "__"  # "<method>__<kind>": the names in the arrays files beside the store (and in older runs' cells)
 
 ACCURACY_SESOI = 0.01  # accuracy (module docs)
 CLEAN_MARGIN = 0.003  # accuracy: the paper's "often < 0.3 %"
@@ -79,8 +78,6 @@ ROBUST_METRIC = "test accuracy under embedding noise, mean over γ >= 1"
 
 def claim_arrays(run_dir: Path) -> CellStore | dict:
     """The run's cell store (:func:`~descentlab.study.cells.load_store`; older runs: :mod:`.legacy`)."""
-    from descentlab.experiments.text_robustness.legacy import legacy_store  # legacy imports this module
-
     return load_store(run_dir, legacy_store)
 
 

@@ -17,12 +17,15 @@ from descentlab.constrained.config import DescentConfig
 from descentlab.data.text_batches import TextDataConfig
 from descentlab.errors import ConfigError
 from descentlab.evaluation import NoiseEvalConfig
-from descentlab.experiments.text_robustness.claims import CONTROL, ERM
 from descentlab.optim.config import OptimizerConfig
 from descentlab.study.cells import Design
 from descentlab.study.tuning_rules import CandidateSelection, candidate_methods, check_tune_seed
 from descentlab.train.loop import TrainConfig
 from descentlab.train.recipe import MethodConfig, with_overrides
+
+ERM, CONTROL = "erm", "erm-readout"  # the paper's reference; the matched λ ≡ 0 control
+CORRECT, LOSS = "correct", "loss"  # the cell store's metrics
+SEP = "__"  # "<method>__<kind>": the names in the arrays files beside the store (and in older runs' cells)
 
 # each method is the base `method` edited by its spec (dotted MethodConfig keys). Controls: "erm-readout"
 # trains through the per-layer readout path with λ frozen at 0 (`frozen_zero`), so it differs from the

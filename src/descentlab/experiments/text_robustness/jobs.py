@@ -17,8 +17,7 @@ from descentlab.errors import ConfigError
 from descentlab.evaluation import EmbeddingGeometry, RobustnessCurves
 from descentlab.evaluation.layer_profile import layer_loss_examples
 from descentlab.evaluation.text import evaluate_classifier, validation_scores
-from descentlab.experiments.text_robustness.claims import ERM
-from descentlab.experiments.text_robustness.config import TextRobustnessConfig
+from descentlab.experiments.text_robustness.config import ERM, TextRobustnessConfig
 from descentlab.models.checkpointing import enable_activation_checkpointing
 from descentlab.study.tuning_rules import binding_level
 from descentlab.train.loop import fit, seed_everything

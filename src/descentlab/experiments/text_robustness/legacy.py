@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from descentlab.experiments.text_robustness.claims import CORRECT, LOSS, SEP
+from descentlab.experiments.text_robustness.config import CORRECT, LOSS, SEP
 from descentlab.io import load_arrays
 from descentlab.study.cells import CellStore, Design
 

@@ -29,7 +29,8 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from descentlab.evaluation import NoiseEvalConfig, RobustnessCurves, privacy_rows
-from descentlab.experiments.text_robustness.claims import CONTROL, CORRECT, ERM, LOSS, SEP, claim_arrays
+from descentlab.experiments.text_robustness.claims import claim_arrays
+from descentlab.experiments.text_robustness.config import CONTROL, CORRECT, ERM, LOSS, SEP
 from descentlab.io import load_arrays
 from descentlab.report.figures import new_figure, save_figure
 from descentlab.report.results import Curve, MethodResult

@@ -23,8 +23,7 @@ from descentlab.config import config_to_dict
 from descentlab.data.text_batches import Prepared, prepare_data
 from descentlab.evaluation import EmbeddingGeometry, mean_sequence_tokens
 from descentlab.experiments.text_robustness import report
-from descentlab.experiments.text_robustness.claims import CORRECT, ERM, LOSS
-from descentlab.experiments.text_robustness.config import TextRobustnessConfig, design
+from descentlab.experiments.text_robustness.config import CORRECT, ERM, LOSS, TextRobustnessConfig, design
 from descentlab.experiments.text_robustness.jobs import (
     Job,
     Outcome,

@@ -45,7 +45,7 @@ of its claims no row judges (rendered into docs/results/video-denoising.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -53,13 +53,14 @@ from typing import Any
 
 import numpy as np
 
+from descentlab.experiments.video_denoising.config import ARCHITECTURES, LAYER_MSE, MSE, RMSE, budget_name
+from descentlab.experiments.video_denoising.legacy import legacy_store
 from descentlab.report.claims import CellFunction, Cells, ClaimSpec, MissingArrays, NotInRun
 from descentlab.report.fidelity import Deviation, Fidelity, NotTested, lagrangian, seeds
-from descentlab.study.cells import CellStore, Design, load_store, require_store
+from descentlab.study.cells import CellStore, load_store, require_store
 
 Stat = Callable[[np.ndarray, int, list[int]], np.ndarray]  # (RMSE cells [S, G, N], i(γ=1), i(γ>1)) -> [S, N]
 
-ARCHITECTURES = ("ut", "dust")
 CONSTRAINED = ("constrained", "resilient")  # the paper's method (hard constraints) and its relaxation
 ID_MARGIN = 0.01  # in-distribution: RMSE at γ = 1 at most 1 % above ERM's (non-inferiority)
 SOURCE = (
@@ -67,46 +68,12 @@ SOURCE = (
     "no number is given"
 )
 
-MSE, LAYER_MSE, RMSE = "mse", "layer_mse", "rmse"  # the cell store's metrics (module docs)
 
 # --- the cells ------------------------------------------------------------------------------------------
 
 
-def arch_of(method: str) -> str:
-    """``ut`` of ``ut-erm``."""
-    return method.split("-", 1)[0]
-
-
-def label_of(method: str) -> str:
-    """``erm`` of ``ut-erm``."""
-    return method.split("-", 1)[1]
-
-
-def budget_name(method: str, steps: int) -> str:
-    """The arm of ``method`` retrained for ``steps`` (a point of the budget curve)."""
-    return f"{method}@{int(steps)}"
-
-
-def design(
-    *,
-    methods: Sequence[str],
-    baselines: Sequence[str],
-    gammas: Sequence[float],
-    seeds: Sequence[int],
-    budget_steps: Sequence[int] = (),
-    budget_arms: Sequence[str] = (),
-    examples: int | None = None,
-) -> Design:
-    """The design record: every learned method, baseline and budget point is an arm."""
-    extra = {"gammas": [float(g) for g in gammas], "methods": list(methods), "baselines": list(baselines)}
-    extra["budget_steps"] = sorted(int(s) for s in budget_steps)
-    return Design((*methods, *baselines, *budget_arms), seeds=tuple(seeds), examples=examples, extra=extra)
-
-
 def claim_arrays(run_dir: Path) -> CellStore | dict[str, Any]:
     """:func:`~descentlab.study.cells.load_store` with :func:`.legacy.legacy_store` for older runs."""
-    from descentlab.experiments.video_denoising.legacy import legacy_store  # legacy imports this module
-
     return load_store(run_dir, legacy_store)
 
 

@@ -4,14 +4,13 @@ minus ERM test RMSE at gamma > 1), is declared in :mod:`.claims`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from descentlab.constrained.config import DescentConfig
 from descentlab.data.video_data import VideoDataConfig
 from descentlab.errors import ConfigError
 from descentlab.evaluation.video_baselines import BASELINES
-from descentlab.experiments.video_denoising.claims import ARCHITECTURES, budget_name
-from descentlab.experiments.video_denoising.claims import design as cell_design
 from descentlab.models.denoisers import UnrolledConfig
 from descentlab.optim.config import OptimizerConfig
 from descentlab.study.cells import Design
@@ -48,6 +47,41 @@ def _base_method() -> MethodConfig:
             slack_lr=None,  # 1/penalty
         ),
     )
+
+
+ARCHITECTURES = ("ut", "dust")
+MSE, LAYER_MSE, RMSE = "mse", "layer_mse", "rmse"  # the cell store's metrics (module docs)
+
+
+def arch_of(method: str) -> str:
+    """``ut`` of ``ut-erm``."""
+    return method.split("-", 1)[0]
+
+
+def label_of(method: str) -> str:
+    """``erm`` of ``ut-erm``."""
+    return method.split("-", 1)[1]
+
+
+def budget_name(method: str, steps: int) -> str:
+    """The arm of ``method`` retrained for ``steps`` (a point of the budget curve)."""
+    return f"{method}@{int(steps)}"
+
+
+def cell_design(
+    *,
+    methods: Sequence[str],
+    baselines: Sequence[str],
+    gammas: Sequence[float],
+    seeds: Sequence[int],
+    budget_steps: Sequence[int] = (),
+    budget_arms: Sequence[str] = (),
+    examples: int | None = None,
+) -> Design:
+    """The design record: every learned method, baseline and budget point is an arm."""
+    extra = {"gammas": [float(g) for g in gammas], "methods": list(methods), "baselines": list(baselines)}
+    extra["budget_steps"] = sorted(int(s) for s in budget_steps)
+    return Design((*methods, *baselines, *budget_arms), seeds=tuple(seeds), examples=examples, extra=extra)
 
 
 @dataclass
@@ -314,7 +348,7 @@ PRESETS = {
 
 
 def design(cfg: VideoDenoisingConfig) -> Design:
-    """The design record of a run of ``cfg`` (:func:`.claims.design`); a budget-curve point is each of
+    """The design record of a run of ``cfg`` (:func:`cell_design`); a budget-curve point is each of
     ``budget_labels`` per architecture at the base budget and at each of ``budget_curve``. The number of
     test sequences is left to the run (``data.n_test`` only caps it)."""
     methods = [f"{arch}-{label}" for arch in cfg.architectures for label in cfg.labels]

@@ -147,7 +147,7 @@ class Outcome:
         baselines: the classical baselines' job result ({} when none ran).
         budget: architecture -> ERM's budget-check run, with its ``steps`` and ``base_steps``.
         curve: every point of the budget curve -> its run (first evaluation seed).
-        jobs: every arm and budget-curve point (:func:`.claims.budget_name`) -> the keys of the jobs that
+        jobs: every arm and budget-curve point (:func:`.config.budget_name`) -> the keys of the jobs that
             saved its errors, one per seed.
     """
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from descentlab.experiments.video_denoising.claims import LAYER_MSE, MSE, RMSE, budget_name, design
+from descentlab.experiments.video_denoising.config import LAYER_MSE, MSE, RMSE, budget_name, cell_design
 from descentlab.io import load_arrays
 from descentlab.study.cells import CellStore
 
@@ -71,7 +71,7 @@ def store_from_arrays(arrays: Mapping[str, Any], seeds: list[int] | None = None)
         first = next((cells[k] for k in cells if k.split("/", 1)[1] in methods), None)
         seeds = list(range(first.shape[0])) if first is not None else []
     examples = next((int(v.shape[-1]) for k, v in cells.items() if k.startswith(f"{MSE}/")), None)
-    record = design(
+    record = cell_design(
         methods=methods,
         baselines=baselines,
         gammas=[float(g) for g in names.get("gammas", [])],

@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from descentlab.experiments.video_denoising.claims import arch_of, label_of
-from descentlab.experiments.video_denoising.config import VideoDenoisingConfig
+from descentlab.experiments.video_denoising.config import VideoDenoisingConfig, arch_of, label_of
 from descentlab.experiments.video_denoising.jobs import BudgetKey, Outcome
 from descentlab.io import load_arrays
 from descentlab.report.figures import new_figure, save_figure

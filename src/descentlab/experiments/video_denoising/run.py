@@ -21,8 +21,15 @@ from descentlab.config import config_to_dict
 from descentlab.data.video_data import load_denoising_data
 from descentlab.errors import NumericalError
 from descentlab.experiments.video_denoising import report
-from descentlab.experiments.video_denoising.claims import LAYER_MSE, MSE, arch_of, budget_name, label_of
-from descentlab.experiments.video_denoising.config import VideoDenoisingConfig, design
+from descentlab.experiments.video_denoising.config import (
+    LAYER_MSE,
+    MSE,
+    VideoDenoisingConfig,
+    arch_of,
+    budget_name,
+    design,
+    label_of,
+)
 from descentlab.experiments.video_denoising.jobs import BudgetKey, Outcome, at_steps, job, job_key
 from descentlab.io import load_arrays
 from descentlab.report.results import Results
