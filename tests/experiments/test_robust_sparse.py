@@ -281,3 +281,27 @@ def test_robust_sparse_rejects_bad_config_before_making_a_run_dir(tmp_path, over
     with pytest.raises(ConfigError):
         run_experiment("robust-sparse", overrides=override, out=tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_protocol_states_the_config_s_alpha_constraint_and_pruning_scope() -> None:
+    from types import SimpleNamespace
+
+    from descentlab.config import resolve_config
+    from descentlab.experiments.robust_sparse.run import protocol
+
+    curve = SimpleNamespace(protocol={"n_eval": 48})
+    outcome = {"erm-horst": [SimpleNamespace(points=[SimpleNamespace(curve=curve)])]}
+    data = SimpleNamespace(train=[0] * 64)
+
+    def stated(*overrides: str) -> dict:
+        cfg = resolve_config(RobustSparseConfig, overrides=["methods=[erm-horst]", *overrides])
+        return protocol(cfg, data, outcome)
+
+    default = stated()
+    assert "alpha = 3 fixed before the run (sparse-lm's validation choice)" in default["constraint_selection"]
+    assert default["constraint_selection"].startswith("text-robustness's constraint")
+    assert "one threshold per matrix" in default["pruning"]
+    changed = stated("method.optimizer.alpha=10", "method.constraint.alpha=0.1", "pruning.scope=global")
+    assert "alpha = 10 fixed before the run; " in changed["constraint_selection"]
+    assert changed["constraint_selection"].startswith("the config's constraint")
+    assert "one threshold over all of them" in changed["pruning"]

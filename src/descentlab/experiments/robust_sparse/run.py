@@ -20,7 +20,7 @@ import numpy as np
 from descentlab.data.text_batches import Prepared, prepare_data
 from descentlab.evaluation import RobustnessCurves
 from descentlab.experiments.robust_sparse.claims import CORRECT
-from descentlab.experiments.robust_sparse.config import HORST_ALPHA, RobustSparseConfig
+from descentlab.experiments.robust_sparse.config import HORST_ALPHA, RobustSparseConfig, base_method
 from descentlab.experiments.robust_sparse.jobs import JobResult, decode_job, encode_job, train_job
 from descentlab.experiments.robust_sparse.report import summarise
 from descentlab.report.results import Results
@@ -81,6 +81,12 @@ def protocol(
     from, how the pruning and the evaluation run."""
     alpha = cfg.method.optimizer.alpha
     why_alpha = " (sparse-lm's validation choice)" if alpha == HORST_ALPHA else ""
+    constraint = (
+        "text-robustness's constraint (chosen there on validation, same data)"
+        if cfg.method.constraint == base_method().constraint
+        else "the config's constraint (method.constraint, not the default)"
+    )
+    thresholds = {"layer": "one threshold per matrix", "global": "one threshold over all of them"}
     acdc = {label: asdict(m.acdc) for label, m in cfg.method_configs().items() if m.acdc is not None}
     return {
         "split": "test",
@@ -88,12 +94,13 @@ def protocol(
         "n_eval": int(outcome[cfg.methods[0]][0].points[0].curve.protocol["n_eval"]),
         "noise": "on the input-embedding output, variance (γ σ_E)² per coordinate, σ_E = RMS of the embedding "
         "matrix; content-keyed, identical across methods and sparsities",
-        "constraint_selection": "text-robustness's constraint (chosen there on validation, same data); HORST "
-        f"alpha = {alpha:g} fixed before the run{why_alpha}; nothing tuned here",
+        "constraint_selection": f"{constraint}; HORST alpha = {alpha:g} fixed before the run{why_alpha}; "
+        "nothing tuned here",
         "claims": "the claims engine over per-review correctness (arrays/cells.npz): seed-level intervals, "
         "robust accuracy = mean over gamma >= 1; primary: constrained-horst - erm-horst at the highest sparsity",
-        "pruning": "one-shot magnitude pruning of the Linear weights inside the encoder blocks (embeddings, "
-        "pooler and head stay dense), each level from the trained weights, no fine-tuning after",
+        "pruning": "one-shot magnitude pruning of the Linear weights inside the encoder blocks "
+        f"({thresholds[cfg.pruning.scope]}; embeddings, pooler and head stay dense), each level from the "
+        "trained weights, no fine-tuning after",
         "acdc": acdc or None,
         "evaluation": "whole test split; under torchrun each rank evaluates a share, and counts and per-review "
         "values are gathered",
