@@ -13,6 +13,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from torch import Tensor
 
 from descentlab.config import config_to_dict
 from descentlab.data.synthetic import l1_max_margin_separator, l1_share, make_classification, make_regression
@@ -116,6 +117,7 @@ def scales_run(cfg: ImplicitBiasConfig, run: RunDir) -> ScalesRun:
     start = {scale_arm(m, k): None for k in sc.decades for m in sc.methods}
     tuned = tune_then_replicate(start, tuning_plan(cfg), partial(submit_job, cfg, run), choose)
     out = ScalesRun({}, {}, {}, {}, {})
+    separators: dict[float, list[Tensor]] = {}  # the LP's L1 separator per spread and evaluation seed
     for kappa in sc.decades:
         runs = {m: tuned.per_seed[scale_arm(m, kappa)] for m in sc.methods}  # (metrics, weights) per seed
         out.per[kappa] = {m: {key: [r[key] for r, _ in rs] for key in rs[0][0]} for m, rs in runs.items()}
@@ -125,10 +127,13 @@ def scales_run(cfg: ImplicitBiasConfig, run: RunDir) -> ScalesRun:
             m: dict(zip(tuned.tried[arm], tuned.results[arm], strict=True)) for m, arm in tuned_arms.items()
         }
         problems = [scale_problem(sc.n, sc.d, sc.support, seed, kappa) for seed in cfg.seeds]
-        out.lp_share[kappa] = [l1_share(l1_max_margin_separator(z), large) for z, _, _, large in problems]
+        separators[kappa] = [l1_max_margin_separator(z) for z, _, _, _ in problems]
+        out.lp_share[kappa] = [
+            l1_share(w, large) for w, (_, _, _, large) in zip(separators[kappa], problems, strict=True)
+        ]
     # the figure's data: the first seed's column scales, LP separator and final weights at the largest spread
-    z, s, _, _ = scale_problem(sc.n, sc.d, sc.support, cfg.seeds[0], kappa := max(sc.decades))
-    out.weights = {"scales": s, "LP optimum (L1)": l1_max_margin_separator(z)}
+    _, s, _, _ = scale_problem(sc.n, sc.d, sc.support, cfg.seeds[0], kappa := max(sc.decades))
+    out.weights = {"scales": s, "LP optimum (L1)": separators[kappa][0]}
     for method in sc.methods:
         if (w := tuned.per_seed[scale_arm(method, kappa)][0][1]) is not None:
             out.weights[method] = w
