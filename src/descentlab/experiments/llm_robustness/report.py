@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from descentlab.evaluation.causal_lm import noise_key
+from descentlab.evaluation.judge import likelihood_preferences
 from descentlab.experiments.llm_robustness.claims import PAPER_KIND, PAPER_WIN_RATE
 from descentlab.experiments.llm_robustness.config import LlmRobustnessConfig
 from descentlab.experiments.llm_robustness.jobs import Outcome, grid_levels, profile_condition
@@ -40,8 +42,9 @@ def _per_draw(ev: Mapping[str, Any], what: str, kind: str, level: float, draws: 
 
 
 def outcomes(nll_m: np.ndarray, nll_b: np.ndarray, tol: float = 1e-6) -> np.ndarray:
-    """The judged outcome of M against B per cell: 1 (lower NLL), 0, or 1/2 within ``tol`` nats."""
-    return np.where(nll_m < nll_b - tol, 1.0, np.where(nll_m > nll_b + tol, 0.0, 0.5))
+    """The judged outcome of M against B per cell: 1 (lower NLL), 0, or 1/2 within ``tol`` nats
+    (:func:`~descentlab.evaluation.judge.likelihood_preferences`, on arrays)."""
+    return likelihood_preferences(torch.from_numpy(nll_m), torch.from_numpy(nll_b), tol=tol).numpy()
 
 
 def shifted(evs: Sequence[Any]) -> list[Any]:
@@ -59,10 +62,17 @@ def seed_outcomes(
     tol: float = 1e-6,
 ) -> np.ndarray:
     """``[seeds, draws, examples]`` outcomes of M against B, seed by seed (``evs_m[s]`` against ``evs_b[s]``)."""
+    return outcomes(*paired_nll(evs_m, evs_b, kind, level, draws), tol)
+
+
+def paired_nll(
+    evs_m: Sequence[Mapping], evs_b: Sequence[Mapping], kind: str, level: float, draws: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``[seeds, draws, examples]`` reference NLLs of M and of B at one condition, seed by seed."""
     if len(evs_m) != len(evs_b):
         raise ValueError(f"paired by seed: {len(evs_m)} evaluations against {len(evs_b)}")
     nll = partial(_per_draw, what="nll", kind=kind, level=level, draws=draws)
-    return np.stack([outcomes(nll(m), nll(b), tol) for m, b in zip(evs_m, evs_b, strict=True)])
+    return np.stack([nll(e) for e in evs_m]), np.stack([nll(e) for e in evs_b])
 
 
 def head_to_head(
@@ -76,8 +86,8 @@ def head_to_head(
 ) -> dict[str, Any]:
     """Win rate and per-token ΔNLL of M against B at one condition, paired by seed, each with its
     seed-level 95 % interval, and the win rate of every seed."""
-    p = seed_outcomes(evs_m, evs_b, kind, level, draws=draws, tol=tol)
-    a, b = (np.stack([_per_draw(e, "nll", kind, level, draws) for e in evs]) for evs in (evs_m, evs_b))
+    a, b = paired_nll(evs_m, evs_b, kind, level, draws)
+    p = outcomes(a, b, tol)
     n = np.asarray(evs_m[0]["ref_tokens"], dtype=np.float64)[None, None, :]
     win, delta = paired_interval(p, np.full_like(p, 0.5)), paired_interval(a / n, b / n)
     return {
